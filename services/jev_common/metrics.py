@@ -1,4 +1,8 @@
-"""Prometheus HTTP metrics shared by every service: counts by route/status, latency, in-flight."""
+"""Prometheus HTTP metrics shared by every service: counts by route/status, latency, in-flight.
+
+Names carry the service (jev_frontend_http_requests_total, jev_worker_http_...), so the frontend can
+append a worker's exposition to its own without clashing families.
+"""
 from __future__ import annotations
 
 import time
@@ -12,23 +16,23 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class HttpMetrics:
     def __init__(self, service: str, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        prefix = f"jev_{service}_http"
         self.requests = Counter(
-            "jev_http_requests_total", "HTTP requests by route and status", ["service", "route", "status"],
+            f"{prefix}_requests_total", "HTTP requests by route and status", ["route", "status"],
             registry=self.registry,
         )
         self.latency = Histogram(
-            "jev_http_request_seconds", "HTTP request latency", ["service", "route"],
+            f"{prefix}_request_seconds", "HTTP request latency", ["route"],
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
-        self.in_flight = Gauge("jev_http_in_flight", "HTTP requests in flight", ["service"], registry=self.registry)
-        self.service = service
+        self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         started = time.perf_counter()
         status = 500
-        self.in_flight.labels(self.service).inc()
+        self.in_flight.inc()
         try:
             response = await handler(request)
             status = response.status
@@ -37,9 +41,9 @@ class HttpMetrics:
             status = exc.status
             raise
         finally:
-            self.in_flight.labels(self.service).dec()
-            self.requests.labels(self.service, route, str(status)).inc()
-            self.latency.labels(self.service, route).observe(time.perf_counter() - started)
+            self.in_flight.dec()
+            self.requests.labels(route, str(status)).inc()
+            self.latency.labels(route).observe(time.perf_counter() - started)
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
