@@ -47,3 +47,94 @@ def make_tiny_text(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, 
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+# --- tiny vision-language checkpoint (Qwen2-VL) -------------------------------------------------
+
+VL_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# ChatML like SmolLM2's own template; list content renders an image part as the Qwen2-VL
+# placeholder, which the processor expands to one <|image_pad|> per merged patch.
+TINY_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, layers: int = 2,
+                 vision_depth: int = 1, vision_dim: int = 32, patch_size: int = 14,
+                 min_pixels: int = 56 * 56, max_pixels: int = 112 * 112,
+                 tie_word_embeddings: bool = False) -> Path:
+    """A Qwen2-VL (Qwen2VLForConditionalGeneration) with random weights and a working processor.
+
+    Vision tower: `vision_depth` blocks of width `vision_dim`, patch 14, spatial merge 2, so a 56x56
+    image is a [1, 4, 4] patch grid and 4 image tokens (max_pixels caps it at 16). Text model:
+    `layers` Qwen2 layers of width `hidden` with M-RoPE. Tokenizer: SmolLM2's plus the Qwen vision
+    tokens. Saved as safetensors + save_pretrained files; the processor files are the stock
+    Qwen2VLProcessor ones (see jev_common.vl.load_vl_processor for loading without torchvision).
+    """
+    import json
+
+    import torch
+    from transformers import AddedToken, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class _ImageOnlyProcessor(Qwen2VLProcessor):  # Qwen2VLProcessor insists on a (torchvision) video processor
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
+
+    path = Path(path)
+    tokenizer = smollm2_tokenizer()
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
+                         special_tokens=True)
+    tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
+    heads = 4
+    head_dim = hidden // heads
+    half = head_dim // 2  # M-RoPE splits the rotary half-dim into temporal/height/width sections
+    mrope_section = [half - 2 * (half // 4), half // 4, half // 4]
+    config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=dict(
+            depth=vision_depth, embed_dim=vision_dim, hidden_size=hidden, num_heads=2, mlp_ratio=2,
+            patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger-than-default init: label probabilities and image effects are visible
+        model.lm_head.weight.normal_(0.0, 0.5)
+        model.model.visual.merger.mlp[-1].weight.normal_(0.0, 0.5)
+    model.save_pretrained(path, safe_serialization=True)
+    image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
+    )
+    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                    chat_template=TINY_VL_CHAT_TEMPLATE)
+    processor.save_pretrained(path)
+    # Name the stock classes, as a hub Qwen2-VL checkpoint does, not the local subclass.
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        file = path / name
+        if file.is_file():
+            data = json.loads(file.read_text(encoding="utf-8"))
+            if "processor_class" in data:
+                data["processor_class"] = "Qwen2VLProcessor"
+                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
