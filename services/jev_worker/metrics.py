@@ -1,0 +1,57 @@
+"""Worker metrics: decision latency, forward time, queue depth, batch sizes, cache counters, tokens."""
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jev_common.metrics import LATENCY_BUCKETS, HttpMetrics
+
+
+class WorkerMetrics(HttpMetrics):
+    def __init__(self):
+        super().__init__("worker")
+        r = self.registry
+        self.decision_seconds = Histogram("jev_worker_decision_seconds", "Decision latency by kind", ["kind"],
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter("jev_worker_decisions_total", "Decisions by kind and outcome", ["kind", "outcome"],
+                                 registry=r)
+        self.forward_seconds = Histogram("jev_worker_forward_seconds", "Model time per batch",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_requests = Histogram("jev_worker_batch_requests", "Requests per model batch",
+                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.batch_rows = Histogram("jev_worker_batch_rows", "Rows per model batch",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.queue_depth = Gauge("jev_worker_queue_depth", "Requests queued or running", registry=r)
+        self.tokens = Counter("jev_worker_tokens_total", "Prompt tokens by source", ["source"], registry=r)
+        self._cache_source = None
+        r.register(self)  # collect() below exports the caches' own counters
+
+    def observe_batch(self, requests: int, rows: int, seconds: float) -> None:
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
+        self.forward_seconds.observe(seconds)
+
+    def watch_caches(self, source) -> None:
+        """source() -> jev_common.schema.CacheStats"""
+        self._cache_source = source
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        if self._cache_source is None:
+            return
+        stats = self._cache_source()
+        families = {
+            "hits": CounterMetricFamily("jev_worker_cache_hits", "Cache hits by level", labels=["level"]),
+            "misses": CounterMetricFamily("jev_worker_cache_misses", "Cache misses by level", labels=["level"]),
+            "evictions": CounterMetricFamily("jev_worker_cache_evictions", "Cache evictions", labels=["level"]),
+        }
+        resident = GaugeMetricFamily("jev_worker_cache_resident_bytes", "Resident bytes by level", labels=["level"])
+        for level, s in stats.levels.items():
+            families["hits"].add_metric([level], s.hits)
+            families["misses"].add_metric([level], s.misses)
+            families["evictions"].add_metric([level], s.evictions)
+            resident.add_metric([level], s.resident_bytes)
+        yield from families.values()
+        yield resident

@@ -1,0 +1,108 @@
+"""The served path equals a plain transformers forward; caching and batching change nothing."""
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from jev_worker.settings import CacheSettings
+
+from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
+
+CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
+async def test_served_probabilities_equal_plain_forward(worker_settings, kind):
+    body = REQUESTS[kind]
+    async with worker_client(worker_settings()) as (client, service):
+        response = await client.post("/v1/systemone", json=body)
+        assert response.status == 200, await response.text()
+        answer = await response.json()
+        assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
+
+
+async def test_tied_embeddings_model(worker_settings, tiny_tied_dir):
+    body = REQUESTS["choice"]
+    async with worker_client(worker_settings(model_path=tiny_tied_dir)) as (client, service):
+        assert service.loaded.model.config.tie_word_embeddings
+        answer = await (await client.post("/v1/systemone", json=body)).json()
+        assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
+
+
+async def test_decision_head_rows_are_fp32_copies_under_bf16(worker_settings):
+    async with worker_client(worker_settings(dtype="bfloat16")) as (client, service):
+        assert service.loaded.model.dtype == torch.bfloat16
+        weight, _ = service.engine.head.rows(tuple(service.builder.letter_ids[:2]))
+        assert weight.dtype == torch.float32
+        expected = service.loaded.model.get_output_embeddings().weight[service.builder.letter_ids[:2]].float()
+        assert torch.equal(weight, expected)
+        response = await client.post("/v1/systemone", json=REQUESTS["choice"])
+        assert response.status == 200
+        assert abs(sum((await response.json())["probabilities"]) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
+async def test_l3_cached_equals_uncached(worker_settings, kind):
+    body = REQUESTS[kind]
+    async with worker_client(worker_settings(cache=CACHE_OFF)) as (client, _):
+        uncached = await (await client.post("/v1/systemone", json=body)).json()
+        assert uncached["usage"]["cached_tokens"] == 0
+    async with worker_client(worker_settings()) as (client, _):
+        first = await client.post("/v1/systemone", json=body)
+        assert "l3=miss" in first.headers["x-jev-cache"]
+        other_question = dict(body, question=body["question"] + " Think.")
+        second = await client.post("/v1/systemone", json=other_question)
+        assert "l3=hit" in second.headers["x-jev-cache"]
+        third = await client.post("/v1/systemone", json=body)
+        assert third.headers["x-jev-cache"] == "l1=hit,l3=hit"
+        cached = await third.json()
+    assert cached["usage"]["cached_tokens"] > 0
+    assert cached["usage"]["prompt_tokens"] == uncached["usage"]["prompt_tokens"]
+    assert_close(served_row_probs(body, cached), served_row_probs(body, uncached))
+
+
+@pytest.mark.parametrize("l3", [True, False])
+async def test_batched_equals_one_by_one(worker_settings, l3):
+    cache = CacheSettings(True, 1024, 64 << 20, 64 << 20 if l3 else 0)
+    questions = [f"Question number {i}: is the kettle hot?" for i in range(6)]
+    bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=q) for q in questions] + [REQUESTS["set"]]
+    async with worker_client(worker_settings(batching=False, cache=cache)) as (client, _):
+        single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
+    async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=20.0)) as (client, service):
+        sizes = []
+        original = service.engine.run
+        service.engine.run = lambda items: sizes.append(len(items)) or original(items)
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        batched = [await r.json() for r in responses]
+    assert max(sizes) > 1, f"concurrent same-prefix requests were not batched: {sizes}"
+    for body, a, b in zip(bodies, single, batched):
+        assert_close(served_row_probs(body, a), served_row_probs(body, b))
+        assert a["choice_index"] == b["choice_index"]
+
+
+async def test_set_rows_branch_from_one_prefix(worker_settings):
+    """Within one question the prefix is computed once and its KV branched per option."""
+    body = REQUESTS["set"]
+    async with worker_client(worker_settings(cache=CACHE_OFF, batching=True)) as (client, service):
+        calls = []
+        original = service.engine.compute_prefix
+        service.engine.compute_prefix = lambda item: calls.append(item) or original(item)
+        answer = await (await client.post("/v1/systemone", json=body)).json()
+        assert len(calls) == 1
+        assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
+
+
+async def test_prompt_carries_state_question_and_options(worker_settings):
+    from jev_common.schema import DecisionRequest
+
+    async with worker_client(worker_settings()) as (_, service):
+        prepared = service.builder.prepare(DecisionRequest.model_validate(REQUESTS["choice"]))
+        tokenizer = service.loaded.tokenizer
+        prefix = tokenizer.decode(prepared.prefix_ids)
+        row = tokenizer.decode(prepared.rows[0])
+        assert REQUESTS["choice"]["state"]["text"] in prefix and "Is the water boiling?" not in prefix
+        assert "Is the water boiling?" in row and "A. yes" in row and "C. cannot tell" in row
+        assert row.rstrip().endswith("assistant")

@@ -1,0 +1,178 @@
+"""The worker's HTTP contract: health, errors as envelopes, capacity, deadlines, caches, metrics."""
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
+from jev_worker.app import SERVICE, create_app
+from jev_worker.settings import CacheSettings
+
+from .worker_helpers import REQUESTS, worker_client
+
+GOOD = REQUESTS["choice"]
+
+
+def envelope(body: dict) -> ErrorEnvelope:
+    return ErrorEnvelope.model_validate({"error": body["error"]})
+
+
+BAD_BODIES = [
+    ("not json", b"{kind: choice", 400, "invalid_json"),
+    ("not an object", b"[1, 2]", 422, "validation_error"),
+    ("unknown kind", dict(GOOD, kind="rank"), 422, "validation_error"),
+    ("empty options", dict(GOOD, options=[]), 422, "validation_error"),
+    ("one option", dict(GOOD, options=["yes"]), 422, "validation_error"),
+    ("duplicate options", dict(GOOD, options=["yes", "yes"]), 422, "validation_error"),
+    ("blank option", dict(GOOD, options=["yes", "  "]), 422, "validation_error"),
+    ("wrong option type", dict(GOOD, options=["yes", 3]), 422, "validation_error"),
+    ("too many options", dict(GOOD, options=[f"o{i}" for i in range(27)]), 422, "validation_error"),
+    ("missing question", {k: v for k, v in GOOD.items() if k != "question"}, 422, "validation_error"),
+    ("blank question", dict(GOOD, question="   "), 422, "validation_error"),
+    ("empty state", dict(GOOD, state={}), 422, "validation_error"),
+    ("unknown field", dict(GOOD, temperature=0.7), 422, "validation_error"),
+    ("image as URL", dict(GOOD, state={"image": "https://example.com/cat.png"}), 422, "validation_error"),
+    ("score non-numeric", dict(GOOD, kind="score"), 422, "validation_error"),
+    ("span not in state", dict(GOOD, kind="span", options=["kettle", "teapot"]), 422, "validation_error"),
+    ("negative deadline", dict(GOOD, deadline_s=-1), 422, "validation_error"),
+    ("image on a text recipe", dict(GOOD, state={"image": "data:image/png;base64,iVBORw0KGgo="}),
+     422, "image_not_supported"),
+]
+
+
+async def test_bad_inputs_get_their_4xx_envelope(worker_settings):
+    async with worker_client(worker_settings(max_body_bytes=64 << 10)) as (client, _):
+        for name, body, status, type_ in BAD_BODIES:
+            if isinstance(body, bytes):
+                response = await client.post("/v1/systemone", data=body, headers={"content-type": "application/json"})
+            else:
+                response = await client.post("/v1/systemone", json=body)
+            payload = await response.json()
+            assert response.status == status, (name, payload)
+            assert envelope(payload).error.type == type_, (name, payload)
+        big = dict(GOOD, state={"text": "x" * 60_000}, question="q" * 10_000)
+        response = await client.post("/v1/systemone", json=big)
+        assert response.status == 413
+        assert envelope(await response.json()).error.type == "body_too_large"
+        # after all of that the worker still answers
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.status == 200
+        DecisionResponse.model_validate(await response.json())
+
+
+async def test_unknown_route_and_method(worker_settings):
+    async with worker_client(worker_settings()) as (client, _):
+        response = await client.get("/v1/chat/completions")
+        assert response.status == 404 and envelope(await response.json()).error.type == "not_found"
+        response = await client.get("/v1/systemone")
+        assert response.status == 405 and envelope(await response.json()).error.type == "method_not_allowed"
+
+
+async def test_health_is_503_until_loaded_and_says_why(worker_settings, tmp_path):
+    app = create_app(worker_settings(model_path=str(tmp_path / "missing")), wait_until_ready=True)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/health")
+        body = await response.json()
+        assert response.status == 503
+        assert body["error"]["type"] == "not_ready" and "missing" in body["error"]["message"]
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.status == 503
+
+
+async def test_health_waits_for_warmup(worker_settings):
+    app = create_app(worker_settings())
+    async with TestClient(TestServer(app)) as client:
+        seen = set()
+        for _ in range(400):
+            response = await client.get("/health")
+            seen.add(response.status)
+            if response.status == 200:
+                break
+            await asyncio.sleep(0.05)
+        assert 200 in seen
+        body = await response.json()
+        assert body["status"] in ("ok", "degraded") and body["detail"]["warmup_seconds"] > 0
+
+
+async def test_over_capacity_gets_429_and_worker_recovers(worker_settings):
+    async with worker_client(worker_settings(max_queue=2, batching=False)) as (client, _):
+        bodies = [dict(copy.deepcopy(GOOD), question=f"Variant {i}?") for i in range(12)]
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        statuses = [r.status for r in responses]
+        assert 429 in statuses and 200 in statuses, statuses
+        rejected = next(r for r in responses if r.status == 429)
+        assert envelope(await rejected.json()).error.type == "overloaded"
+        assert rejected.headers["Retry-After"] == "1"
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.status == 200
+
+
+async def test_deadline_gives_504_and_worker_keeps_serving(worker_settings):
+    async with worker_client(worker_settings()) as (client, service):
+        original = service.engine.run
+
+        def slow(items):
+            import time
+
+            time.sleep(0.5)
+            return original(items)
+
+        service.engine.run = slow
+        response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
+        assert response.status == 504
+        assert envelope(await response.json()).error.type == "deadline_exceeded"
+        service.engine.run = original
+        await asyncio.sleep(0.6)
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.status == 200
+
+
+async def test_cache_stats_and_reset_counters_only(worker_settings):
+    async with worker_client(worker_settings()) as (client, _):
+        stats = CacheStats.model_validate(await (await client.get("/v1/cache/stats")).json())
+        assert stats.levels["l1"].hits == 0 and stats.levels["l3"].misses == 0  # warmup is not counted
+        for _ in range(3):
+            await client.post("/v1/systemone", json=GOOD)
+        stats = CacheStats.model_validate(await (await client.get("/v1/cache/stats")).json())
+        assert stats.levels["l1"].hits == 2 and stats.levels["l1"].misses == 1
+        assert stats.levels["l3"].hits == 2 and stats.levels["l3"].resident_bytes > 0
+        resident = stats.levels["l3"].resident_bytes
+        reset = CacheStats.model_validate(await (await client.post("/v1/cache/reset")).json())
+        assert reset.levels["l1"].hits == 0 and reset.levels["l3"].hits == 0
+        assert reset.levels["l3"].resident_bytes == resident  # entries stay, only counters reset
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.headers["x-jev-cache"] == "l1=hit,l3=hit"
+
+
+@pytest.mark.parametrize("cache, header", [
+    (CacheSettings(False, 1024, 1 << 20, 1 << 20), "l1=off,l3=off"),
+    (CacheSettings(True, 0, 1 << 20, 1 << 20), "l1=off,l3=miss"),
+    (CacheSettings(True, 1024, 1 << 20, 0), "l1=miss,l3=off"),
+])
+async def test_cache_switches(worker_settings, cache, header):
+    async with worker_client(worker_settings(cache=cache)) as (client, _):
+        response = await client.post("/v1/systemone", json=dict(GOOD, question="A fresh question?"))
+        assert response.headers["x-jev-cache"] == header
+
+
+async def test_l3_byte_budget_evicts(worker_settings):
+    async with worker_client(worker_settings()) as (client, service):
+        one_prefix = next(iter(service.engine.l3._entries.values()))[1]
+        service.engine.l3.budget = int(one_prefix * 2.5)
+        for i in range(4):
+            await client.post("/v1/systemone", json=dict(GOOD, state={"text": f"State number {i}."}))
+        stats = service.cache_stats().levels["l3"]
+        assert stats.evictions >= 2 and stats.resident_bytes <= service.engine.l3.budget
+
+
+async def test_metrics_exposition(worker_settings):
+    async with worker_client(worker_settings()) as (client, _):
+        await client.post("/v1/systemone", json=GOOD)
+        text = await (await client.get("/metrics")).text()
+        for name in ("jev_worker_decision_seconds_bucket", "jev_worker_forward_seconds_count",
+                     "jev_worker_queue_depth", "jev_worker_cache_hits_total", "jev_worker_tokens_total",
+                     'jev_worker_http_requests_total{route="/v1/systemone",status="200"}'):
+            assert name in text, name

@@ -1,0 +1,64 @@
+"""Run a worker in-process on the tiny model and compute reference answers with a plain forward."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+
+from jev_common.schema import DecisionRequest
+from jev_worker.app import SERVICE, create_app
+
+STATE = "The kettle on the stove is whistling and steam is coming out of its spout."
+
+REQUESTS = {
+    "choice": {"kind": "choice", "state": {"text": STATE}, "question": "Is the water boiling?",
+               "options": ["yes", "no", "cannot tell"]},
+    "noul": {"kind": "noul", "state": {"text": STATE}, "question": "What is on the stove?",
+             "options": ["a pan", "a kettle"]},
+    "score": {"kind": "score", "state": {"text": STATE}, "question": "How hot is the water, 1 to 5?",
+              "options": ["1", "2", "3", "4", "5"]},
+    "span": {"kind": "span", "state": {"text": STATE}, "question": "Which object is whistling?",
+             "options": ["kettle", "stove", "steam"]},
+    "set": {"kind": "set", "state": {"text": STATE}, "question": "Which statements are true?",
+            "options": ["steam is visible", "the stove is off", "there is a kettle"]},
+}
+
+
+@contextlib.asynccontextmanager
+async def worker_client(settings):
+    app = create_app(settings, wait_until_ready=True)
+    async with TestClient(TestServer(app)) as client:
+        service = app[SERVICE]
+        assert service.state == "ok", service.error
+        yield client, service
+
+
+@torch.inference_mode()
+def reference_row_probs(service, body: dict) -> list[list[float]]:
+    """softmax(model(**inputs).logits[0, -1, label_ids]) in FP32 for every row of the prompt."""
+    prepared = service.builder.prepare(DecisionRequest.model_validate(body))
+    model = service.loaded.model
+    out = []
+    for row, labels in zip(prepared.rows, prepared.row_labels):
+        ids = torch.tensor([prepared.prefix_ids + row])
+        logits = model(input_ids=ids).logits[0, -1].float()
+        out.append(torch.softmax(logits[list(labels)], dim=-1).tolist())
+    return out
+
+
+def served_row_probs(body: dict, answer: dict) -> list[list[float]]:
+    """The served answer re-expressed per row, to compare with reference_row_probs."""
+    if body["kind"] == "set":
+        return [[p, 1 - p] for p in answer["yes_probabilities"]]
+    if body["kind"] == "noul":
+        return [answer["probabilities"] + [answer["noul"]]]
+    return [answer["probabilities"]]
+
+
+def assert_close(a: list[list[float]], b: list[list[float]], tol: float = 1e-5) -> None:
+    assert len(a) == len(b)
+    for row_a, row_b in zip(a, b):
+        assert len(row_a) == len(row_b)
+        for x, y in zip(row_a, row_b):
+            assert abs(x - y) <= tol, (row_a, row_b)
