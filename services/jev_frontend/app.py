@@ -1,0 +1,137 @@
+"""The frontend's aiohttp application: validate at the edge, forward the original bytes, pass the answer through."""
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from jev_common.errors import ApiError
+from jev_common.http import error_middleware, parse_model
+from jev_common.metrics import HttpMetrics
+from jev_common.schema import DecisionRequest
+
+from .proxy import DECISION_HEADER_PREFIX, Backend, BackendMetrics
+from .settings import Settings
+
+log = logging.getLogger("jev_frontend")
+
+SETTINGS = web.AppKey("settings", Settings)
+BACKEND = web.AppKey("backend", Backend)
+METRICS = web.AppKey("metrics", HttpMetrics)
+
+# Text-generation APIs other stacks expose. This stack is decisions only, so they get a pointed 404
+# instead of being forwarded.
+GENERATION_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/generate",
+    "/generate_stream",
+)
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The raw request body, refused with 413 past max_bytes (the bytes are forwarded as they came)."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > max_bytes:
+            raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
+    return bytes(body)
+
+
+def decode_json(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+
+
+async def handle_systemone(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    raw = await read_body(request, settings.max_body_bytes)
+    decision = parse_model(DecisionRequest, decode_json(raw))  # junk never reaches the worker
+    timeout_s, note = settings.timeout_s, ""
+    if decision.deadline_s is not None and decision.deadline_s < timeout_s:
+        timeout_s, note = decision.deadline_s, " (the request's deadline_s)"
+    headers = {"Content-Type": "application/json"}
+    headers.update({k: v for k, v in request.headers.items() if k.lower().startswith(DECISION_HEADER_PREFIX)})
+    answer = await request.app[BACKEND].call(
+        "POST", "/v1/systemone", endpoint="systemone", timeout_s=timeout_s,
+        data=raw, headers=headers, timeout_note=note,
+    )
+    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    """Healthy only when the worker is: its status and body pass through."""
+    settings = request.app[SETTINGS]
+    answer = await request.app[BACKEND].call("GET", "/health", endpoint="health", timeout_s=settings.timeout_s)
+    if answer.status != 200 and answer.status < 400:
+        raise ApiError(
+            502, "backend_unavailable",
+            f"backend {settings.backend_url} answered GET /health with unexpected status {answer.status}",
+        )
+    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    """The frontend's own exposition, then the worker's appended (best effort)."""
+    settings = request.app[SETTINGS]
+    worker_text = b""
+    try:
+        answer = await request.app[BACKEND].call("GET", "/metrics", endpoint="metrics", timeout_s=settings.timeout_s)
+    except ApiError as exc:
+        log.info("worker metrics not appended: %s", exc.message)
+    else:
+        if answer.status == 200:
+            worker_text = answer.body
+        else:
+            log.info("worker metrics not appended: GET /metrics answered %s", answer.status)
+    # Rendered after the worker call, so jev_frontend_backend_up reflects this very scrape.
+    body = generate_latest(request.app[METRICS].registry)
+    if worker_text:
+        if not body.endswith(b"\n"):
+            body += b"\n"
+        body += worker_text if worker_text.endswith(b"\n") else worker_text + b"\n"
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def handle_generation(request: web.Request) -> web.Response:
+    raise ApiError(
+        404, "not_found",
+        f"{request.path} is not served: this stack serves only POST /v1/systemone decisions "
+        "(no text generation or OpenAI-compatible API)",
+    )
+
+
+def create_app(settings: Settings) -> web.Application:
+    metrics = HttpMetrics("frontend")
+    backend = Backend(settings, BackendMetrics(metrics.registry))
+    app = web.Application(
+        middlewares=[metrics.middleware, error_middleware],  # order per docs/CONTRACTS.md
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[BACKEND] = backend
+    app[METRICS] = metrics
+
+    async def backend_client(_app: web.Application):
+        await backend.start()
+        log.info("frontend proxying to %s (timeout %gs, %d connections)",
+                 settings.backend_url, settings.timeout_s, settings.max_connections)
+        yield
+        await backend.close()
+
+    app.cleanup_ctx.append(backend_client)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_post("/v1/systemone", handle_systemone)
+    for path in GENERATION_ROUTES:
+        app.router.add_route("*", path, handle_generation)
+    return app

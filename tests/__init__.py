@@ -1,0 +1,1 @@
+"""Test suite; tests.fakes holds reusable fakes (importable as tests.fakes.*)."""
