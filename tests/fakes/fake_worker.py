@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from aiohttp import web
 from prometheus_client import Counter
 
-from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_response
+from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_body
 from jev_common.http import error_middleware, read_json, read_model
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import (
@@ -190,8 +190,10 @@ class FakeWorker:
     async def _health(self, _request: web.Request) -> web.Response:
         if self.knobs.health_delay_s:
             await asyncio.sleep(self.knobs.health_delay_s)
-        if not self.knobs.healthy:
-            return error_response(503, "not_ready", "fake worker is configured unhealthy")
+        if not self.knobs.healthy:  # like the worker: the error envelope plus a HealthResponse
+            body = {**error_body("not_ready", "fake worker is configured unhealthy"),
+                    **HealthResponse(status="unavailable", detail={"fake": True}).model_dump()}
+            return web.json_response(body, status=503)
         body = HealthResponse(status="ok", detail={"model": self.knobs.model, "fake": True,
                                                    "worker_id": self.knobs.worker_id})
         return web.json_response(body.model_dump())
@@ -219,7 +221,11 @@ class FakeWorker:
         headers["x-jev-cache"] = "l1=hit" if cached else "l1=miss"
         self.decisions.labels(decision.kind).inc()
         answer = decide(decision, self.knobs, cached, time.perf_counter() - started)
-        return web.json_response(answer.model_dump(), headers=headers)
+        # Like the worker: kind-specific fields only when they apply, choice_index/choice always.
+        body = answer.model_dump(mode="json", exclude_none=True)
+        body.setdefault("choice_index", None)
+        body.setdefault("choice", None)
+        return web.json_response(body, headers=headers)
 
     def cache_stats(self) -> CacheStats:
         level = CacheLevelStats(enabled=self.knobs.cache, hits=self.hits, misses=self.misses,
@@ -232,7 +238,7 @@ class FakeWorker:
     async def _cache_reset(self, _request: web.Request) -> web.Response:
         self.seen.clear()
         self.hits = self.misses = 0
-        return web.json_response({"status": "ok", "cache": self.cache_stats().model_dump()})
+        return web.json_response(self.cache_stats().model_dump())
 
     async def _get_config(self, _request: web.Request) -> web.Response:
         return web.json_response(asdict(self.knobs))

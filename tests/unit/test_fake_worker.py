@@ -45,7 +45,7 @@ async def test_health_cache_metrics_and_config_endpoints():
             stats = CacheStats.model_validate(await resp.json())
         assert (stats.levels["l1"].hits, stats.levels["l1"].misses) == (1, 1)
         async with session.post(url + "/v1/cache/reset") as resp:
-            assert resp.status == 200
+            assert resp.status == 200 and CacheStats.model_validate(await resp.json()).levels["l1"].hits == 0
         async with session.post(url + "/v1/systemone", json=DEFAULT_CORPUS[0]) as resp:
             assert resp.headers["x-jev-cache"] == "l1=miss"
         async with session.get(url + "/metrics") as resp:
