@@ -1,0 +1,50 @@
+"""The shared API schema accepts what it should and rejects what it should."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from jev_common.schema import DecisionRequest, DecisionResponse
+
+BASE = {"kind": "choice", "state": {"text": "a red ball"}, "question": "What colour?", "options": ["red", "blue"]}
+
+
+def test_text_shorthand_and_optional_fields():
+    request = DecisionRequest.model_validate(dict(BASE, state="a red ball", request_id="r1", deadline_s=2))
+    assert request.state.text == "a red ball" and request.deadline_s == 2.0
+
+
+def test_image_only_state_is_allowed():
+    request = DecisionRequest.model_validate(dict(BASE, state={"image": "data:image/png;base64,AAAA"}))
+    assert request.state.image.startswith("data:image/png")
+
+
+@pytest.mark.parametrize("change", [
+    {"kind": "rank"}, {"options": []}, {"options": ["red"]}, {"options": ["red", "red"]},
+    {"options": ["red", ""]}, {"question": ""}, {"state": {}}, {"state": {"text": "  "}},
+    {"state": {"image": "http://x/y.png"}}, {"deadline_s": 0}, {"deadline_s": 1e9}, {"extra": 1},
+    {"kind": "score"}, {"kind": "score", "options": ["1", "nan"]}, {"kind": "span", "options": ["red", "green"]},
+    {"options": [f"o{i}" for i in range(27)]}, {"question": 5}, {"options": "red,blue"},
+])
+def test_rejections(change):
+    with pytest.raises(ValidationError):
+        DecisionRequest.model_validate(dict(BASE, **change))
+
+
+def response(**fields):
+    base = dict(kind="choice", model="m", probabilities=[0.25, 0.75], choice_index=1, choice="blue",
+                usage={"prompt_tokens": 10, "cached_tokens": 0}, elapsed_seconds=0.01)
+    base.update(fields)
+    return DecisionResponse.model_validate(base)
+
+
+def test_response_probability_invariants():
+    response()
+    response(kind="noul", probabilities=[0.2, 0.3], noul=0.5, choice_index=None, choice=None)
+    for bad in ([0.5, 0.6], [math.nan, 1.0], [math.inf, 0.0], [-0.5, 1.5]):
+        with pytest.raises(ValidationError):
+            response(probabilities=bad)
+    with pytest.raises(ValidationError):
+        response(kind="noul", probabilities=[0.5, 0.5], noul=0.5)
