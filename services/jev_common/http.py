@@ -41,7 +41,8 @@ async def error_middleware(request: web.Request, handler):
         return error_response(500, "internal_error", "internal error; see the service log")
 
 
-async def read_json(request: web.Request, max_bytes: int) -> object:
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The raw request body, refused with 413 past max_bytes."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
     body = bytearray()
@@ -49,10 +50,18 @@ async def read_json(request: web.Request, max_bytes: int) -> object:
         body += chunk
         if len(body) > max_bytes:
             raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
+    return bytes(body)
+
+
+def decode_json(raw: bytes) -> object:
     try:
-        return json.loads(body)
+        return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+
+
+async def read_json(request: web.Request, max_bytes: int) -> object:
+    return decode_json(await read_body(request, max_bytes))
 
 
 def parse_model(model: type[BaseModel], payload: object):

@@ -1,14 +1,13 @@
 """The frontend's aiohttp application: validate at the edge, forward the original bytes, pass the answer through."""
 from __future__ import annotations
 
-import json
 import logging
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from jev_common.errors import ApiError
-from jev_common.http import error_middleware, parse_model
+from jev_common.http import decode_json, error_middleware, parse_model, read_body
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import DecisionRequest
 
@@ -31,25 +30,6 @@ GENERATION_ROUTES = (
     "/generate",
     "/generate_stream",
 )
-
-
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw request body, refused with 413 past max_bytes (the bytes are forwarded as they came)."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
-    return bytes(body)
-
-
-def decode_json(raw: bytes) -> object:
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
 
 
 async def handle_systemone(request: web.Request) -> web.Response:
