@@ -33,7 +33,8 @@ async def error_middleware(request: web.Request, handler):
             raise
         type_ = HTTP_ERROR_TYPES.get(exc.status, "http_error")
         message = exc.reason if exc.status != 404 else f"no route {request.method} {request.path}"
-        return error_response(exc.status, type_, message)
+        kept = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return error_response(exc.status, type_, message, kept)
     except asyncio.CancelledError:
         raise
     except Exception:  # noqa: BLE001 - last line of defence: log it, answer the envelope

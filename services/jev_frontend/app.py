@@ -16,6 +16,7 @@ from .settings import Settings
 
 log = logging.getLogger("jev_frontend")
 
+DEADLINE_GRACE_S = 0.25
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
 METRICS = web.AppKey("metrics", HttpMetrics)
@@ -37,8 +38,9 @@ async def handle_systemone(request: web.Request) -> web.Response:
     raw = await read_body(request, settings.max_body_bytes)
     decision = parse_model(DecisionRequest, decode_json(raw))  # junk never reaches the worker
     timeout_s, note = settings.timeout_s, ""
-    if decision.deadline_s is not None and decision.deadline_s < timeout_s:
-        timeout_s, note = decision.deadline_s, " (the request's deadline_s)"
+    if decision.deadline_s is not None and decision.deadline_s + DEADLINE_GRACE_S < timeout_s:
+        # the worker enforces deadline_s itself; the grace lets its own 504 answer arrive first
+        timeout_s, note = decision.deadline_s + DEADLINE_GRACE_S, " (the request's deadline_s + grace)"
     headers = {"Content-Type": "application/json"}
     headers.update({k: v for k, v in request.headers.items() if k.lower().startswith(DECISION_HEADER_PREFIX)})
     answer = await request.app[BACKEND].call(

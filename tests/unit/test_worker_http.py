@@ -69,6 +69,7 @@ async def test_unknown_route_and_method(worker_settings):
         assert response.status == 404 and envelope(await response.json()).error.type == "not_found"
         response = await client.get("/v1/systemone")
         assert response.status == 405 and envelope(await response.json()).error.type == "method_not_allowed"
+        assert response.headers["Allow"] == "POST"
 
 
 async def test_health_is_503_until_loaded_and_says_why(worker_settings, tmp_path):
