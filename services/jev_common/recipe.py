@@ -6,6 +6,7 @@ template, the verbalizer (label tokens), cache and batching defaults and its com
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -87,6 +88,18 @@ class Recipe(_Section):
         return f"{self.model.hub_repo}@{self.model.revision}{suffix}"
 
 
+class _RecipeYamlLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. YAML 1.1 would read a verbalizer's `yes: Yes` as True: True."""
+
+
+_RecipeYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_RecipeYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def recipe_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_dir():
@@ -102,7 +115,7 @@ def recipe_path(name_or_path: str) -> Path:
 
 def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
     with open(recipe_path(name_or_path), encoding="utf-8") as handle:
-        return Recipe.model_validate(yaml.safe_load(handle))
+        return Recipe.model_validate(yaml.load(handle, Loader=_RecipeYamlLoader))
 
 
 def all_recipes() -> list[Recipe]:
