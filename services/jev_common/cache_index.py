@@ -1,0 +1,238 @@
+"""The Redis cache index: which image assets exist, and which workers hold a prefix's KV state warm.
+
+Keys are namespaced by the checkpoint identity (`ns` = sha256(identity)[:16]), so two checkpoints
+sharing one Redis never see each other's entries:
+
+- `jev:{ns}:asset:{key}`  hash: grid (JSON [t,h,w]), n_tokens, nbytes, dtype, path, identity, created
+- `jev:{ns}:prefix:{prefix_hash}`  hash: one field per owner worker id -> JSON {"url", "expires",
+  "length", "nbytes"};
+  the key carries a TTL (refreshed on each registration) and expired owners are dropped on read.
+
+The index is an accelerator, never the truth: every call that cannot reach Redis raises
+`IndexUnavailable` (fast: short socket timeouts, no retries, and after a failure the index stays
+"down" for `backoff_s` without trying), and callers fall back to the asset folder on disk. An asset
+entry whose file is gone is treated as not prepared by the caller, which removes it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("jev.cache_index")
+
+DEFAULT_SOCKET_TIMEOUT_S = 0.25
+DEFAULT_PREFIX_TTL_S = 900
+DEFAULT_BACKOFF_S = 2.0
+
+
+class IndexUnavailable(RuntimeError):
+    """Redis could not answer (down, timed out, refused, misconfigured). Fall back to the filesystem."""
+
+
+def namespace(identity: str) -> str:
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class PrefixOwner:
+    worker_id: str
+    url: str
+    expires: float
+    length: int | None = None
+    nbytes: int | None = None
+
+
+class CacheIndex:
+    def __init__(self, url: str | None, identity: str, *, owner_id: str = "", owner_url: str = "",
+                 socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S, prefix_ttl_s: float = DEFAULT_PREFIX_TTL_S,
+                 backoff_s: float = DEFAULT_BACKOFF_S, client=None):
+        self.url = url or ""
+        self.identity = identity
+        self.ns = namespace(identity)
+        self.owner_id = owner_id
+        self.owner_url = owner_url
+        self.prefix_ttl_s = prefix_ttl_s
+        self.backoff_s = backoff_s
+        self._timeout = socket_timeout_s
+        self._client = client
+        self._down_until = 0.0
+        self._last_error: str | None = None if self.url or client is not None else "no Redis URL configured"
+        self.errors = 0
+        self.degraded_calls = 0
+
+    # --- plumbing ---
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url) or self._client is not None
+
+    def _redis(self):
+        if self._client is None:
+            import redis.asyncio as aioredis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            self._client = aioredis.Redis.from_url(
+                self.url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout,
+                retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
+                health_check_interval=0,
+            )
+        return self._client
+
+    async def _call(self, what: str, fn, *, force: bool = False):
+        import redis.exceptions as rexc
+
+        if not self.enabled:
+            self.degraded_calls += 1
+            raise IndexUnavailable("cache index disabled: no Redis URL configured")
+        if not force and time.monotonic() < self._down_until:
+            self.degraded_calls += 1
+            raise IndexUnavailable(f"cache index unavailable ({self._last_error}); retrying after a back-off")
+        try:
+            result = await asyncio.wait_for(fn(self._redis()), timeout=self._timeout * 4)
+        except (rexc.RedisError, OSError, asyncio.TimeoutError) as exc:
+            self.errors += 1
+            self.degraded_calls += 1
+            self._last_error = f"{what}: {type(exc).__name__}: {str(exc)[:160]}"
+            self._down_until = time.monotonic() + self.backoff_s
+            log.warning("cache index %s failed: %s", what, self._last_error)
+            raise IndexUnavailable(self._last_error) from None
+        self._down_until = 0.0
+        self._last_error = None
+        return result
+
+    def asset_entry_key(self, key: str) -> str:
+        return f"jev:{self.ns}:asset:{key}"
+
+    def prefix_entry_key(self, prefix_hash: str) -> str:
+        return f"jev:{self.ns}:prefix:{prefix_hash}"
+
+    # --- assets ---
+
+    async def register_asset(self, key: str, *, grid, nbytes: int, path: str, n_tokens: int | None = None,
+                             dtype: str = "", created: str = "") -> None:
+        mapping = {
+            "grid": json.dumps([int(x) for x in grid]), "nbytes": int(nbytes), "path": str(path),
+            "identity": self.identity, "n_tokens": int(n_tokens) if n_tokens is not None else "",
+            "dtype": dtype, "created": created,
+        }
+        await self._call("register_asset", lambda r: r.hset(self.asset_entry_key(key), mapping=mapping))
+
+    async def lookup_asset(self, key: str) -> dict | None:
+        """The asset entry, or None when the index has none. Raises IndexUnavailable."""
+        raw = await self._call("lookup_asset", lambda r: r.hgetall(self.asset_entry_key(key)))
+        if not raw:
+            return None
+        try:
+            return {
+                "grid": json.loads(raw["grid"]), "nbytes": int(raw["nbytes"]), "path": raw["path"],
+                "identity": raw.get("identity", ""), "n_tokens": int(raw["n_tokens"]) if raw.get("n_tokens") else None,
+                "dtype": raw.get("dtype", ""), "created": raw.get("created", ""),
+            }
+        except (KeyError, ValueError, TypeError):
+            log.warning("cache index: malformed asset entry %s removed", key)
+            await self.remove_asset(key)
+            return None
+
+    async def remove_asset(self, key: str) -> None:
+        await self._call("remove_asset", lambda r: r.delete(self.asset_entry_key(key)))
+
+    # --- warm prefixes ---
+
+    def _owner(self, owner) -> tuple[str, str]:
+        """owner: a worker id, a {"worker_id", "url"} dict, or None (this index's own owner)."""
+        if isinstance(owner, dict):
+            worker_id, url = str(owner.get("worker_id") or self.owner_id), owner.get("url")
+        else:
+            worker_id, url = str(owner or self.owner_id), None
+        if not worker_id:
+            raise ValueError("a prefix owner needs a worker id")
+        return worker_id, str(url if url is not None else self.owner_url)
+
+    async def register_prefix(self, prefix_hash: str, owner=None, length: int | None = None,
+                              nbytes: int | None = None, *, url: str | None = None,
+                              ttl_s: float | None = None) -> None:
+        """This worker (or `owner`) holds the prefix's KV state warm, for `ttl_s` (default prefix_ttl_s)."""
+        ttl = float(ttl_s if ttl_s is not None else self.prefix_ttl_s)
+        worker_id, owner_url = self._owner(owner)
+        value = {"url": url if url is not None else owner_url, "expires": time.time() + ttl}
+        if length is not None:
+            value["length"] = int(length)
+        if nbytes is not None:
+            value["nbytes"] = int(nbytes)
+        entry = self.prefix_entry_key(prefix_hash)
+
+        async def run(r):
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.hset(entry, worker_id, json.dumps(value))
+                pipe.expire(entry, max(1, int(ttl + 0.999)))
+                return await pipe.execute()
+
+        await self._call("register_prefix", run)
+
+    async def unregister_prefix(self, prefix_hash: str, owner=None) -> None:
+        worker_id, _ = self._owner(owner)
+        await self._call("unregister_prefix", lambda r: r.hdel(self.prefix_entry_key(prefix_hash), worker_id))
+
+    async def where_is_prefix_warm(self, prefix_hash: str) -> list[PrefixOwner]:
+        """Live owners of a prefix (expired ones dropped). Raises IndexUnavailable."""
+        entry = self.prefix_entry_key(prefix_hash)
+        raw = await self._call("where_is_prefix_warm", lambda r: r.hgetall(entry))
+        now = time.time()
+        owners, stale = [], []
+        for worker_id, value in (raw or {}).items():
+            try:
+                data = json.loads(value)
+                owner = PrefixOwner(worker_id, str(data.get("url", "")), float(data["expires"]),
+                                    data.get("length"), data.get("nbytes"))
+            except (ValueError, KeyError, TypeError):
+                stale.append(worker_id)
+                continue
+            if owner.expires > now:
+                owners.append(owner)
+            else:
+                stale.append(worker_id)
+        if stale:
+            try:
+                await self._call("prune_prefix", lambda r: r.hdel(entry, *stale))
+            except IndexUnavailable:
+                pass
+        return sorted(owners, key=lambda o: o.worker_id)
+
+    # --- admin ---
+
+    async def health(self) -> dict:
+        """{"status": "ok"|"degraded", "reason", "namespace"}; a real PING, back-off or not."""
+        if not self.enabled:
+            return {"status": "degraded", "reason": "no Redis URL configured", "namespace": self.ns}
+        try:
+            await self._call("ping", lambda r: r.ping(), force=True)
+        except IndexUnavailable as exc:
+            return {"status": "degraded", "reason": str(exc), "namespace": self.ns}
+        return {"status": "ok", "reason": None, "namespace": self.ns}
+
+    def stats(self) -> dict:
+        return {"enabled": self.enabled, "namespace": self.ns, "errors": self.errors,
+                "degraded_calls": self.degraded_calls, "last_error": self._last_error}
+
+    async def purge_namespace(self) -> int:
+        """Delete every key of this namespace (tests, and re-indexing after a checkpoint change)."""
+        async def run(r):
+            deleted = 0
+            async for name in r.scan_iter(match=f"jev:{self.ns}:*", count=500):
+                deleted += await r.delete(name)
+            return deleted
+
+        return await self._call("purge_namespace", run)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            try:
+                await self._client.aclose()
+            except Exception:  # noqa: BLE001 - closing a dead connection must not fail shutdown
+                pass
+            self._client = None

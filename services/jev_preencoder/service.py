@@ -1,0 +1,135 @@
+"""Service mode: POST /v1/preencode (manifest lines as a JSON array, one object, or JSONL),
+GET /health (200 once the model is loaded), GET /metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+from jev_common.cache_index import CacheIndex
+from jev_common.errors import ApiError, error_response
+from jev_common.http import error_middleware, run_app
+from jev_common.metrics import HttpMetrics
+from jev_common.schema import HealthResponse
+
+from .settings import PreencoderSettings
+
+log = logging.getLogger("jev.preencoder.service")
+
+STATE = web.AppKey("preencoder", dict)
+
+
+async def _read_body(request: web.Request, max_bytes: int) -> bytes:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > max_bytes:
+            raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
+    return bytes(body)
+
+
+def parse_manifest_body(body: bytes) -> list:
+    """A JSON array of lines, a single JSON object, or JSONL (one object per line; a bad line stays a
+    string so its own result says invalid_json)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"body is not UTF-8: {exc}") from None
+    if not text.strip():
+        raise ApiError(422, "validation_error", "no manifest lines in the body")
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError:
+        return text.splitlines()  # JSONL
+    if isinstance(payload, list):
+        return payload
+    if isinstance(payload, dict) and isinstance(payload.get("lines"), list):
+        return payload["lines"]
+    return [payload]
+
+
+def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
+    metrics = HttpMetrics("preencoder")
+    images = Counter("jev_preencoder_images_total", "manifest lines by outcome", ["status"],
+                     registry=metrics.registry)
+    seconds = Histogram("jev_preencoder_request_encode_seconds", "time to encode one POST /v1/preencode",
+                        registry=metrics.registry)
+    app = web.Application(middlewares=[metrics.middleware, error_middleware])
+    state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
+    app[STATE] = state
+
+    async def load():
+        try:
+            if state["encoder"] is None:
+                from .encode import Encoder
+
+                state["encoder"] = await asyncio.to_thread(Encoder, settings)
+            state["encoder"].offload = True
+            if settings.redis_url and settings.redis_url.lower() != "none":
+                state["index"] = CacheIndex(settings.redis_url, state["encoder"].identity)
+            log.info("preencoder ready (identity %s)", state["encoder"].identity)
+        except Exception as exc:  # noqa: BLE001 - reported by /health, the service stays up to say so
+            log.exception("model load failed")
+            state["error"] = f"{type(exc).__name__}: {exc}"
+
+    async def on_startup(_app):
+        state["task"] = asyncio.create_task(load())
+
+    async def on_cleanup(_app):
+        if state["task"] is not None and not state["task"].done():
+            state["task"].cancel()
+        if state["index"] is not None:
+            await state["index"].close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+
+    def ready_encoder():
+        if state["encoder"] is None or (state["task"] is not None and not state["task"].done()):
+            if state["error"]:
+                raise ApiError(503, "not_ready", f"model failed to load: {state['error']}")
+            raise ApiError(503, "not_ready", "model is loading")
+        return state["encoder"]
+
+    async def health(_request):
+        if state["error"]:
+            body = HealthResponse(status="unavailable", detail={"error": state["error"]})
+            return web.json_response(body.model_dump(), status=503)
+        try:
+            encoder_ = ready_encoder()
+        except ApiError as exc:
+            return error_response(exc.status, exc.type, exc.message)
+        detail = {"identity": encoder_.identity, "processor_identity": encoder_.processor_identity,
+                  "asset_dir": settings.asset_dir, "device": str(encoder_.device), "dtype": str(encoder_.dtype)}
+        if state["index"] is not None:
+            detail["index"] = await state["index"].health()
+        else:
+            detail["index"] = {"status": "degraded", "reason": "no Redis URL configured"}
+        return web.json_response(HealthResponse(status="ok", detail=detail).model_dump())
+
+    async def preencode(request: web.Request):
+        encoder_ = ready_encoder()
+        lines = parse_manifest_body(await _read_body(request, settings.max_body_bytes))
+        started = time.perf_counter()
+        async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
+            summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
+        seconds.observe(time.perf_counter() - started)
+        for result in summary.results:
+            images.labels(result.status).inc()
+        return web.json_response({"results": [r.to_dict() for r in summary.results], "summary": summary.counts(),
+                                  "identity": encoder_.identity})
+
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics.handle_metrics)
+    app.router.add_post("/v1/preencode", preencode)
+    return app
+
+
+def serve(settings: PreencoderSettings) -> None:
+    run_app(build_app(settings), settings.host, settings.port)
