@@ -1,8 +1,8 @@
 """Vision-language checkpoint helpers shared by the preencoder and the worker.
 
 - `load_vl_processor(folder)`: AutoProcessor when it works; otherwise (transformers 5.x builds a
-  Qwen2-VL processor only with a torchvision video processor, and PyPI's torchvision does not run
-  beside the pinned CPU torch) the same Qwen2VLProcessor without its video half. Images go through
+  Qwen2-VL / Qwen3-VL processor only with a torchvision video processor, and PyPI's torchvision does
+  not run beside the pinned CPU torch) the same processor class without its video half. Images go through
   the checkpoint's own image processor (its PIL backend) either way, so pixels and grids are the same.
 - `checkpoint_identity(...)`: the string that names the exact checkpoint; assets and cache-index
   keys are namespaced by it, so a new checkpoint never reuses old embeddings.
@@ -23,21 +23,33 @@ _SAMPLE = 1 << 20              # larger ones: header + first and last MiB + size
 _CONFIG_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "generation_config.json")
 
 
-def _image_only_processor_class():
-    from transformers import Qwen2VLProcessor
+def _image_only_processor_class(base):
+    """`base` (Qwen2VLProcessor, Qwen3VLProcessor, ...) with image processor + tokenizer only: the
+    processor's attributes come from its __init__ signature, so this one asks for no video processor."""
 
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        """Qwen2VLProcessor with image processor + tokenizer only (no video processor to build)."""
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        base.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
+                      **kwargs)
 
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
-                             **kwargs)
+    return type(f"ImageOnly{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__})
 
-    return ImageOnlyQwen2VLProcessor
+
+def _processor_class_name(folder: Path) -> str | None:
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        value = _read_json(folder / name).get("processor_class")
+        if value:
+            return value
+    model_type = _read_json(folder / "config.json").get("model_type")
+    if not model_type:
+        return None
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    return PROCESSOR_MAPPING_NAMES.get(model_type)
 
 
 def load_vl_processor(folder: str | os.PathLike, **kwargs):
     """The checkpoint's processor: tokenizer + image processor + chat template."""
+    import transformers
     from transformers import AutoProcessor
 
     try:
@@ -47,11 +59,12 @@ def load_vl_processor(folder: str | os.PathLike, **kwargs):
         reason = f"AutoProcessor gave a {type(processor).__name__} without an image processor"
     except (OSError, ImportError, ValueError, AttributeError, TypeError) as exc:
         reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-    config = _read_json(Path(folder) / "config.json")
-    if config.get("model_type") not in ("qwen2_vl", "qwen2_5_vl"):
+    class_name = _processor_class_name(Path(folder))
+    base = getattr(transformers, class_name, None) if class_name else None
+    if base is None or not isinstance(base, type) or "video_processor" not in base.get_attributes():
         raise RuntimeError(f"cannot load a processor from {folder}: {reason}")
-    log.info("processor for %s loaded without a video processor (%s)", folder, reason)
-    return _image_only_processor_class().from_pretrained(folder, **kwargs)
+    log.info("processor for %s: %s without its video processor (%s)", folder, class_name, reason)
+    return _image_only_processor_class(base).from_pretrained(folder, **kwargs)
 
 
 def load_vl_model(folder: str | os.PathLike, dtype=None, device=None, **kwargs):

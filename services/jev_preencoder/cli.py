@@ -94,16 +94,20 @@ async def _encode(args, settings: PreencoderSettings) -> int:
     return 1 if summary.failed else 0
 
 
+def configure_logging(command: str) -> None:
+    setup_logging("preencoder")
+    if command == "encode" and "JEV_LOG_LEVEL" not in os.environ:
+        logging.getLogger().setLevel(logging.WARNING)  # the CLI speaks through its progress bar and summary
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    setup_logging("preencoder")
+    configure_logging(args.command)
     if args.command == "serve":
         from .service import serve
 
         serve(PreencoderSettings.from_env())
         return 0
-    if "JEV_LOG_LEVEL" not in os.environ:  # the CLI speaks through its progress bar and summary
-        logging.getLogger().setLevel(logging.WARNING)
     settings = PreencoderSettings.from_env(
         recipe=args.recipe, model_path=args.model, asset_dir=args.out, redis_url=args.redis,
         device=args.device, dtype=args.dtype,

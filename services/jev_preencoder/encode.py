@@ -97,7 +97,7 @@ class LineResult:
     indexed: bool | None = None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "redone" and not v)}
 
 
 @dataclass

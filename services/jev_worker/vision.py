@@ -52,15 +52,18 @@ def image_token_count(asset: ImageAsset) -> int:
 
 def image_placeholder(processor_or_tokenizer, asset: ImageAsset) -> str:
     """`<|vision_start|>` + `<|image_pad|>` * n_tokens + `<|vision_end|>` (n = t*h*w // merge**2)."""
-    image_token = getattr(processor_or_tokenizer, "image_token", None) or IMAGE_PAD
-    tokenizer = _tokenizer(processor_or_tokenizer)
+    source = processor_or_tokenizer
+    image_token = getattr(source, "image_token", None) or IMAGE_PAD
+    start = getattr(source, "vision_start_token", None) or VISION_START
+    end = getattr(source, "vision_end_token", None) or VISION_END
+    tokenizer = _tokenizer(source)
     if hasattr(tokenizer, "convert_tokens_to_ids"):
         unk = getattr(tokenizer, "unk_token_id", None)
-        for token in (VISION_START, image_token, VISION_END):
+        for token in (start, image_token, end):
             token_id = tokenizer.convert_tokens_to_ids(token)
             if token_id is None or token_id == unk:
                 raise ValueError(f"tokenizer has no {token} token: not a Qwen2-VL style vision-language checkpoint")
-    return VISION_START + image_token * image_token_count(asset) + VISION_END
+    return start + image_token * image_token_count(asset) + end
 
 
 def _rope_owner(model):
