@@ -108,6 +108,8 @@ def folder_fingerprint(folder: str | os.PathLike) -> str:
     """Content digest of a local checkpoint: config files and weight files (large ones sampled)."""
     root = Path(folder)
     digest = hashlib.sha256()
+    if not root.is_dir():  # loading will fail and say why; the identity must not fail first
+        return "missing-" + hashlib.sha256(str(root).encode()).hexdigest()[:24]
     for name in _CONFIG_FILES:
         file = root / name
         if file.is_file():

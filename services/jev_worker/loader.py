@@ -91,9 +91,11 @@ def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str) 
     processor = None
     log.info("loading %s from %s (%s, %s)", recipe.name, folder, dev, torch_dtype)
     if recipe.model.modality == "vision-language":
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
 
-        processor = AutoProcessor.from_pretrained(folder, **kwargs)
+        from jev_common.vl import load_vl_processor  # AutoProcessor, or without the torchvision video half
+
+        processor = load_vl_processor(folder, **kwargs)
         tokenizer = processor.tokenizer
         model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch_dtype, **kwargs)
     else:

@@ -10,6 +10,7 @@ import torch
 
 from jev_common.errors import ApiError
 from jev_common.schema import CacheStats, DecisionRequest, DecisionResponse, Usage
+from jev_common.vl import checkpoint_identity
 
 from .caches import BudgetLRU
 from .engine import DecisionEngine, EngineItem
@@ -32,7 +33,8 @@ class WorkerService:
     def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None):
         self.settings = settings
         self.recipe = settings.recipe
-        self.identity = self.recipe.identity
+        # the recipe's pin, or a content digest of JEV_MODEL_PATH: what image assets and index keys are made for
+        self.identity = checkpoint_identity(self.recipe, settings.model_path)
         self.metrics = metrics or WorkerMetrics()
         self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="jev-model")
         self.prep_executor = ThreadPoolExecutor(2, thread_name_prefix="jev-prep")
