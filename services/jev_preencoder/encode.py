@@ -279,7 +279,7 @@ class Encoder:
             result = await self.encode_line(line_no, raw, out_dir, index, seen)
             summary.add(result)
             if result.status == "failed":
-                log.warning("%s", result.message)
+                log.info("%s", result.message)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(done=summary.done, skipped=summary.skipped, failed=summary.failed, refresh=False)

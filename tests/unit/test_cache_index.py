@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
 import socket
 import uuid
@@ -19,7 +20,6 @@ from jev_worker.vision import AssetStore
 
 from .vl_helpers import png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 DEAD_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1: connection refused at once
 
 
@@ -36,17 +36,23 @@ needs_redis = pytest.mark.skipif(not _redis_up(), reason="no Redis at 127.0.0.1:
 
 
 @pytest.fixture
-async def index_factory():
+def redis_url() -> str:
+    """A random logical db besides the namespace: tests on the tiny checkpoint share its identity."""
+    return f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
+
+
+@pytest.fixture
+async def index_factory(redis_url):
     made: list[CacheIndex] = []
 
-    def make(identity: str | None = None, url: str = REDIS_URL, **kwargs) -> CacheIndex:
-        index = CacheIndex(url, identity or f"test/{uuid.uuid4().hex}@1", **kwargs)
+    def make(identity: str | None = None, url: str | None = None, **kwargs) -> CacheIndex:
+        index = CacheIndex(url or redis_url, identity or f"test/{uuid.uuid4().hex}@1", **kwargs)
         made.append(index)
         return index
 
     yield make
     for index in made:
-        if index.url == REDIS_URL:
+        if index.url == redis_url:
             try:
                 await index.purge_namespace()
             except IndexUnavailable:
@@ -157,7 +163,7 @@ async def test_asset_store_uses_the_index_and_drops_stale_entries(prepared, inde
 
 
 @needs_redis
-async def test_preencoder_registers_assets_in_the_index(tmp_path, capsys, monkeypatch, index_factory):
+async def test_preencoder_registers_assets_in_the_index(tmp_path, capsys, monkeypatch, index_factory, redis_url):
     from jev_preencoder.cli import main
 
     monkeypatch.delenv("JEV_RECIPE", raising=False)
@@ -169,7 +175,7 @@ async def test_preencoder_registers_assets_in_the_index(tmp_path, capsys, monkey
     manifest.write_text(json.dumps(request_line(uri)) + "\n")
     out = tmp_path / "assets"
     argv = ["encode", "--manifest", str(manifest), "--out", str(out), "--model", tiny_vl_checkpoint(),
-            "--redis", REDIS_URL, "--device", "cpu", "--dtype", "float32", "--no-progress"]
+            "--redis", redis_url, "--device", "cpu", "--dtype", "float32", "--no-progress"]
     code = await asyncio.to_thread(main, argv)  # the CLI runs its own event loop
     assert code == 0, capsys.readouterr().err
     entry = await index.lookup_asset(asset_key(uri))
