@@ -594,6 +594,89 @@ def verify_manifest(out_dir: str | os.PathLike) -> list[str]:
     return problems
 
 
+
+# --------------------------------------------------------------------------------------------------
+# thin per-recipe wrappers (recipes/<name>/export.py) call this
+
+
+def head_ids_from_json(path: str | os.PathLike) -> list[int]:
+    """Label token ids from a JSON head description: the first list of ints under a known key."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    stack = [data]
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, dict):
+            for key in ("token_ids", "label_token_ids", "letter_token_ids", "decision_token_ids", "rows", "ids"):
+                value = node.get(key)
+                if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+                    return [int(v) for v in value]
+            stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (dict, list)))
+    raise ExportError(f"{path}: no list of label token ids found (keys token_ids/label_token_ids/rows); "
+                      "pass --label-ids explicitly")
+
+
+def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_globs: Iterable[str] = (),
+                       head_json: str | None = None, argv: list[str] | None = None) -> int:
+    """CLI of a recipe's export.py: --base (checkpoint) [--adapter (downloaded adapter repo)] --out.
+
+    The LoRA is ``<adapter>/<adapter_subdir>``; files matching ``extra_globs`` there are copied into
+    ``<out>/adapter_extras/``; head rows come from --label-ids, else ``<adapter>/<head_json>``, else the
+    recipe's verbalizer through the base tokenizer.
+    """
+    from jev_common.recipe import load_recipe
+
+    parser = argparse.ArgumentParser(description=f"Export a checkpoint for recipe {recipe} (tools/export_checkpoint.py)")
+    parser.add_argument("--base", required=True, help="base checkpoint folder (a local hub snapshot)")
+    parser.add_argument("--adapter", help="downloaded adapter repository folder" if adapter_subdir is not None
+                        else argparse.SUPPRESS)
+    parser.add_argument("--out", required=True, help="output folder; must not exist")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(_TARGET_DTYPES))
+    parser.add_argument("--label-ids", type=_parse_ids, help="override the LM-head rows to export")
+    parser.add_argument("--tokenizer", help="tokenizer folder for the recipe's labels (default: --base)")
+    parser.add_argument("--max-length", type=int)
+    args = parser.parse_args(argv)
+    loaded = load_recipe(recipe)
+    lora_dir = None
+    extras: list[Path] = []
+    if adapter_subdir is not None:
+        if not args.adapter:
+            parser.error("--adapter is required for this recipe")
+        root = Path(args.adapter)
+        lora_dir = root / adapter_subdir if adapter_subdir not in ("", ".") else root
+        skip = {ADAPTER_CONFIG, *ADAPTER_WEIGHTS}
+        for pattern in extra_globs:
+            extras.extend(p for p in sorted(lora_dir.glob(pattern)) if p.is_file() and p.name not in skip)
+    label_ids = args.label_ids
+    if label_ids is None and head_json and lora_dir is not None and (lora_dir / head_json).is_file():
+        label_ids = head_ids_from_json(lora_dir / head_json)
+    try:
+        export_checkpoint(args.base, args.out, lora_dir=lora_dir, dtype=args.dtype, label_ids=label_ids,
+                          recipe=None if label_ids is not None else loaded,
+                          tokenizer_dir=args.tokenizer, max_length=args.max_length)
+        if extras:
+            _add_extras(Path(args.out), extras)
+    except (ExportError, FileExistsError) as exc:
+        print(f"export ({recipe}): {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_extras(out_dir: Path, extras: list[Path]) -> None:
+    """Copy adapter-side files (calibration, head configs) into out/adapter_extras/ and re-list the manifest."""
+    target = out_dir / "adapter_extras"
+    target.mkdir()
+    for extra in dict.fromkeys(extras):
+        shutil.copy2(extra, target / extra.name)
+    manifest_path = out_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    for path in sorted(target.iterdir()):
+        manifest["files"].append({"path": path.relative_to(out_dir).as_posix(), "sha256": _sha256(path),
+                                  "size": path.stat().st_size})
+    manifest["files"].sort(key=lambda item: item["path"])
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]

@@ -335,3 +335,37 @@ def test_streaming_writer_output_is_readable_by_safetensors(tmp_path):
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor)
     with pytest.raises(ec.ExportError, match="never written"):
         ec.StreamingSafetensorsWriter(tmp_path / "x.safetensors", entries).close()
+
+
+def test_recipe_wrapper_merges_subfolder_adapter_and_copies_extras(tiny, tmp_path):
+    import shutil
+
+    repo = tmp_path / "adapter-repo"
+    shutil.copytree(tiny["lora"], repo / "text")
+    (repo / "text" / "calibration.json").write_text(json.dumps({"temperature": 1.3}))
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(
+        "name: w\nfamily: w\ncompose_profile: cpu\n"
+        "model: {hub_repo: x/y, revision: r, architecture: LlamaForCausalLM}\n"
+        "verbalizer: {labels: AB, 'yes': 'Yes', 'no': 'No'}\n")
+    out = tmp_path / "w"
+    assert ec.recipe_export_main(str(recipe_file), adapter_subdir="text", extra_globs=["*.json"],
+                                 argv=["--base", str(tiny["model"]), "--adapter", str(repo), "--out", str(out)]) == 0
+    expected, fp32 = _expected(tiny)
+    got = _exported(out)
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    head = load_file(str(out / ec.HEAD_FILE))
+    assert head["token_ids"].tolist() == [1, 2, 27, 28]
+    assert json.loads((out / "adapter_extras" / "calibration.json").read_text()) == {"temperature": 1.3}
+    assert not (out / "adapter_extras" / "adapter_config.json").exists()
+    assert ec.verify_manifest(out) == []
+
+
+def test_head_ids_from_json_finds_nested_ids_or_fails(tmp_path):
+    good = tmp_path / "h.json"
+    good.write_text(json.dumps({"version": 1, "head": {"label_token_ids": [32, 33, 34], "temperature": 0.7}}))
+    assert ec.head_ids_from_json(good) == [32, 33, 34]
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"labels": ["A", "B"]}))
+    with pytest.raises(ec.ExportError, match="--label-ids"):
+        ec.head_ids_from_json(bad)

@@ -1,0 +1,170 @@
+"""tools/local_stack.py: compose -> local process translation (no model), and a real start/stop cycle."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tools import local_stack as ls
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_interpolate_follows_compose_rules():
+    env = {"SET": "x", "EMPTY": ""}
+    assert ls.interpolate("${SET:-d}", env) == "x"
+    assert ls.interpolate("${EMPTY:-d}", env) == "d"
+    assert ls.interpolate("${EMPTY-d}", env) == ""
+    assert ls.interpolate("${MISSING-d}", env) == "d"
+    assert ls.interpolate("${MISSING:-${SET}/y}", env) == "x/y"
+    assert ls.interpolate("$$HOME and $SET", env) == "$HOME and x"
+    assert ls.interpolate("${SET:+alt}|${EMPTY:+alt}", env) == "alt|"
+    with pytest.raises(ValueError, match="MISSING"):
+        ls.interpolate("${MISSING:?set it}", env)
+
+
+def test_cpu_profile_plan(tmp_path):
+    plan = ls.plan_profile("cpu", environ={}, state_dir=tmp_path / "state")
+    assert [s.name for s in plan] == ["worker-cpu", "frontend-cpu"]  # redis is expected on the host
+    worker, frontend = plan
+    assert worker.argv == [sys.executable, "-m", "jev_worker"]
+    assert frontend.argv == [sys.executable, "-m", "jev_frontend"]
+    assert worker.env["JEV_RECIPE"] == "smollm2-135m-cpu"
+    assert worker.env["JEV_WORKER_HOST"] == "127.0.0.1" and frontend.env["JEV_FRONTEND_HOST"] == "127.0.0.1"
+    assert worker.env["JEV_REDIS_URL"] == "redis://127.0.0.1:6379/0"
+    assert frontend.env["JEV_BACKEND_URL"] == "http://127.0.0.1:8000"
+    assert (worker.port, frontend.port) == (8000, 8080)
+    assert worker.health_url == "http://127.0.0.1:8000/health"
+    assert frontend.health_url == "http://127.0.0.1:8080/health"
+    assert frontend.depends_on == ["worker-cpu"] and worker.depends_on == []  # redis dropped: not ours
+    assert worker.env["JEV_ASSET_DIR"] == str(tmp_path / "state" / "jev-assets")
+    assert worker.env["HF_HOME"] == str(ROOT / ".cache" / "huggingface")
+    assert worker.env["JEV_DEADLINE_S"] == "30"
+
+
+def test_env_paths_and_overrides(tmp_path):
+    environ = {"JEV_MODELS_DIR": str(tmp_path / "models"), "JEV_HF_HOME": "/srv/hf", "JEV_DEADLINE_S": "7",
+               "JEV_FRONTEND_PUBLISH": "9999"}
+    plan = {s.name: s for s in ls.plan_profile(
+        "jev-vl", {"worker-jev-vl": {"JEV_DEVICE": "cpu"}}, environ=environ, state_dir=tmp_path)}
+    assert set(plan) == {"worker-jev-vl", "preencoder-jev-vl", "frontend-jev-vl"}
+    assert list(plan).index("frontend-jev-vl") > list(plan).index("worker-jev-vl")
+    worker = plan["worker-jev-vl"]
+    assert worker.env["JEV_MODEL_PATH"] == str(tmp_path / "models" / "jev-27b-vl")
+    assert worker.env["HF_HOME"] == "/srv/hf"
+    assert worker.env["JEV_DEADLINE_S"] == "7"
+    assert worker.env["JEV_DEVICE"] == "cpu"  # the override wins
+    assert plan["preencoder-jev-vl"].port == 8090 and plan["preencoder-jev-vl"].env["JEV_DEVICE"] == "cuda"
+    assert plan["frontend-jev-vl"].port == 9999  # the published host port
+    assert plan["frontend-jev-vl"].env["JEV_FRONTEND_PORT"] == "9999"
+    assert plan["frontend-jev-vl"].health_url == "http://127.0.0.1:9999/health"
+    with pytest.raises(KeyError, match="not in profile"):
+        ls.plan_profile("cpu", {"worker-jev-vl": {}}, environ={})
+    with pytest.raises(KeyError, match="no service"):
+        ls.plan_profile("no-such-profile", environ={})
+
+
+def test_every_profile_plans():
+    compose = ls.load_compose()
+    profiles = sorted({p for s in compose["services"].values() for p in s.get("profiles") or []})
+    for profile in profiles:
+        plan = ls.plan_profile(profile, environ={})
+        names = [s.name for s in plan]
+        assert any(n.startswith("frontend-") for n in names), profile
+        for service in plan:
+            for value in list(service.env.values()) + service.argv:
+                assert "0.0.0.0" not in value, (profile, service.name, value)
+                for other in compose["services"]:
+                    assert f"://{other}:" not in value, (profile, service.name, value)
+
+
+def test_port_collisions_are_resolved_and_urls_follow(tmp_path):
+    compose = {"services": {
+        "a": {"build": ".", "profiles": ["p"], "command": ["python", "-m", "x"],
+              "environment": {"JEV_WORKER_PORT": "8000", "JEV_WORKER_HOST": "0.0.0.0"},
+              "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]}},
+        "b": {"build": ".", "profiles": ["p"], "command": ["srv", "--host", "0.0.0.0", "--port", "8000"],
+              "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]},
+              "depends_on": {"a": {"condition": "service_healthy"}}},
+        "c": {"build": ".", "profiles": ["p"], "command": ["python", "-m", "y"],
+              "environment": {"JEV_FRONTEND_PORT": "8080", "URL_A": "http://a:8000", "URL_B": "http://b:8000/x",
+                              "KEEP": "http://example.invalid:1/"},
+              "ports": ["8080:8080"], "depends_on": ["b"]},
+        "redis": {"image": "redis:7-alpine", "profiles": ["p"]},
+    }}
+    plan = {s.name: s for s in ls.plan_profile("p", compose=compose, environ={}, state_dir=tmp_path)}
+    assert plan["a"].port == 8000 and plan["b"].port == 8001
+    assert plan["b"].argv == ["srv", "--host", "127.0.0.1", "--port", "8001"]
+    assert plan["b"].health_url == "http://127.0.0.1:8001/health"
+    assert plan["c"].env["URL_A"] == "http://127.0.0.1:8000"
+    assert plan["c"].env["URL_B"] == "http://127.0.0.1:8001/x"
+    assert plan["c"].env["KEEP"] == "http://example.invalid:1/"
+    assert [s.name for s in ls.plan_profile("p", compose=compose, environ={}, state_dir=tmp_path)] == ["a", "b", "c"]
+
+
+def test_dependency_cycle_is_an_error(tmp_path):
+    compose = {"services": {
+        "a": {"build": ".", "profiles": ["p"], "depends_on": ["b"]},
+        "b": {"build": ".", "profiles": ["p"], "depends_on": ["a"]},
+    }}
+    with pytest.raises(ValueError, match="cycle"):
+        ls.plan_profile("p", compose=compose, environ={}, state_dir=tmp_path)
+
+
+SERVER = textwrap.dedent('''
+    import json, os, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"path": self.path, "env": {k: v for k, v in os.environ.items() if k.startswith("T_")}}).encode()
+            self.send_response(200 if self.path in ("/health", "/env") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    HTTPServer((os.environ["T_HOST"], int(os.environ["T_PORT"])), H).serve_forever()
+''')
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_start_profile_starts_in_order_waits_for_health_and_stops(tmp_path):
+    pa, pb = _free_port(), _free_port()
+    compose = {"services": {
+        "api": {"build": ".", "profiles": ["t"], "command": ["python", "-c", SERVER],
+                "environment": {"T_HOST": "0.0.0.0", "T_PORT": str(pa)},
+                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pa}/health"]}},
+        "edge": {"build": ".", "profiles": ["t"], "command": ["python", "-c", SERVER],
+                 "environment": {"T_HOST": "0.0.0.0", "T_PORT": str(pb), "T_BACKEND": f"http://api:{pa}"},
+                 "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pb}/health"]},
+                 "depends_on": {"api": {"condition": "service_healthy"}}},
+    }}
+    with ls.start_profile("t", {"edge": {"T_EXTRA": "1"}}, compose=compose, state_dir=tmp_path,
+                          startup_timeout_s=30, log=lambda *_: None) as urls:
+        assert urls == {"api": f"http://127.0.0.1:{pa}", "edge": f"http://127.0.0.1:{pb}"}
+        with urllib.request.urlopen(urls["edge"] + "/env", timeout=5) as response:
+            env = json.loads(response.read())["env"]
+        assert env["T_BACKEND"] == f"http://127.0.0.1:{pa}" and env["T_EXTRA"] == "1"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{pb}/health", timeout=2)
+
+
+def test_start_profile_reports_a_service_that_dies(tmp_path):
+    compose = {"services": {"bad": {
+        "build": ".", "profiles": ["t"], "command": ["python", "-c", "import sys; print('boom'); sys.exit(3)"],
+        "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{_free_port()}/health"]}}}}
+    with pytest.raises(RuntimeError, match="exited with 3") as info:
+        with ls.start_profile("t", compose=compose, state_dir=tmp_path, startup_timeout_s=30, log=lambda *_: None):
+            pass
+    assert "boom" in str(info.value)

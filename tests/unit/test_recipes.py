@@ -1,0 +1,83 @@
+"""Every recipe folder: recipe.yaml validates, example-request.json validates, README and profile exist."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
+from jev_common.schema import DecisionRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
+UNVERIFIED = "unverified-pin-at-first-download"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+COMPOSE_PROFILES = {p for svc in yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"].values()
+                    for p in svc.get("profiles") or []}
+FAMILIES = ["JEV", "Laya", "Cua-S1", "Valen", "Decider", "Open-Jev", "StartLux", "JEMM", "OmniJev", "CLM",
+            "pplx-decider", "D3", "Vela", "Clef", "LFM2.5", "SmolLM2"]
+
+
+def test_there_are_recipes_for_every_family():
+    families = {load_recipe(str(f)).family for f in FOLDERS}
+    assert set(FAMILIES) <= families, sorted(set(FAMILIES) - families)
+    assert len(FOLDERS) >= 20
+
+
+def test_recipe_names_are_unique_and_match_their_folder():
+    names = [load_recipe(str(f)).name for f in FOLDERS]
+    assert len(names) == len(set(names))
+    for folder, name in zip(FOLDERS, names):
+        assert folder.name == name
+        assert re.fullmatch(r"[a-z0-9]+([.-][a-z0-9]+)*", name), f"{name} is not lowercase-kebab"
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_recipe_validates_and_pins_honestly(folder):
+    raw = yaml.safe_load((folder / "recipe.yaml").read_text())
+    recipe = Recipe.model_validate(raw)
+    assert recipe.compose_profile in COMPOSE_PROFILES, f"profile {recipe.compose_profile} not in docker-compose.yml"
+    revision = recipe.model.revision
+    if recipe.model.source == "hub":
+        assert COMMIT.match(revision) or revision == UNVERIFIED, f"{revision!r} is neither a commit nor unverified"
+    else:
+        assert recipe.model.source.startswith("pypi:") and "==" in revision
+    assert recipe.check.strip()
+    assert len(set(recipe.verbalizer.labels)) == len(recipe.verbalizer.labels)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_example_request_validates(folder):
+    payload = json.loads((folder / "example-request.json").read_text())
+    request = DecisionRequest.model_validate(payload)
+    recipe = load_recipe(str(folder))
+    if recipe.model.modality == "vision-language":
+        assert request.state.image, "a vision-language recipe's example carries an image"
+    else:
+        assert request.state.image is None
+    assert len(request.options) <= len(recipe.verbalizer.labels)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_readme_documents_setup_launch_request_and_comparison(folder):
+    text = (folder / "README.md").read_text()
+    recipe = load_recipe(str(folder))
+    for heading in ("## Setup", "## Launch", "## Example request", "## What to compare against", "## Revision"):
+        assert heading in text, f"{folder.name}: README lacks {heading}"
+    assert recipe.model.hub_repo in text and recipe.model.revision in text
+    assert f"--profile {recipe.compose_profile}" in text
+    if recipe.model.revision == UNVERIFIED:
+        assert re.search(r"UNVERIFIED|NOT FOUND", text), "an unverified pin must say so in the README"
+
+
+@pytest.mark.parametrize("wrapper", sorted(RECIPES_DIR.glob("*/export.py")), ids=lambda p: p.parent.name)
+def test_export_wrappers_run(wrapper):
+    result = subprocess.run([sys.executable, str(wrapper), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--base" in result.stdout and "--out" in result.stdout
+    assert wrapper.parent.name in result.stdout

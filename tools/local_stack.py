@@ -1,0 +1,458 @@
+"""Run a docker-compose.yml profile as local processes on loopback, with the env the compose file gives.
+
+    python -m tools.local_stack --profile cpu            # until Ctrl-C (what `make up-local` runs)
+    python -m tools.local_stack --profile cpu --plan     # print the processes, env and ports; start nothing
+    python -m tools.local_stack --profile cpu --set worker-cpu.JEV_DEVICE=cpu
+
+docker-compose.yml stays the one source of truth for ports and env. For each service of the profile:
+
+* ``${VAR:-default}`` interpolation is resolved against this process's environment;
+* compose service hostnames in URLs (``http://worker-cpu:8000``, ``redis://redis:6379/0``) become
+  ``127.0.0.1`` with that service's local port; ``host.docker.internal`` becomes ``127.0.0.1``;
+* listen addresses ``0.0.0.0`` become ``127.0.0.1`` (nothing binds beyond loopback);
+* a service listens on its published host port if it has one, else on its container port; two
+  services that would share a port get the next free one, and every URL naming them follows;
+* container paths of volumes (``/data/hf``, ``/models``, ``/var/lib/jev/assets``) become the host
+  paths of the bind mounts (relative to the repository), named volumes a folder under
+  ``.cache/local-stack/``;
+* ``python`` in a command is this interpreter; PYTHONPATH is ``services:.`` as in the images.
+
+Services without a ``build`` (redis) are not started: they are expected on the host already
+(``bash tools/ensure_redis.sh``). Services start in depends_on order, each after the previous one
+answers its healthcheck URL.
+
+``start_profile(profile, overrides)`` is the same as a context manager, returning the service URLs.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+STATE_DIR = REPO_ROOT / ".cache" / "local-stack"
+LOOPBACK = "127.0.0.1"
+EXTERNAL_PORTS = {"redis": 6379}  # image name prefix -> the port it is expected on, on the host
+_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_OP = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?+])?")
+
+
+def interpolate(value: str, environ: Mapping[str, str]) -> str:
+    """Compose-style ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?error}``,
+    ``${VAR:+alt}``, ``$VAR`` and ``$$``; defaults may nest (``${A:-${B}/x}``)."""
+    out: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        ch = value[i]
+        if ch != "$":
+            out.append(ch)
+            i += 1
+            continue
+        if value.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if value.startswith("${", i):
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if value.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                if value[j] == "}":
+                    depth -= 1
+                j += 1
+            if depth:
+                raise ValueError(f"unterminated ${{ in {value!r}")
+            out.append(_expand(value[i + 2:j - 1], environ))
+            i = j
+            continue
+        match = _BARE.match(value, i + 1)
+        if match:
+            out.append(environ.get(match.group(0), ""))
+            i = match.end()
+        else:
+            out.append("$")
+            i += 1
+    return "".join(out)
+
+
+def _expand(body: str, environ: Mapping[str, str]) -> str:
+    match = _NAME_OP.match(body)
+    if not match:
+        raise ValueError(f"bad variable reference ${{{body}}}")
+    name, op, arg = match.group("name"), match.group("op"), body[match.end():]
+    present, current = name in environ, environ.get(name, "")
+    if not op:
+        if arg:
+            raise ValueError(f"bad variable reference ${{{body}}}")
+        return current
+    unset_or_empty = not current if op.startswith(":") else not present
+    if op in (":-", "-"):
+        return interpolate(arg, environ) if unset_or_empty else current
+    if op in (":?", "?"):
+        if unset_or_empty:
+            raise ValueError(f"required variable {name} is missing: {arg}")
+        return current
+    return "" if unset_or_empty else interpolate(arg, environ)  # :+ / +
+
+
+def load_compose(path: str | os.PathLike = COMPOSE_FILE) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def profile_services(compose: dict, profile: str) -> dict[str, dict]:
+    """The services a ``--profile`` run starts: those listing the profile, plus those with no profiles."""
+    services = {}
+    for name, svc in (compose.get("services") or {}).items():
+        profiles = svc.get("profiles")
+        if not profiles or profile in profiles:
+            services[name] = svc
+    if not any(profile in (svc.get("profiles") or []) for svc in services.values()):
+        known = sorted({p for s in compose.get("services", {}).values() for p in s.get("profiles") or []})
+        raise KeyError(f"no service in the compose file has profile {profile!r}; known: {', '.join(known)}")
+    return services
+
+
+def environment_of(svc: dict) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        pairs = (item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in env)
+        return {k: v for k, v in pairs}
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def command_of(svc: dict) -> list[str]:
+    command = svc.get("command") or []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def depends_of(svc: dict) -> list[str]:
+    deps = svc.get("depends_on") or []
+    return list(deps) if isinstance(deps, (list, dict)) else []
+
+
+def health_url_of(svc: dict) -> str | None:
+    test = (svc.get("healthcheck") or {}).get("test") or []
+    items = shlex.split(test) if isinstance(test, str) else [str(t) for t in test]
+    return next((t for t in items if t.startswith(("http://", "https://"))), None)
+
+
+def _port_of_url(url: str | None) -> int | None:
+    match = re.match(r"^[a-z]+://[^/:]+:(\d+)", url or "")
+    return int(match.group(1)) if match else None
+
+
+def _listen_port(env: dict[str, str], command: list[str], health: str | None) -> int | None:
+    for key, value in env.items():
+        if re.fullmatch(r"JEV_[A-Z]+_PORT", key) and value.isdigit():
+            return int(value)
+    for flag, value in zip(command, command[1:]):
+        if flag == "--port" and value.isdigit():
+            return int(value)
+    return _port_of_url(health)
+
+
+def _published(svc: dict, container_port: int | None, environ: Mapping[str, str]) -> int | None:
+    for item in svc.get("ports") or []:
+        text = interpolate(str(item), environ)
+        pieces = text.split(":")
+        if len(pieces) >= 2 and pieces[-1].split("/")[0].isdigit() and pieces[-2].isdigit():
+            if container_port is None or int(pieces[-1].split("/")[0]) == container_port:
+                return int(pieces[-2])
+    return None
+
+
+@dataclass
+class LocalService:
+    name: str
+    argv: list[str]
+    env: dict[str, str]  # only what the compose file (and overrides) set, after translation
+    port: int | None
+    health_url: str | None
+    depends_on: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{LOOPBACK}:{self.port}" if self.port else None
+
+
+def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
+                 compose: dict | None = None, environ: Mapping[str, str] | None = None,
+                 state_dir: str | os.PathLike = STATE_DIR, repo_root: str | os.PathLike = REPO_ROOT) -> list[LocalService]:
+    """The local processes for a profile, in start order. Pure: starts nothing, touches no file."""
+    compose = load_compose() if compose is None else compose
+    environ = dict(os.environ if environ is None else environ)
+    overrides = {k: dict(v) for k, v in (overrides or {}).items()}
+    repo_root, state_dir = Path(repo_root), Path(state_dir)
+    services = profile_services(compose, profile)
+    unknown = sorted(set(overrides) - set(services))
+    if unknown:
+        raise KeyError(f"overrides name services not in profile {profile!r}: {unknown}")
+
+    external: dict[str, int] = {}
+    raw: dict[str, tuple[dict[str, str], list[str], str | None]] = {}
+    for name, svc in services.items():
+        if "build" not in svc:
+            image = str(svc.get("image", ""))
+            port = next((p for prefix, p in EXTERNAL_PORTS.items() if image.startswith(prefix)), None)
+            if port is None:
+                raise ValueError(f"service {name} has no build and no known host port (image {image!r})")
+            external[name] = port
+            continue
+        env = {k: interpolate(v, environ) for k, v in environment_of(svc).items()}
+        command = [interpolate(c, environ) for c in command_of(svc)]
+        raw[name] = (env, command, health_url_of(svc))
+
+    # ports: the published host port, else the container port; never two services on one port
+    taken = set(external.values())
+    ports: dict[str, int | None] = {}
+    container_ports: dict[str, int | None] = {}
+    for name, (env, command, health) in raw.items():
+        container = _listen_port(env, command, health)
+        container_ports[name] = container
+        port = _published(services[name], container, environ) or container
+        while port is not None and port in taken:
+            port += 1
+        if port is not None:
+            taken.add(port)
+        ports[name] = port
+    hosts = {name: port for name, port in {**external, **ports}.items() if port is not None}
+
+    def urls(text: str) -> str:
+        def sub(match: re.Match) -> str:
+            host, port = match.group("host"), match.group("port")
+            if host in hosts:
+                return f"{match.group('scheme')}://{LOOPBACK}:{hosts[host]}"
+            if host == "host.docker.internal":
+                return f"{match.group('scheme')}://{LOOPBACK}" + (f":{port}" if port else "")
+            return match.group(0)
+
+        return re.sub(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>\d+))?", sub, text)
+
+    plan: list[LocalService] = []
+    for name, (env, command, health) in raw.items():
+        svc = services[name]
+        mounts: list[tuple[str, str]] = []
+        for volume in svc.get("volumes") or []:
+            spec = interpolate(volume if isinstance(volume, str) else f"{volume['source']}:{volume['target']}", environ)
+            pieces = spec.split(":")
+            if len(pieces) < 2:
+                continue
+            source, target = pieces[0], pieces[1]
+            if source.startswith(("/", ".", "~")):
+                host_path = Path(os.path.expanduser(source))
+                host_path = host_path if host_path.is_absolute() else (repo_root / host_path)
+            else:
+                host_path = state_dir / source
+            mounts.append((target.rstrip("/"), str(host_path.resolve() if host_path.exists() else host_path)))
+        mounts.sort(key=lambda m: len(m[0]), reverse=True)
+
+        def paths(text: str) -> str:
+            for target, host in mounts:
+                if text == target or text.startswith(target + "/"):
+                    return host + text[len(target):]
+            return text
+
+        port = ports[name]
+        local_env = {}
+        for key, value in env.items():
+            value = paths(urls(value))
+            if key.endswith("_HOST") and value == "0.0.0.0":
+                value = LOOPBACK
+            if re.fullmatch(r"JEV_[A-Z]+_PORT", key) and port is not None and value == str(container_ports[name]):
+                value = str(port)
+            local_env[key] = value
+        argv = []
+        previous = None
+        for arg in command:
+            arg = paths(urls(arg))
+            if previous == "--host" and arg == "0.0.0.0":
+                arg = LOOPBACK
+            if previous == "--port" and port is not None:
+                arg = str(port)
+            argv.append(arg)
+            previous = arg
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        local_env.update(overrides.get(name, {}))
+        health_url = urls(health) if health else None
+        if health_url and port is not None:
+            health_url = re.sub(r"^(https?://[^/:]+):\d+", rf"\g<1>:{port}", health_url)
+        deps = [d for d in depends_of(svc) if d in raw]
+        plan.append(LocalService(name, argv, local_env, port, health_url, deps))
+    return _ordered(plan)
+
+
+def _ordered(plan: list[LocalService]) -> list[LocalService]:
+    by_name = {s.name: s for s in plan}
+    order: list[LocalService] = []
+    state: dict[str, int] = {}
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise ValueError(f"depends_on cycle: {' -> '.join(chain + (name,))}")
+        state[name] = 1
+        for dep in by_name[name].depends_on:
+            visit(dep, chain + (name,))
+        state[name] = 2
+        order.append(by_name[name])
+
+    for service in plan:
+        visit(service.name, ())
+    return order
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _reachable(port: int, host: str = LOOPBACK) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        return True
+    return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
+                  compose: dict | None = None, startup_timeout_s: float = 300.0,
+                  state_dir: str | os.PathLike = STATE_DIR, log=print) -> Iterator[dict[str, str]]:
+    """Start the profile's services as local processes; yields {service: "http://127.0.0.1:PORT"}.
+
+    Each service starts after its dependencies answer their health URL (bounded by startup_timeout_s);
+    on exit (or a failed start) every process is stopped, last started first. Logs go to
+    <state_dir>/logs/<service>.log.
+    """
+    compose = load_compose() if compose is None else compose
+    state_dir = Path(state_dir)
+    plan = plan_profile(profile, overrides, compose=compose, state_dir=state_dir)
+    for name, svc in profile_services(compose, profile).items():
+        if "build" not in svc:
+            port = next((p for prefix, p in EXTERNAL_PORTS.items() if str(svc.get("image", "")).startswith(prefix)), None)
+            if port and not _reachable(port):
+                raise RuntimeError(f"{name} is expected on {LOOPBACK}:{port} and does not answer; "
+                                   f"start it first (bash tools/ensure_redis.sh)")
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for service in plan:  # named volumes and bind mounts the services write to
+        for key in ("JEV_ASSET_DIR",):
+            if key in service.env and service.env[key].startswith(str(state_dir)):
+                Path(service.env[key]).mkdir(parents=True, exist_ok=True)
+    base_env = dict(os.environ)
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT / "services"), str(REPO_ROOT)] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
+    started: list[tuple[LocalService, subprocess.Popen]] = []
+    try:
+        for service in plan:
+            log_path = state_dir / "logs" / f"{service.name}.log"
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(service.argv, env={**base_env, **service.env}, cwd=REPO_ROOT,
+                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+            started.append((service, proc))
+            log(f"local_stack: started {service.name} (pid {proc.pid}) on {service.url or '-'}; log {log_path}")
+            if service.health_url:
+                deadline = time.monotonic() + startup_timeout_s
+                while not _healthy(service.health_url):
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{service.name} exited with {proc.returncode} before it was healthy:\n"
+                                           + _tail(log_path))
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{service.name} not healthy at {service.health_url} after "
+                                           f"{startup_timeout_s:.0f}s:\n" + _tail(log_path))
+                    time.sleep(0.25)
+                log(f"local_stack: {service.name} healthy")
+        yield {service.name: service.url for service in plan if service.url}
+    finally:
+        for service, proc in reversed(started):
+            _stop(proc)
+            log(f"local_stack: stopped {service.name}")
+
+
+def _parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
+    overrides: dict[str, dict[str, str]] = {}
+    for item in items:
+        target, sep, value = item.partition("=")
+        service, dot, key = target.partition(".")
+        if not sep or not dot or not service or not key:
+            raise argparse.ArgumentTypeError(f"--set wants SERVICE.KEY=VALUE, got {item!r}")
+        overrides.setdefault(service, {})[key] = value
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.local_stack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default=os.environ.get("PROFILE", "cpu"))
+    parser.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
+                        help="env override for one service (repeatable)")
+    parser.add_argument("--plan", action="store_true", help="print what would run and exit")
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    overrides = _parse_sets(args.set)
+    if args.plan:
+        for service in plan_profile(args.profile, overrides):
+            print(f"{service.name}: {shlex.join(service.argv)}  (port {service.port}, health {service.health_url})")
+            for key, value in sorted(service.env.items()):
+                print(f"    {key}={value}")
+        return 0
+    stop = {"now": False}
+
+    def on_term(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        with start_profile(args.profile, overrides, startup_timeout_s=args.startup_timeout) as urls:
+            print("local_stack: up — " + ", ".join(f"{k} {v}" for k, v in urls.items()) + " (Ctrl-C stops)")
+            while not stop["now"]:
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as exc:
+        print(f"local_stack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
