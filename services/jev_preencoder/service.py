@@ -12,7 +12,7 @@ from prometheus_client import Counter, Histogram
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import ApiError, error_response
-from jev_common.http import error_middleware, run_app
+from jev_common.http import error_middleware, read_body, run_app
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import HealthResponse
 
@@ -21,17 +21,6 @@ from .settings import PreencoderSettings
 log = logging.getLogger("jev.preencoder.service")
 
 STATE = web.AppKey("preencoder", dict)
-
-
-async def _read_body(request: web.Request, max_bytes: int) -> bytes:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
-    return bytes(body)
 
 
 def parse_manifest_body(body: bytes) -> list:
@@ -115,7 +104,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
 
     async def preencode(request: web.Request):
         encoder_ = ready_encoder()
-        lines = parse_manifest_body(await _read_body(request, settings.max_body_bytes))
+        lines = parse_manifest_body(await read_body(request, settings.max_body_bytes))
         started = time.perf_counter()
         async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
             summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
