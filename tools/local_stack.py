@@ -226,8 +226,10 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     for name, (env, command, health) in raw.items():
         container = _listen_port(env, command, health)
         container_ports[name] = container
-        port = _published(services[name], container, environ) or container
-        while port is not None and port in taken:
+        forced = next((int(v) for k, v in overrides.get(name, {}).items()
+                       if re.fullmatch(r"JEV_[A-Z]+_PORT", k) and str(v).isdigit()), None)
+        port = forced or _published(services[name], container, environ) or container
+        while forced is None and port is not None and port in taken:
             port += 1
         if port is not None:
             taken.add(port)

@@ -5,7 +5,6 @@ The same services run without Docker through tools/local_stack.py (tests/stack c
 """
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jev_common.schema import DecisionRequest, DecisionResponse
+from .. import scenarios
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
@@ -24,20 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = "http://127.0.0.1:8080"
 UP_TIMEOUT_S = 1800  # first build downloads torch and builds the venv
 HEALTH_TIMEOUT_S = 300
-
-REQUESTS = {
-    "choice": {"kind": "choice", "state": "The sky is clear and it is noon.", "question": "What colour is the sky?",
-               "options": ["blue", "green", "purple"]},
-    "noul": {"kind": "noul", "state": "The parcel arrived intact and on time.", "question": "What went wrong?",
-             "options": ["It arrived late", "It arrived broken"]},
-    "score": {"kind": "score", "state": "The reply was polite and solved the problem.",
-              "question": "How good was the reply, from 1 to 5?", "options": ["1", "2", "3", "4", "5"]},
-    "span": {"kind": "span", "state": "Ship to Alice Smith at 12 Oak Road before Friday.",
-             "question": "Which part is the recipient's name?", "options": ["Alice Smith", "12 Oak Road", "Friday"]},
-    "set": {"kind": "set", "state": "The hotel has a pool and free breakfast but no parking.",
-            "question": "Which amenities does the hotel have?", "options": ["pool", "breakfast", "parking"]},
-}
-
 
 def _engine_reason() -> str | None:
     docker = shutil.which("docker")
@@ -81,33 +66,13 @@ def cpu_stack():
         subprocess.run(base + ["down", "-v", "--remove-orphans"], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def _post(body: dict) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(BASE + "/v1/systemone", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read() or b"{}")
+def test_health_and_metrics(cpu_stack):
+    scenarios.check_health_and_metrics(BASE)
 
 
-@pytest.mark.parametrize("kind", list(REQUESTS))
-def test_decision_of_every_kind_through_the_frontend(cpu_stack, kind):
-    body = DecisionRequest.model_validate(REQUESTS[kind]).model_dump(exclude_none=True)
-    status, headers, payload = _post(body)
-    assert status == 200, payload
-    response = DecisionResponse.model_validate(payload)
-    assert response.kind == kind
-    assert len(response.probabilities) == len(body["options"])
-    assert any(k.lower().startswith("x-jev-") for k in headers), headers
+def test_decision_of_every_kind_through_the_frontend(cpu_stack):
+    scenarios.check_every_kind(BASE)
 
 
 def test_errors_are_envelopes(cpu_stack):
-    status, _, payload = _post({"kind": "choice", "state": "x", "question": "q", "options": ["only one"]})
-    assert status == 422 and payload["error"]["type"] == "validation_error"
-
-
-def test_metrics_are_scraped(cpu_stack):
-    with urllib.request.urlopen(BASE + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    assert "jev_frontend_http_requests_total" in text
+    scenarios.check_errors(BASE)
