@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from jev_common.cache_index import CacheIndex
 from jev_common.errors import ApiError
 from jev_common.schema import CacheStats, DecisionRequest, DecisionResponse, Usage
 from jev_common.vl import checkpoint_identity
@@ -97,31 +98,26 @@ class WorkerService:
         self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)
 
     async def _connect_index(self) -> None:
-        try:
-            from jev_common.cache_index import CacheIndex
-        except ImportError:
-            return
-        self.index = CacheIndex(self.settings.redis_url, self.identity)
+        self.index = CacheIndex(self.settings.redis_url, self.identity, owner_id=self.settings.worker_id,
+                                owner_url=self.settings.worker_url)
         if self.assets is not None:
             self.assets.index = self.index
         self._loop = asyncio.get_running_loop()
 
     def _prefix_resident(self, key: str, state) -> None:
-        self._index_call("register_prefix", key, state.length, state.nbytes)
+        self._index_call(lambda index: index.register_prefix(key, None, state.length, state.nbytes))
 
     def _prefix_evicted(self, key: str, _state) -> None:
-        self._index_call("unregister_prefix", key)
+        self._index_call(lambda index: index.unregister_prefix(key))
 
-    def _index_call(self, method: str, key: str, *args) -> None:
+    def _index_call(self, call) -> None:
         """Called on the model thread; the index is async, so hop to the loop and never wait."""
         index, loop = self.index, getattr(self, "_loop", None)
-        if index is None or loop is None or not hasattr(index, method):
+        if index is None or loop is None:
             return
-        owner = {"worker_id": self.settings.worker_id}
 
         def schedule() -> None:
-            task = loop.create_task(getattr(index, method)(key, owner, *args) if method == "register_prefix"
-                                    else getattr(index, method)(key, owner))
+            task = loop.create_task(call(index))
             task.add_done_callback(lambda t: t.exception())  # a down index only degrades, never fails
         loop.call_soon_threadsafe(schedule)
 

@@ -46,6 +46,7 @@ class WorkerSettings:
     asset_dir: str = "/var/lib/jev/assets"
     redis_url: str = "redis://127.0.0.1:6379/0"
     worker_id: str = "worker"
+    worker_url: str = ""
     max_body_bytes: int = 16 << 20
     threads: int = 0
 
@@ -77,6 +78,7 @@ class WorkerSettings:
             asset_dir=env_str("JEV_ASSET_DIR", "/var/lib/jev/assets"),
             redis_url=env_str("JEV_REDIS_URL", "redis://127.0.0.1:6379/0"),
             worker_id=env_str("JEV_WORKER_ID", f"{socket.gethostname()}:{port}"),
+            worker_url=env_str("JEV_WORKER_URL", f"http://{socket.gethostname()}:{port}"),
             max_body_bytes=env_bytes("JEV_WORKER_MAX_BODY_BYTES", 16 << 20),
             threads=env_int("JEV_TORCH_THREADS", 0),
         )

@@ -177,3 +177,31 @@ async def test_metrics_exposition(worker_settings):
                      "jev_worker_queue_depth", "jev_worker_cache_hits_total", "jev_worker_tokens_total",
                      'jev_worker_http_requests_total{route="/v1/systemone",status="200"}'):
             assert name in text, name
+
+
+async def test_resident_prefixes_are_registered_with_their_owner(worker_settings):
+    import os
+    import uuid
+
+    from jev_common.schema import DecisionRequest
+
+    redis_url = os.environ.get("JEV_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    worker_id = f"test-{uuid.uuid4().hex[:8]}"
+    settings = worker_settings(redis_url=redis_url, worker_id=worker_id, worker_url="http://127.0.0.1:9999")
+    async with worker_client(settings) as (client, service):
+        body = dict(GOOD, state={"text": f"A state only this test uses: {worker_id}."})
+        assert (await client.post("/v1/systemone", json=body)).status == 200
+        key = service.builder.prepare(DecisionRequest.model_validate(body)).prefix_key
+        owners = []
+        for _ in range(50):  # registration is fire-and-forget on the event loop
+            owners = await service.index.where_is_prefix_warm(key)
+            if owners:
+                break
+            await asyncio.sleep(0.02)
+        assert [(o.worker_id, o.url) for o in owners] == [(worker_id, "http://127.0.0.1:9999")]
+        service.engine.l3.clear()  # eviction unregisters
+        for _ in range(50):
+            if not await service.index.where_is_prefix_warm(key):
+                break
+            await asyncio.sleep(0.02)
+        assert await service.index.where_is_prefix_warm(key) == []
