@@ -51,14 +51,14 @@ class EngineResult:
 
 class DecisionEngine:
     def __init__(self, model: torch.nn.Module, device: torch.device, *, l3_bytes: int, batching: bool,
-                 max_batch_rows: int, pad_id: int = 0, vision=None,
+                 max_batch_rows: int, pad_id: int = 0, vision=None, checkpoint_dir: str | None = None,
                  on_l3_insert: Callable[[str, PrefixState], None] | None = None,
                  on_l3_evict: Callable[[str, PrefixState], None] | None = None):
         self.model = model
         self.device = device
         self.backbone = model.get_decoder()
         self.embed = model.get_input_embeddings()
-        self.head = DecisionHead(model)
+        self.head = DecisionHead(model, checkpoint_dir)
         self.batching = batching
         self.max_batch_rows = max(1, max_batch_rows)
         self.pad_id = pad_id

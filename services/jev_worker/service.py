@@ -93,6 +93,7 @@ class WorkerService:
         self.engine = DecisionEngine(
             self.loaded.model, self.loaded.device, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,
             batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
+            checkpoint_dir=self.loaded.folder,
             on_l3_insert=self._prefix_resident, on_l3_evict=self._prefix_evicted,
         )
         self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)

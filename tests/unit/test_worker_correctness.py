@@ -106,3 +106,24 @@ async def test_prompt_carries_state_question_and_options(worker_settings):
         assert REQUESTS["choice"]["state"]["text"] in prefix and "Is the water boiling?" not in prefix
         assert "Is the water boiling?" in row and "A. yes" in row and "C. cannot tell" in row
         assert row.rstrip().endswith("assistant")
+
+
+async def test_exported_bf16_checkpoint_uses_the_unrounded_fp32_head_rows(worker_settings, tiny_text_dir,
+                                                                         tmp_path):
+    """A BF16 export keeps the label rows from the FP32 head in decision_head.safetensors; the worker
+    scores with those, not with the rounded BF16 LM head."""
+    from transformers import AutoModelForCausalLM
+
+    from tools.export_checkpoint import export_checkpoint
+
+    async with worker_client(worker_settings()) as (_, service):
+        label_ids = list(service.builder.letter_ids[:4]) + list(service.builder.yes_no_ids)
+    exported = tmp_path / "exported"
+    export_checkpoint(tiny_text_dir, exported, dtype="bfloat16", label_ids=label_ids, log=lambda *_: None)
+    fp32_rows = AutoModelForCausalLM.from_pretrained(tiny_text_dir).lm_head.weight[label_ids].float()
+    async with worker_client(worker_settings(model_path=str(exported), dtype="bfloat16")) as (client, service):
+        rows, _ = service.engine.head.rows(tuple(label_ids))
+        rounded = service.loaded.model.get_output_embeddings().weight[label_ids].float()
+        assert torch.equal(rows, fp32_rows)
+        assert not torch.equal(rounded, fp32_rows)  # the backbone's own rows were rounded
+        assert (await client.post("/v1/systemone", json=REQUESTS["choice"])).status == 200
