@@ -99,33 +99,34 @@ class DecisionEngine:
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1]
 
     # ----- prefix state -------------------------------------------------------------------------
+    def _branchable(self, cache) -> list | None:
+        """The cache's per-layer KV layers, or None (and branching off) for recurrent/sliding state."""
+        layers = getattr(cache, "layers", [])
+        if not layers or not all(type(layer) is DynamicLayer for layer in layers):
+            if self.kv_branching is not False:
+                log.info("model cache is %s: prefix KV branching disabled", [type(x).__name__ for x in layers[:2]])
+            self.kv_branching = False
+            return None
+        self.kv_branching = True
+        return layers
+
     def compute_prefix(self, item: EngineItem) -> PrefixState | None:
         inputs, rope_delta = self._prefix_inputs(item)
         cache = DynamicCache()
         self._forward(**inputs, use_cache=True, **{self._cache_kwarg: cache})
-        layers = getattr(cache, "layers", [])
-        if not layers or not all(type(layer) is DynamicLayer for layer in layers):
-            self.kv_branching = False  # recurrent / sliding state: not branchable this way
-            log.info("model cache is %s: prefix KV branching disabled", [type(x).__name__ for x in layers[:2]])
+        layers = self._branchable(cache)
+        if layers is None:
             return None
-        self.kv_branching = True
         kv = [(layer.keys, layer.values) for layer in layers]
         return PrefixState(kv=kv, length=len(item.prepared.prefix_ids), rope_delta=rope_delta)
 
-    def _prefix_for(self, item: EngineItem, n_rows: int) -> tuple[PrefixState | None, str]:
-        """(state, l3 outcome). Without L3 a state is only computed when several rows branch from it."""
-        if self.l3.enabled and self.kv_branching is not False:
-            key = item.prepared.prefix_key
-            state = self.l3.get(key)
-            if state is not None:
-                return state, "hit"
-            state = self.compute_prefix(item)
-            if state is not None and self.l3.put(key, state) and self._on_l3_insert:
-                self._on_l3_insert(key, state)
-            return state, "miss"
-        if self.batching and n_rows > 1 and self.kv_branching is not False:
-            return self.compute_prefix(item), "off"
-        return None, "off"
+    def _store(self, key: str, state: PrefixState | None) -> None:
+        if state is not None and self.l3.put(key, state) and self._on_l3_insert:
+            self._on_l3_insert(key, state)
+
+    @property
+    def _caching(self) -> bool:
+        return self.l3.enabled and self.kv_branching is not False
 
     # ----- rows ---------------------------------------------------------------------------------
     def _rows_after_prefix(self, state: PrefixState, rows: list[tuple[int, ...]]) -> torch.Tensor:
@@ -138,10 +139,8 @@ class DecisionEngine:
         return self._last(hidden, lengths)
 
     def _rows_full(self, item: EngineItem, rows: list[tuple[int, ...]]) -> torch.Tensor:
+        """Rows of one image-bearing item, each forwarded whole after the spliced prefix."""
         prefix = item.prepared.prefix_ids
-        if not item.assets:
-            ids, lengths = self._ids([prefix + r for r in rows])
-            return self._last(self._forward(input_ids=ids, use_cache=False), lengths)
         inputs, rope_delta = self._prefix_inputs(item)
         ids, lengths = self._ids(rows)
         batch = ids.shape[0]
@@ -151,6 +150,27 @@ class DecisionEngine:
         hidden = self._forward(inputs_embeds=embeds, position_ids=positions, use_cache=False)
         return self._last(hidden, lengths + len(prefix))
 
+    def _text_full(self, sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], capture: bool
+                   ) -> tuple[torch.Tensor, list[PrefixState | None]]:
+        """Whole (prefix + row) text sequences, any prefixes, in one right-padded forward. With capture,
+        each row's prefix KV is cut from the same forward (causal: positions < len(prefix) never saw
+        the row), so a miss costs one forward and still fills L3."""
+        ids, lengths = self._ids([prefix + row for prefix, row in sequences])
+        positions = self._positions(0, ids.shape[1], ids.shape[0], 0)
+        if not capture:
+            hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=False)
+            return self._last(hidden, lengths), [None] * len(sequences)
+        cache = DynamicCache()
+        hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
+        layers = self._branchable(cache)
+        states: list[PrefixState | None] = [None] * len(sequences)
+        if layers is not None:
+            for i, (prefix, _) in enumerate(sequences):
+                kv = [(layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
+                      for layer in layers]
+                states[i] = PrefixState(kv=kv, length=len(prefix))
+        return self._last(hidden, lengths), states
+
     def _chunks(self, rows: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
         size = self.max_batch_rows if self.batching else 1
         return [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -158,30 +178,61 @@ class DecisionEngine:
     # ----- entry point --------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, items: list[EngineItem]) -> list[EngineResult]:
-        """Run items that share one prefix key (the scheduler groups them) in as few forwards as the
-        batch limit allows; items with other prefixes are run group by group."""
-        results: dict[int, EngineResult] = {}
+        """Decide a batch of items in as few forwards as the row limit allows.
+
+        Items are grouped by prefix key. A group whose prefix state is cached (or that has several
+        rows to branch) runs its rows after that state; single-row text groups without a cached
+        prefix, whatever their prefixes, run whole in shared right-padded forwards.
+        """
         groups: dict[str, list[int]] = {}
         for index, item in enumerate(items):
             groups.setdefault(item.prepared.prefix_key, []).append(index)
-        for indices in groups.values():
+        hidden: dict[int, list[torch.Tensor]] = {}
+        outcome: dict[str, str] = {}
+        whole: list[tuple[str, int]] = []  # (key, item index) of single-row text groups
+        shared: set[str] = set()  # groups whose later items reuse the state the first one computed
+        for key, indices in groups.items():
             lead = items[indices[0]]
             rows = [row for i in indices for row in items[i].prepared.rows]
-            state, outcome = self._prefix_for(lead, len(rows))
-            hidden = torch.cat([
-                self._rows_after_prefix(state, chunk) if state is not None else self._rows_full(lead, chunk)
-                for chunk in self._chunks(rows)
-            ])
+            state = self.l3.get(key) if self._caching else None
+            outcome[key] = "hit" if state is not None else ("miss" if self._caching else "off")
+            if state is None and len(rows) == 1 and not lead.assets:
+                whole.append((key, indices[0]))
+                continue
+            if state is None and self.kv_branching is not False and (self._caching or (self.batching and len(rows) > 1)):
+                state = self.compute_prefix(lead)
+                if self._caching:
+                    self._store(key, state)
+            if state is not None:
+                shared.add(key)
+            if state is None and not lead.assets:  # branching unsupported: every row whole
+                out = torch.cat([self._text_full([(lead.prepared.prefix_ids, r) for r in chunk], False)[0]
+                                 for chunk in self._chunks(rows)])
+            else:
+                out = torch.cat([self._rows_after_prefix(state, chunk) if state is not None
+                                 else self._rows_full(lead, chunk) for chunk in self._chunks(rows)])
             offset = 0
-            for position, i in enumerate(indices):
-                prepared = items[i].prepared
-                logits = [self.head.logits(hidden[offset + r], labels)
-                          for r, labels in enumerate(prepared.row_labels)]
-                offset += len(prepared.rows)
-                # the first item of a group pays for the prefix; later ones in the same batch reuse it
-                hit = outcome == "hit" or (state is not None and position > 0)
-                results[i] = EngineResult(
-                    row_logits=logits, cached_tokens=len(prepared.prefix_ids) if hit else 0,
-                    l3=("hit" if position > 0 and outcome == "miss" else outcome),
-                )
-        return [results[i] for i in range(len(items))]
+            for i in indices:
+                n = len(items[i].prepared.rows)
+                hidden[i] = list(out[offset : offset + n])
+                offset += n
+        for chunk in self._chunks(whole):
+            capture = self._caching
+            out, states = self._text_full([(items[i].prepared.prefix_ids, items[i].prepared.rows[0])
+                                           for _, i in chunk], capture)
+            for (key, i), h, state in zip(chunk, out, states):
+                hidden[i] = [h]
+                if capture:
+                    self._store(key, state)
+        results = []
+        first_of_group = {indices[0] for indices in groups.values()}
+        for i, item in enumerate(items):
+            prepared = item.prepared
+            logits = [self.head.logits(h, labels) for h, labels in zip(hidden[i], prepared.row_labels)]
+            l3 = outcome[prepared.prefix_key]
+            reused = l3 == "hit" or (prepared.prefix_key in shared and i not in first_of_group)
+            if l3 == "miss" and reused:
+                l3 = "hit"  # a later item of the group reused the state its first item computed
+            cached = len(prepared.prefix_ids) if reused else 0
+            results.append(EngineResult(row_logits=logits, cached_tokens=cached, l3=l3))
+        return results

@@ -1,8 +1,8 @@
 """Admission, deadlines and micro-batching in front of the one model thread.
 
 Requests are prepared concurrently on the event loop; model work runs serially on a single-thread
-executor. While the model is busy, new jobs queue; when it frees, the scheduler takes the oldest job
-plus every queued job with the same prefix key (up to the row budget) and runs them as one batch.
+executor. While the model is busy, new jobs queue; when it frees, the scheduler takes the oldest jobs up to
+the row budget and hands them to the engine as one batch (the engine shares prefixes within it).
 """
 from __future__ import annotations
 
@@ -104,10 +104,9 @@ class Scheduler:
             return []
         first = live[0]
         batch, rows = [first], first.rows
-        if self.batching:
-            key = first.item.prepared.prefix_key
+        if self.batching:  # the engine groups the batch by prefix key itself
             for job in live[1:]:
-                if job.item.prepared.prefix_key == key and rows + job.rows <= self.max_batch_rows:
+                if rows + job.rows <= self.max_batch_rows:
                     batch.append(job)
                     rows += job.rows
         taken = set(map(id, batch))

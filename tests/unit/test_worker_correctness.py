@@ -127,3 +127,27 @@ async def test_exported_bf16_checkpoint_uses_the_unrounded_fp32_head_rows(worker
         assert torch.equal(rows, fp32_rows)
         assert not torch.equal(rounded, fp32_rows)  # the backbone's own rows were rounded
         assert (await client.post("/v1/systemone", json=REQUESTS["choice"])).status == 200
+
+
+@pytest.mark.parametrize("l3", [True, False])
+async def test_concurrent_requests_with_different_prefixes_share_forwards(worker_settings, l3):
+    """Single-row requests about different states run whole in one right-padded forward, and a miss
+    still fills L3 from that same forward (cut per row), so the next ask is a hit with equal answers."""
+    cache = CacheSettings(True, 1024, 64 << 20, 64 << 20 if l3 else 0)
+    bodies = [dict(copy.deepcopy(REQUESTS["choice"]), state={"text": f"State {i}: " + "the kettle is hot. " * i})
+              for i in range(1, 6)]
+    async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
+        single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
+    async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=20.0)) as (client, service):
+        forwards = []
+        original = service.engine._forward
+        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        batched = [await r.json() for r in responses]
+        widest = max(kw.get("input_ids", torch.zeros(0, 0)).shape[0] for kw in forwards)
+        assert widest > 1, "different-prefix requests were not batched into one forward"
+        again = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
+    for body, a, b, c in zip(bodies, single, batched, again):
+        assert_close(served_row_probs(body, a), served_row_probs(body, b))
+        assert_close(served_row_probs(body, a), served_row_probs(body, c))
+        assert (c["usage"]["cached_tokens"] > 0) == l3
