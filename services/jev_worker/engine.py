@@ -129,13 +129,41 @@ class DecisionEngine:
         return self.l3.enabled and self.kv_branching is not False
 
     # ----- rows ---------------------------------------------------------------------------------
-    def _rows_after_prefix(self, state: PrefixState, rows: list[tuple[int, ...]]) -> torch.Tensor:
-        ids, lengths = self._ids(rows)
-        batch = ids.shape[0]
-        cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-                                             for k, v in state.kv])
-        positions = self._positions(state.length, ids.shape[1], batch, state.rope_delta)
-        hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
+    def _rows_after_states(self, pairs: list[tuple[PrefixState, tuple[int, ...]]]) -> torch.Tensor:
+        """Rows, each after its own prefix state, in one forward.
+
+        One shared state: its KV is expanded (a view) across the rows. Several: each state's KV is
+        padded to the longest, and an attention mask hides the padding between prefix and row; every
+        row's positions continue from its own prefix length.
+        """
+        ids, lengths = self._ids([row for _, row in pairs])
+        batch, width = ids.shape
+        states = [state for state, _ in pairs]
+        first = states[0]
+        if all(state is first for state in states):
+            cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+                                                 for k, v in first.kv])
+            positions = self._positions(first.length, width, batch, first.rope_delta)
+            hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True,
+                                   **{self._cache_kwarg: cache})
+            return self._last(hidden, lengths)
+        longest = max(state.length for state in states)
+        padded = []
+        for layer in range(len(first.kv)):
+            keys, values = [], []
+            for state in states:
+                k, v = state.kv[layer]
+                pad = longest - state.length
+                keys.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
+                values.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
+            padded.append((torch.cat(keys), torch.cat(values)))
+        mask = torch.ones(batch, longest + width, dtype=torch.long, device=self.device)
+        for i, state in enumerate(states):
+            mask[i, state.length:longest] = 0
+        positions = torch.cat([self._positions(state.length, width, 1, state.rope_delta) for state in states],
+                              dim=-2)
+        hidden = self._forward(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                               **{self._cache_kwarg: DynamicCache(ddp_cache_data=padded)})
         return self._last(hidden, lengths)
 
     def _rows_full(self, item: EngineItem, rows: list[tuple[int, ...]]) -> torch.Tensor:
@@ -187,13 +215,14 @@ class DecisionEngine:
         groups: dict[str, list[int]] = {}
         for index, item in enumerate(items):
             groups.setdefault(item.prepared.prefix_key, []).append(index)
-        hidden: dict[int, list[torch.Tensor]] = {}
+        hidden: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(items))}
         outcome: dict[str, str] = {}
-        whole: list[tuple[str, int]] = []  # (key, item index) of single-row text groups
+        whole: list[tuple[str, int]] = []  # single-row text groups without a state: run whole
+        after: list[tuple[PrefixState, tuple[int, ...], int]] = []  # rows after a prefix state
         shared: set[str] = set()  # groups whose later items reuse the state the first one computed
         for key, indices in groups.items():
             lead = items[indices[0]]
-            rows = [row for i in indices for row in items[i].prepared.rows]
+            rows = [(row, i) for i in indices for row in items[i].prepared.rows]
             state = self.l3.get(key) if self._caching else None
             outcome[key] = "hit" if state is not None else ("miss" if self._caching else "off")
             if state is None and len(rows) == 1 and not lead.assets:
@@ -205,23 +234,24 @@ class DecisionEngine:
                     self._store(key, state)
             if state is not None:
                 shared.add(key)
-            if state is None and not lead.assets:  # branching unsupported: every row whole
-                out = torch.cat([self._text_full([(lead.prepared.prefix_ids, r) for r in chunk], False)[0]
-                                 for chunk in self._chunks(rows)])
-            else:
-                out = torch.cat([self._rows_after_prefix(state, chunk) if state is not None
-                                 else self._rows_full(lead, chunk) for chunk in self._chunks(rows)])
-            offset = 0
-            for i in indices:
-                n = len(items[i].prepared.rows)
-                hidden[i] = list(out[offset : offset + n])
-                offset += n
+                after.extend((state, row, i) for row, i in rows)
+                continue
+            for chunk in self._chunks(rows):  # no branchable state: this group's rows run whole
+                chunk_rows = [row for row, _ in chunk]
+                out = (self._rows_full(lead, chunk_rows) if lead.assets else
+                       self._text_full([(lead.prepared.prefix_ids, row) for row in chunk_rows], False)[0])
+                for h, (_, i) in zip(out, chunk):
+                    hidden[i].append(h)
+        for chunk in self._chunks(after):
+            out = self._rows_after_states([(state, row) for state, row, _ in chunk])
+            for h, (_, _, i) in zip(out, chunk):
+                hidden[i].append(h)
         for chunk in self._chunks(whole):
             capture = self._caching
             out, states = self._text_full([(items[i].prepared.prefix_ids, items[i].prepared.rows[0])
                                            for _, i in chunk], capture)
             for (key, i), h, state in zip(chunk, out, states):
-                hidden[i] = [h]
+                hidden[i].append(h)
                 if capture:
                     self._store(key, state)
         results = []

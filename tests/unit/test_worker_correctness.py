@@ -151,3 +151,26 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
         assert_close(served_row_probs(body, a), served_row_probs(body, c))
         assert (c["usage"]["cached_tokens"] > 0) == l3
+
+
+async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(worker_settings):
+    """Concurrent hits on different cached states: each state's KV is padded to the longest and the
+    padding masked, in one forward; answers equal the one-by-one ones."""
+    bodies = [dict(copy.deepcopy(REQUESTS[kind]), state={"text": f"State {i}: " + "the kettle is hot. " * (i + 1)})
+              for i, kind in enumerate(["choice", "set", "noul", "choice", "score"])]
+    bodies[4]["options"] = ["1", "2", "3"]
+    async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
+        single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
+    async with worker_client(worker_settings(batching=True, max_wait_ms=20.0)) as (client, service):
+        for body in bodies:  # warm L3 for every state
+            await client.post("/v1/systemone", json=dict(body, question=body["question"] + " (warm-up)"))
+        forwards = []
+        original = service.engine._forward
+        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        batched = [await r.json() for r in responses]
+    assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
+    masked = [kw for kw in forwards if kw.get("attention_mask") is not None]
+    assert masked and max(kw["input_ids"].shape[0] for kw in masked) > 2
+    for body, a, b in zip(bodies, single, batched):
+        assert_close(served_row_probs(body, a), served_row_probs(body, b))

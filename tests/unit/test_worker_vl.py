@@ -139,3 +139,27 @@ async def test_missing_asset_and_text_only_requests(vl_recipe, asset_dir):
         assert_close(served_row_probs(text_only, await response.json()), reference_row_probs(_service, text_only))
         health = await (await client.get("/health")).json()
         assert health["detail"]["index"]["status"] == "degraded"  # Redis at a closed port: files still serve
+
+
+async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe, asset_dir):
+    """Warm prefixes of two images (plus a text state of another length) decided concurrently share
+    one masked forward with each row's own M-RoPE positions; answers equal the one-by-one ones."""
+    import asyncio
+
+    bodies = [_body(SEEDS[0]), _body(SEEDS[1], kind="set"),
+              {"kind": "choice", "state": {"text": "No image here, only a longer text state. " * 3},
+               "question": "Is there an image?", "options": ["yes", "no"]}]
+    async with worker_client(_settings(vl_recipe, asset_dir, batching=False)) as (client, _):
+        single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
+    async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=20.0)) as (client, service):
+        for body in bodies:
+            await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Look again."))
+        forwards = []
+        original = service.engine._forward
+        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        batched = [await r.json() for r in responses]
+    assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
+    assert any(kw.get("attention_mask") is not None and kw["input_ids"].shape[0] >= 3 for kw in forwards)
+    for body, a, b in zip(bodies, single, batched):
+        assert_close(served_row_probs(body, a), served_row_probs(body, b))
