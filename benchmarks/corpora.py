@@ -12,8 +12,9 @@ A file corpus is JSON lines, one request object a line (blank lines and lines st
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from tools.compare_with_backend import load_corpus as read_jsonl_requests
 
 _KITCHEN = (
     "The kitchen has a red kettle on a gas stove, and the kettle has just started to whistle. "
@@ -162,18 +163,4 @@ def load_corpus(name_or_path: str) -> list[dict]:
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(f"corpus {name_or_path!r} is neither a built-in ({', '.join(BUILTIN)}) nor a file")
-    out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
-        if not isinstance(item, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(item).__name__}")
-        out.append(item)
-    if not out:
-        raise ValueError(f"corpus {path} has no requests")
-    return out
+    return read_jsonl_requests(path)
