@@ -138,3 +138,26 @@ def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, la
                 data["processor_class"] = "Qwen2VLProcessor"
                 file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def make_tiny_hybrid(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64) -> Path:
+    """An LFM2-style hybrid model (short causal convolutions + attention layers), random weights.
+
+    Its cache holds recurrent conv state beside the KV, so prefix-KV branching does not apply and the
+    worker must fall back to whole forwards."""
+    import torch
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    path = Path(path)
+    tokenizer = smollm2_tokenizer()
+    config = Lfm2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Lfm2ForCausalLM(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

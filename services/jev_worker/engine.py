@@ -68,7 +68,6 @@ class DecisionEngine:
         params = inspect.signature(self.backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.kv_branching: bool | None = None  # known after the first prefix forward
-        self.forward_seconds = 0.0
 
     # ----- inputs -------------------------------------------------------------------------------
     def _ids(self, rows: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +90,10 @@ class DecisionEngine:
             return {"inputs_embeds": embeds, "position_ids": positions}, int(rope_delta)
         return {"input_ids": ids, "position_ids": self._positions(0, ids.shape[1], 1, 0)}, 0
 
+    def _new_cache(self) -> DynamicCache:
+        """A cache whose layer types follow the model's config (sliding, linear-attention or full)."""
+        return DynamicCache(config=self.model.config)
+
     def _forward(self, **kwargs) -> torch.Tensor:
         return self.backbone(**kwargs).last_hidden_state
 
@@ -112,7 +115,7 @@ class DecisionEngine:
 
     def compute_prefix(self, item: EngineItem) -> PrefixState | None:
         inputs, rope_delta = self._prefix_inputs(item)
-        cache = DynamicCache()
+        cache = self._new_cache()
         self._forward(**inputs, use_cache=True, **{self._cache_kwarg: cache})
         layers = self._branchable(cache)
         if layers is None:
@@ -188,7 +191,7 @@ class DecisionEngine:
         if not capture:
             hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=False)
             return self._last(hidden, lengths), [None] * len(sequences)
-        cache = DynamicCache()
+        cache = self._new_cache()
         hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
         layers = self._branchable(cache)
         states: list[PrefixState | None] = [None] * len(sequences)

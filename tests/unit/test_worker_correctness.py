@@ -174,3 +174,22 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
     assert masked and max(kw["input_ids"].shape[0] for kw in masked) > 2
     for body, a, b in zip(bodies, single, batched):
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
+
+
+@pytest.mark.parametrize("kind", ["choice", "set"])
+async def test_hybrid_conv_attention_model_falls_back_to_whole_forwards(worker_settings, tmp_path, kind):
+    """LFM2-style hybrid layers keep recurrent state, which is not branchable KV: the worker notices,
+    serves whole forwards, and still equals the plain forward."""
+    from tools.tiny_checkpoints import make_tiny_hybrid
+
+    folder = str(make_tiny_hybrid(tmp_path / "hybrid"))
+    body = REQUESTS[kind]
+    async with worker_client(worker_settings(model_path=folder)) as (client, service):
+        assert service.engine.kv_branching is False
+        for _ in range(2):
+            response = await client.post("/v1/systemone", json=body)
+            assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
+            answer = await response.json()
+            assert answer["usage"]["cached_tokens"] == 0
+            assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
+        assert service.cache_stats().levels["l3"].resident_entries == 0
