@@ -7,6 +7,7 @@ its own last real position.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -23,16 +24,36 @@ from .prompt import PreparedRequest
 log = logging.getLogger("jev.worker.engine")
 
 
+def _layer_tensors(layer):
+    """(owner, key, tensor) for every batch-major tensor a cache layer holds, directly or in a dict."""
+    for name, value in vars(layer).items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            yield vars(layer), name, value
+        elif isinstance(value, dict):
+            for key, tensor in value.items():
+                if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+                    yield value, key, tensor
+
+
 @dataclass
 class PrefixState:
-    """The KV state of a prompt prefix (batch 1), plus what positions after it need."""
+    """The state of a prompt prefix (batch 1), plus what positions after it need.
+
+    Plain attention models keep per-layer (keys, values), which can be sliced, expanded and padded.
+    Models with recurrent or sliding state (hybrid conv/linear attention) keep a `snapshot` of the
+    whole cache, copied and repeated per branch.
+    """
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
     length: int
     rope_delta: int = 0
+    snapshot: object | None = None
 
     @property
     def nbytes(self) -> int:
+        if self.snapshot is not None:
+            return sum(t.numel() * t.element_size() for layer in self.snapshot.layers
+                       for _, _, t in _layer_tensors(layer))
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv)
 
 
@@ -67,7 +88,8 @@ class DecisionEngine:
         self._on_l3_insert = on_l3_insert
         params = inspect.signature(self.backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.kv_branching: bool | None = None  # known after the first prefix forward
+        self.kv_branching: bool | None = None  # can prefix state be reused? known after the first prefix forward
+        self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
 
     # ----- inputs -------------------------------------------------------------------------------
     def _ids(self, rows: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,25 +125,52 @@ class DecisionEngine:
 
     # ----- prefix state -------------------------------------------------------------------------
     def _branchable(self, cache) -> list | None:
-        """The cache's per-layer KV layers, or None (and branching off) for recurrent/sliding state."""
+        """The cache's per-layer KV layers when it is plain attention KV, else None (snapshot mode)."""
         layers = getattr(cache, "layers", [])
-        if not layers or not all(type(layer) is DynamicLayer for layer in layers):
-            if self.kv_branching is not False:
-                log.info("model cache is %s: prefix KV branching disabled", [type(x).__name__ for x in layers[:2]])
-            self.kv_branching = False
-            return None
-        self.kv_branching = True
-        return layers
+        if layers and all(type(layer) is DynamicLayer for layer in layers):
+            self.prefix_mode = "kv"
+            return layers
+        if self.prefix_mode != "snapshot":
+            log.info("model cache layers are %s: prefix states are cache snapshots",
+                     sorted({type(x).__name__ for x in layers}))
+        self.prefix_mode = "snapshot"
+        return None
+
+    def _branch_snapshot(self, state: PrefixState, batch: int):
+        cache = copy.deepcopy(state.snapshot)
+        if batch > 1:
+            for layer in cache.layers:
+                for owner, key, tensor in list(_layer_tensors(layer)):
+                    owner[key] = tensor.repeat_interleave(batch, dim=0)
+        return cache
 
     def compute_prefix(self, item: EngineItem) -> PrefixState | None:
         inputs, rope_delta = self._prefix_inputs(item)
         cache = self._new_cache()
         self._forward(**inputs, use_cache=True, **{self._cache_kwarg: cache})
         layers = self._branchable(cache)
-        if layers is None:
-            return None
-        kv = [(layer.keys, layer.values) for layer in layers]
-        return PrefixState(kv=kv, length=len(item.prepared.prefix_ids), rope_delta=rope_delta)
+        length = len(item.prepared.prefix_ids)
+        if layers is not None:
+            self.kv_branching = True
+            return PrefixState(kv=[(layer.keys, layer.values) for layer in layers], length=length,
+                               rope_delta=rope_delta)
+        state = PrefixState(kv=[], length=length, rope_delta=rope_delta, snapshot=cache)
+        if self.kv_branching is None:
+            self.kv_branching = self._snapshot_branching_is_exact(item, state)
+        return state if self.kv_branching else None
+
+    def _snapshot_branching_is_exact(self, item: EngineItem, state: PrefixState) -> bool:
+        """Once per model: continuing two copies of a snapshot must equal the whole forward, or the
+        cache holds state this engine does not know how to branch, and whole forwards are used."""
+        row = item.prepared.rows[0]
+        branched = self._rows_after_states([(state, row), (state, row)])
+        whole = (self._rows_full(item, [row]) if item.assets
+                 else self._text_full([(item.prepared.prefix_ids, row)], False)[0])
+        error = float((branched - whole).abs().max() / whole.abs().max().clamp_min(1e-6))
+        if error > 1e-3:
+            log.warning("prefix snapshot branching differs from a whole forward (relative %.2e): disabled", error)
+            return False
+        return True
 
     def _store(self, key: str, state: PrefixState | None) -> None:
         if state is not None and self.l3.put(key, state) and self._on_l3_insert:
@@ -143,6 +192,11 @@ class DecisionEngine:
         batch, width = ids.shape
         states = [state for state, _ in pairs]
         first = states[0]
+        if first.snapshot is not None:  # _state_chunks never mixes a snapshot with another state
+            positions = self._positions(first.length, width, batch, first.rope_delta)
+            hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True,
+                                   **{self._cache_kwarg: self._branch_snapshot(first, batch)})
+            return self._last(hidden, lengths)
         if all(state is first for state in states):
             cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
                                                  for k, v in first.kv])
@@ -196,11 +250,27 @@ class DecisionEngine:
         layers = self._branchable(cache)
         states: list[PrefixState | None] = [None] * len(sequences)
         if layers is not None:
+            self.kv_branching = True
             for i, (prefix, _) in enumerate(sequences):
                 kv = [(layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
                       for layer in layers]
                 states[i] = PrefixState(kv=kv, length=len(prefix))
         return self._last(hidden, lengths), states
+
+    def _state_chunks(self, pairs: list) -> list[list]:
+        """Chunks of (state, row, item) within the row limit; snapshot states never share a chunk
+        with another state (their recurrent state cannot be padded and masked)."""
+        chunks: list[list] = []
+        limit = self.max_batch_rows if self.batching else 1
+        for pair in pairs:
+            current = chunks[-1] if chunks else None
+            if (current is None or len(current) >= limit
+                    or ((pair[0].snapshot is not None or current[0][0].snapshot is not None)
+                        and pair[0] is not current[0][0])):
+                chunks.append([pair])
+            else:
+                current.append(pair)
+        return chunks
 
     def _chunks(self, rows: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
         size = self.max_batch_rows if self.batching else 1
@@ -228,8 +298,9 @@ class DecisionEngine:
             rows = [(row, i) for i in indices for row in items[i].prepared.rows]
             state = self.l3.get(key) if self._caching else None
             outcome[key] = "hit" if state is not None else ("miss" if self._caching else "off")
-            if state is None and len(rows) == 1 and not lead.assets:
-                whole.append((key, indices[0]))
+            if state is None and len(rows) == 1 and not lead.assets and (
+                    self.prefix_mode != "snapshot" or not self._caching):
+                whole.append((key, indices[0]))  # a KV miss is cut from the whole forward itself
                 continue
             if state is None and self.kv_branching is not False and (self._caching or (self.batching and len(rows) > 1)):
                 state = self.compute_prefix(lead)
@@ -245,7 +316,7 @@ class DecisionEngine:
                        self._text_full([(lead.prepared.prefix_ids, row) for row in chunk_rows], False)[0])
                 for h, (_, i) in zip(out, chunk):
                     hidden[i].append(h)
-        for chunk in self._chunks(after):
+        for chunk in self._state_chunks(after):
             out = self._rows_after_states([(state, row) for state, row, _ in chunk])
             for h, (_, _, i) in zip(out, chunk):
                 hidden[i].append(h)

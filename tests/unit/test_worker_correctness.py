@@ -176,20 +176,46 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
 
 
-@pytest.mark.parametrize("kind", ["choice", "set"])
-async def test_hybrid_conv_attention_model_falls_back_to_whole_forwards(worker_settings, tmp_path, kind):
-    """LFM2-style hybrid layers keep recurrent state, which is not branchable KV: the worker notices,
-    serves whole forwards, and still equals the plain forward."""
+@pytest.fixture(scope="module")
+def tiny_hybrid_dir(tmp_path_factory) -> str:
     from tools.tiny_checkpoints import make_tiny_hybrid
 
-    folder = str(make_tiny_hybrid(tmp_path / "hybrid"))
+    return str(make_tiny_hybrid(tmp_path_factory.mktemp("tiny-hybrid")))
+
+
+@pytest.mark.parametrize("kind", ["choice", "set", "noul"])
+async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settings, tiny_hybrid_dir, kind):
+    """LFM2-style hybrid layers keep recurrent conv state beside the KV: the prefix state is a cache
+    snapshot, copied per branch, and cached answers equal uncached ones and the plain forward."""
     body = REQUESTS[kind]
-    async with worker_client(worker_settings(model_path=folder)) as (client, service):
-        assert service.engine.kv_branching is False
-        for _ in range(2):
-            response = await client.post("/v1/systemone", json=body)
-            assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
-            answer = await response.json()
-            assert answer["usage"]["cached_tokens"] == 0
-            assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
-        assert service.cache_stats().levels["l3"].resident_entries == 0
+    async with worker_client(worker_settings(model_path=tiny_hybrid_dir, cache=CACHE_OFF)) as (client, service):
+        uncached = await (await client.post("/v1/systemone", json=body)).json()
+        assert_close(served_row_probs(body, uncached), reference_row_probs(service, body))
+    async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
+        assert service.engine.prefix_mode == "snapshot"  # learnt from the warmup's forward
+        first = await client.post("/v1/systemone", json=body)
+        assert service.engine.kv_branching is True  # the once-per-model snapshot check passed
+        second = await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Again."))
+        third = await client.post("/v1/systemone", json=body)
+        assert "l3=miss" in first.headers["x-jev-cache"] and "l3=hit" in second.headers["x-jev-cache"]
+        cached = await third.json()
+        assert cached["usage"]["cached_tokens"] > 0
+        assert_close(served_row_probs(body, cached), served_row_probs(body, uncached))
+        assert service.cache_stats().levels["l3"].resident_bytes > 0
+
+
+async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_off(worker_settings,
+                                                                                   tiny_hybrid_dir):
+    from jev_common.schema import DecisionRequest
+    from jev_worker.engine import EngineItem
+
+    async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
+        engine = service.engine
+        engine.kv_branching = None
+        engine._branch_snapshot = lambda state, batch: engine._new_cache()  # forgets the prefix
+        item = EngineItem(prepared=service.builder.prepare(DecisionRequest.model_validate(REQUESTS["set"])))
+        assert engine.compute_prefix(item) is None and engine.kv_branching is False
+        response = await client.post("/v1/systemone", json=REQUESTS["set"])
+        assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
+        assert_close(served_row_probs(REQUESTS["set"], await response.json()),
+                     reference_row_probs(service, REQUESTS["set"]))
