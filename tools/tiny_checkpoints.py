@@ -161,3 +161,91 @@ def make_tiny_hybrid(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+# --- tiny hybrid vision-language checkpoint (Qwen3.5: Gated DeltaNet + full attention, Qwen3-VL tower) ----
+
+def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64,
+                         layer_types: tuple[str, ...] = ("linear_attention", "linear_attention",
+                                                         "linear_attention", "full_attention"),
+                         vision_depth: int = 1, vision_dim: int = 32, patch_size: int = 16,
+                         min_pixels: int = 64 * 64, max_pixels: int = 128 * 128,
+                         tie_word_embeddings: bool = False) -> Path:
+    """A Qwen3.5 vision-language model (Qwen3_5ForConditionalGeneration, the flagship's architecture)
+    with random weights and a working processor.
+
+    Text model: `layer_types` (default three Gated DeltaNet linear-attention layers then one gated
+    full-attention layer, the flagship's 3:1 pattern) of width `hidden`; full attention with 4 query /
+    2 KV heads of dim 32, partial rotary 0.25 and interleaved M-RoPE; linear attention with 2 key /
+    4 value heads of dim 16 and a width-4 causal conv. Without flash-linear-attention / causal-conv1d
+    transformers runs both in pure torch, so this runs on CPU. Vision tower: `vision_depth` blocks of
+    width `vision_dim`, patch 16, spatial merge 2 (a 64x64 image is a [1, 4, 4] grid, 4 image tokens;
+    max_pixels caps it at 16), an 8x8 learned position grid. Tokenizer: SmolLM2's plus the Qwen
+    vision tokens. Processor: Qwen3VLProcessor (what transformers maps qwen3_5 to) with the
+    Qwen2-VL PIL image processor, saved without the torchvision video half (see
+    jev_common.vl.load_vl_processor).
+    """
+    import json
+
+    import torch
+    from transformers import AddedToken, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class _ImageOnlyProcessor(Qwen3VLProcessor):  # Qwen3VLProcessor insists on a (torchvision) video processor
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
+
+    path = Path(path)
+    tokenizer = smollm2_tokenizer()
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
+                         special_tokens=True)
+    tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
+    head_dim = 32
+    partial_rotary = 0.25
+    half = int(head_dim * partial_rotary) // 2  # rotary frequencies, split over the T/H/W M-RoPE axes
+    mrope_section = [half - 2 * (half // 4), half // 4, half // 4]
+    config = Qwen3_5Config(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+            num_hidden_layers=len(layer_types), layer_types=list(layer_types),
+            num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary,
+                             "mrope_section": mrope_section, "mrope_interleaved": True},
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+        ),
+        vision_config=dict(
+            depth=vision_depth, hidden_size=vision_dim, intermediate_size=vision_dim * 2, num_heads=2,
+            patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden,
+            num_position_embeddings=64,
+        ),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger-than-default init: label probabilities and image effects are visible
+        model.lm_head.weight.normal_(0.0, 0.15)  # label logits of order 1: no saturated probabilities
+        model.model.visual.merger.linear_fc2.weight.normal_(0.0, 0.5)
+    model.save_pretrained(path, safe_serialization=True)
+    image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                    chat_template=TINY_VL_CHAT_TEMPLATE)
+    processor.save_pretrained(path)
+    # Name the stock classes, as a hub Qwen3.5 checkpoint does, not the local subclass.
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        file = path / name
+        if file.is_file():
+            data = json.loads(file.read_text(encoding="utf-8"))
+            if "processor_class" in data:
+                data["processor_class"] = "Qwen3VLProcessor"
+                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
