@@ -69,6 +69,36 @@ TINY_VL_CHAT_TEMPLATE = (
 )
 
 
+def _vl_tokenizer():
+    """SmolLM2's tokenizer plus the Qwen vision tokens and the tiny chat template; (tokenizer, ids)."""
+    from transformers import AddedToken
+
+    tokenizer = smollm2_tokenizer()
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
+                         special_tokens=True)
+    tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
+    return tokenizer, {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
+
+
+def _save_image_only_processor(path: Path, processor_class, image_processor, tokenizer) -> None:
+    """Save `processor_class` without its (torchvision) video half, its files naming the stock class
+    as a hub checkpoint's do, not the local subclass."""
+    import json
+
+    from jev_common.vl import _image_only_processor_class
+
+    processor = _image_only_processor_class(processor_class)(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=TINY_VL_CHAT_TEMPLATE)
+    processor.save_pretrained(path)
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        file = path / name
+        if file.is_file():
+            data = json.loads(file.read_text(encoding="utf-8"))
+            if "processor_class" in data:
+                data["processor_class"] = processor_class.__name__
+                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, layers: int = 2,
                  vision_depth: int = 1, vision_dim: int = 32, patch_size: int = 14,
                  min_pixels: int = 56 * 56, max_pixels: int = 112 * 112,
@@ -81,22 +111,12 @@ def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, la
     tokens. Saved as safetensors + save_pretrained files; the processor files are the stock
     Qwen2VLProcessor ones (see jev_common.vl.load_vl_processor for loading without torchvision).
     """
-    import json
-
     import torch
-    from transformers import AddedToken, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    class _ImageOnlyProcessor(Qwen2VLProcessor):  # Qwen2VLProcessor insists on a (torchvision) video processor
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
-
     path = Path(path)
-    tokenizer = smollm2_tokenizer()
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
-                         special_tokens=True)
-    tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
+    tokenizer, ids = _vl_tokenizer()
     heads = 4
     head_dim = hidden // heads
     half = head_dim // 2  # M-RoPE splits the rotary half-dim into temporal/height/width sections
@@ -126,17 +146,7 @@ def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, la
     image_processor = Qwen2VLImageProcessorPil(
         min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
     )
-    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                    chat_template=TINY_VL_CHAT_TEMPLATE)
-    processor.save_pretrained(path)
-    # Name the stock classes, as a hub Qwen2-VL checkpoint does, not the local subclass.
-    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
-        file = path / name
-        if file.is_file():
-            data = json.loads(file.read_text(encoding="utf-8"))
-            if "processor_class" in data:
-                data["processor_class"] = "Qwen2VLProcessor"
-                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _save_image_only_processor(path, Qwen2VLProcessor, image_processor, tokenizer)
     return path
 
 
@@ -185,22 +195,12 @@ def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int 
     Qwen2-VL PIL image processor, saved without the torchvision video half (see
     jev_common.vl.load_vl_processor).
     """
-    import json
-
     import torch
-    from transformers import AddedToken, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    class _ImageOnlyProcessor(Qwen3VLProcessor):  # Qwen3VLProcessor insists on a (torchvision) video processor
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
-
     path = Path(path)
-    tokenizer = smollm2_tokenizer()
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
-                         special_tokens=True)
-    tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
+    tokenizer, ids = _vl_tokenizer()
     head_dim = 32
     partial_rotary = 0.25
     half = int(head_dim * partial_rotary) // 2  # rotary frequencies, split over the T/H/W M-RoPE axes
@@ -237,15 +237,5 @@ def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int 
         min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
         image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
     )
-    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                    chat_template=TINY_VL_CHAT_TEMPLATE)
-    processor.save_pretrained(path)
-    # Name the stock classes, as a hub Qwen3.5 checkpoint does, not the local subclass.
-    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
-        file = path / name
-        if file.is_file():
-            data = json.loads(file.read_text(encoding="utf-8"))
-            if "processor_class" in data:
-                data["processor_class"] = "Qwen3VLProcessor"
-                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _save_image_only_processor(path, Qwen3VLProcessor, image_processor, tokenizer)
     return path
