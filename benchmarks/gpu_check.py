@@ -41,6 +41,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from tools.example_requests import REQUESTS, STATE  # noqa: E402 - after the path setup above
+
 SIZES = {
     # Qwen2-1.5B / Qwen2-0.5B shapes; the vocabulary is SmolLM2's size whatever tokenizer is used
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -58,20 +60,6 @@ CHATML = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
 )
-
-STATE = "The kettle on the stove is whistling and steam is coming out of its spout."
-REQUESTS = {
-    "choice": {"kind": "choice", "state": {"text": STATE}, "question": "Is the water boiling?",
-               "options": ["yes", "no", "cannot tell"]},
-    "noul": {"kind": "noul", "state": {"text": STATE}, "question": "What is on the stove?",
-             "options": ["a pan", "a kettle"]},
-    "score": {"kind": "score", "state": {"text": STATE}, "question": "How hot is the water, 1 to 5?",
-              "options": ["1", "2", "3", "4", "5"]},
-    "span": {"kind": "span", "state": {"text": STATE}, "question": "Which object is whistling?",
-             "options": ["kettle", "stove", "steam"]},
-    "set": {"kind": "set", "state": {"text": STATE}, "question": "Which statements are true?",
-            "options": ["steam is visible", "the stove is off", "there is a kettle", "it is whistling"]},
-}
 
 
 def log(message: str) -> None:
