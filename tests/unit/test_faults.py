@@ -31,7 +31,7 @@ from jev_worker.settings import CacheSettings
 from tests.fakes.fake_worker import FakeWorker
 from tests.fakes.net import free_port
 
-from .worker_helpers import REQUESTS, STATE, worker_client
+from .worker_helpers import REQUESTS, STATE, slow_engine, worker_client
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "services"), str(REPO)]),
@@ -321,21 +321,12 @@ async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serve
 
 async def test_slow_real_worker_deadline_passes_through_the_frontend(worker_settings):
     async with worker_client(worker_settings()) as (worker, service):
-        original = service.engine.run
-
-        def slow(items):
-            import time
-
-            time.sleep(1.0)
-            return original(items)
-
-        service.engine.run = slow
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=10) as client:
-            response = await client.post("/v1/systemone", json=dict(REQUESTS["choice"], deadline_s=0.2))
-            assert response.status == 504
-            # the worker's own deadline answer, or the frontend's if it came first: never a 500
-            assert envelope_type(await response.read()) in ("deadline_exceeded", "backend_timeout")
-            service.engine.run = original
+            with slow_engine(service.engine, 1.0):
+                response = await client.post("/v1/systemone", json=dict(REQUESTS["choice"], deadline_s=0.2))
+                assert response.status == 504
+                # the worker's own deadline answer, or the frontend's if it came first: never a 500
+                assert envelope_type(await response.read()) in ("deadline_exceeded", "backend_timeout")
             await wait_status(client, "/health", attempts=100)
             response = await client.post("/v1/systemone", json=REQUESTS["choice"])
             assert response.status == 200
@@ -345,31 +336,22 @@ async def test_slow_real_worker_deadline_passes_through_the_frontend(worker_sett
 
 async def test_over_capacity_through_the_frontend_is_429_or_503_and_worker_stays_healthy(worker_settings):
     async with worker_client(worker_settings(max_queue=2, batching=False)) as (worker, service):
-        original = service.engine.run
-
-        def slow(items):
-            import time
-
-            time.sleep(0.05)
-            return original(items)
-
-        service.engine.run = slow
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=20,
                                    max_connections=8) as client:
-            bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=f"Variant {i}?") for i in range(24)]
-            responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
-            statuses = [r.status for r in responses]
-            assert set(statuses) <= {200, 429, 503}, statuses
-            assert 200 in statuses and ({429, 503} & set(statuses)), statuses
-            for response in responses:
-                raw = await response.read()
-                if response.status == 200:
-                    DecisionResponse.model_validate_json(raw)
-                else:
-                    assert envelope_type(raw) in ("overloaded", "queue_full")
-                    if response.status == 429:
-                        assert response.headers["Retry-After"] == "1"
-            service.engine.run = original
+            with slow_engine(service.engine, 0.05):
+                bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=f"Variant {i}?") for i in range(24)]
+                responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+                statuses = [r.status for r in responses]
+                assert set(statuses) <= {200, 429, 503}, statuses
+                assert 200 in statuses and ({429, 503} & set(statuses)), statuses
+                for response in responses:
+                    raw = await response.read()
+                    if response.status == 200:
+                        DecisionResponse.model_validate_json(raw)
+                    else:
+                        assert envelope_type(raw) in ("overloaded", "queue_full")
+                        if response.status == 429:
+                            assert response.headers["Retry-After"] == "1"
             response = await client.get("/health")
             assert response.status == 200
             assert HealthResponse.model_validate(await response.json()).detail["state"] == "ok"

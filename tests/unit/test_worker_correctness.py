@@ -9,7 +9,7 @@ import torch
 
 from jev_worker.settings import CacheSettings
 
-from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
 CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
 
@@ -139,9 +139,7 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
     async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=20.0)) as (client, service):
-        forwards = []
-        original = service.engine._forward
-        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        forwards = record_forwards(service.engine)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
         widest = max(kw.get("input_ids", torch.zeros(0, 0)).shape[0] for kw in forwards)
@@ -164,9 +162,7 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
     async with worker_client(worker_settings(batching=True, max_wait_ms=20.0)) as (client, service):
         for body in bodies:  # warm L3 for every state
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " (warm-up)"))
-        forwards = []
-        original = service.engine._forward
-        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        forwards = record_forwards(service.engine)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)

@@ -11,7 +11,7 @@ from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import SERVICE, create_app
 from jev_worker.settings import CacheSettings
 
-from .worker_helpers import REQUESTS, worker_client
+from .worker_helpers import REQUESTS, slow_engine, worker_client
 
 GOOD = REQUESTS["choice"]
 
@@ -113,19 +113,10 @@ async def test_over_capacity_gets_429_and_worker_recovers(worker_settings):
 
 async def test_deadline_gives_504_and_worker_keeps_serving(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
-        original = service.engine.run
-
-        def slow(items):
-            import time
-
-            time.sleep(0.5)
-            return original(items)
-
-        service.engine.run = slow
-        response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
-        assert response.status == 504
-        assert envelope(await response.json()).error.type == "deadline_exceeded"
-        service.engine.run = original
+        with slow_engine(service.engine, 0.5):
+            response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
+            assert response.status == 504
+            assert envelope(await response.json()).error.type == "deadline_exceeded"
         await asyncio.sleep(0.6)
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 200

@@ -16,7 +16,7 @@ from jev_preencoder.settings import PreencoderSettings
 from jev_worker.settings import CacheSettings, WorkerSettings
 
 from .vl_helpers import pattern_image, png_uri, request_line
-from .worker_helpers import assert_close, served_row_probs, worker_client
+from .worker_helpers import record_forwards, assert_close, served_row_probs, worker_client
 
 SEEDS = (91, 92)
 WIDE = (93, (96, 64))  # a 96x64 image: a [1, 4, 6] grid, so M-RoPE height and width positions differ
@@ -151,9 +151,7 @@ async def test_set_kind_rows_branch_from_one_snapshot(recipe, checkpoint, asset_
     body = _body(SEEDS[1], kind="set")
     async with worker_client(_settings(recipe, checkpoint, asset_dir)) as (client, service):
         engine = service.engine
-        forwards = []
-        original = engine._forward
-        engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        forwards = record_forwards(engine)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
         assert engine.prefix_mode == "snapshot" and engine.kv_branching is True

@@ -12,7 +12,7 @@ from jev_common.schema import DecisionRequest
 from jev_worker.settings import CacheSettings, WorkerSettings
 
 from .vl_helpers import pattern_image, png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
-from .worker_helpers import assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client
 
 SEEDS = (81, 82)
 
@@ -154,9 +154,7 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
     async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=20.0)) as (client, service):
         for body in bodies:
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Look again."))
-        forwards = []
-        original = service.engine._forward
-        service.engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+        forwards = record_forwards(service.engine)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)

@@ -10,6 +10,32 @@ from jev_common.schema import DecisionRequest
 from jev_worker.app import SERVICE, create_app
 from tools.example_requests import REQUESTS, STATE  # noqa: F401 - re-exported for the tests
 
+def record_forwards(engine) -> list[dict]:
+    """Wrap the engine's backbone call; every forward's keyword arguments are appended to the list."""
+    forwards: list[dict] = []
+    original = engine._forward
+    engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+    return forwards
+
+
+@contextlib.contextmanager
+def slow_engine(engine, seconds: float):
+    """Every model batch takes `seconds` longer while inside the block (on the model thread)."""
+    import time
+
+    original = engine.run
+
+    def slow(items):
+        time.sleep(seconds)
+        return original(items)
+
+    engine.run = slow
+    try:
+        yield
+    finally:
+        engine.run = original
+
+
 @contextlib.asynccontextmanager
 async def worker_client(settings):
     app = create_app(settings, wait_until_ready=True)
