@@ -261,7 +261,7 @@ class DecisionEngine:
         """Chunks of (state, row, item) within the row limit; snapshot states never share a chunk
         with another state (their recurrent state cannot be padded and masked)."""
         chunks: list[list] = []
-        limit = self.max_batch_rows if self.batching else 1
+        limit = self._batch_limit
         for pair in pairs:
             current = chunks[-1] if chunks else None
             if (current is None or len(current) >= limit
@@ -272,8 +272,12 @@ class DecisionEngine:
                 current.append(pair)
         return chunks
 
-    def _chunks(self, rows: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
-        size = self.max_batch_rows if self.batching else 1
+    @property
+    def _batch_limit(self) -> int:
+        return self.max_batch_rows if self.batching else 1
+
+    def _chunks(self, rows: list) -> list[list]:
+        size = self._batch_limit
         return [rows[i : i + size] for i in range(0, len(rows), size)]
 
     # ----- entry point --------------------------------------------------------------------------

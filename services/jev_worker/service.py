@@ -47,7 +47,8 @@ class WorkerService:
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes
         self.vision = None
-        self.index = None  # jev_common.cache_index client, when Redis is configured
+        self.index: CacheIndex | None = None  # set once the model has loaded
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop index calls hop to
         self.state = "loading"
         self.error: str | None = None
         self.warmup_seconds: float | None = None
@@ -58,7 +59,7 @@ class WorkerService:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.model_executor, self._load)
-            await self._connect_index()
+            self._connect_index(loop)
             self.scheduler = Scheduler(
                 self.engine, self.model_executor, max_queue=self.settings.max_queue,
                 batching=self.settings.batching, max_batch_rows=self.settings.max_batch_rows,
@@ -98,12 +99,12 @@ class WorkerService:
         )
         self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)
 
-    async def _connect_index(self) -> None:
+    def _connect_index(self, loop: asyncio.AbstractEventLoop) -> None:
         self.index = CacheIndex(self.settings.redis_url, self.identity, owner_id=self.settings.worker_id,
                                 owner_url=self.settings.worker_url)
         if self.assets is not None:
             self.assets.index = self.index
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop
 
     def _prefix_resident(self, key: str, state) -> None:
         self._index_call(lambda index: index.register_prefix(key, None, state.length, state.nbytes))
@@ -113,7 +114,7 @@ class WorkerService:
 
     def _index_call(self, call) -> None:
         """Called on the model thread; the index is async, so hop to the loop and never wait."""
-        index, loop = self.index, getattr(self, "_loop", None)
+        index, loop = self.index, self._loop
         if index is None or loop is None:
             return
 
@@ -125,7 +126,7 @@ class WorkerService:
     async def stop(self) -> None:
         if self.scheduler:
             await self.scheduler.stop()
-        if self.index is not None and hasattr(self.index, "close"):
+        if self.index is not None:
             await self.index.close()
         self.model_executor.shutdown(wait=False, cancel_futures=True)
         self.prep_executor.shutdown(wait=False, cancel_futures=True)
@@ -217,7 +218,7 @@ class WorkerService:
         if self.error:
             detail["error"] = self.error
         status = self.state
-        if self.index is not None and self.state == "ok" and hasattr(self.index, "health"):
+        if self.index is not None and self.state == "ok":
             index_health = await self.index.health()
             detail["index"] = index_health
             if index_health.get("status") != "ok":
