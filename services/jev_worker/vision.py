@@ -195,9 +195,7 @@ class AssetStore:
         return self.l2.stats()
 
     def counters(self) -> dict:
-        l2 = self.l2.stats()
-        return {"hits": l2.hits, "misses": l2.misses, "evictions": l2.evictions,
-                "resident_bytes": l2.resident_bytes, "resident_entries": l2.resident_entries, "budget": l2.budget,
+        return {**self.l2.stats().model_dump(exclude={"enabled"}),
                 "disk_reads": self.disk_reads, "index_hits": self.index_hits, "index_misses": self.index_misses,
                 "index_unavailable": self.index_unavailable, "stale_removed": self.stale_removed}
 
