@@ -14,6 +14,11 @@ def env_str(name: str, default: str, *aliases: str) -> str:
     return default
 
 
+def env_list(name: str, *aliases: str) -> tuple[str, ...]:
+    """A comma-separated list; blanks dropped."""
+    return tuple(item.strip() for item in env_str(name, "", *aliases).split(",") if item.strip())
+
+
 def env_int(name: str, default: int, *aliases: str) -> int:
     raw = env_str(name, str(default), *aliases).strip()
     try:

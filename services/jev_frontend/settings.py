@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from jev_common.config import env_bytes, env_float, env_int, env_str
+from jev_common.config import env_bytes, env_float, env_int, env_list, env_str
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class Settings:
     timeout_s: float = 30.0
     max_body_bytes: int = 16 << 20
     max_connections: int = 64
+    api_keys: tuple[str, ...] = ()  # empty: auth off
 
     def __post_init__(self) -> None:
         url = URL(self.backend_url)
@@ -41,4 +42,5 @@ class Settings:
             timeout_s=env_float("JEV_FRONTEND_TIMEOUT_S", cls.timeout_s),
             max_body_bytes=env_bytes("JEV_FRONTEND_MAX_BODY_BYTES", cls.max_body_bytes),
             max_connections=env_int("JEV_FRONTEND_MAX_CONNECTIONS", cls.max_connections),
+            api_keys=env_list("JEV_API_KEYS"),
         )

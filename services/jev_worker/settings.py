@@ -5,7 +5,7 @@ import os
 import socket
 from dataclasses import dataclass, replace
 
-from jev_common.config import env_bool, env_bytes, env_float, env_int, env_str
+from jev_common.config import env_bool, env_bytes, env_float, env_int, env_list, env_str
 from jev_common.recipe import DEFAULT_RECIPE, Recipe, load_recipe
 
 
@@ -49,6 +49,7 @@ class WorkerSettings:
     worker_url: str = ""
     max_body_bytes: int = 16 << 20
     threads: int = 0
+    api_keys: tuple[str, ...] = ()  # empty: auth off
 
     @classmethod
     def from_env(cls, **overrides) -> "WorkerSettings":
@@ -81,5 +82,6 @@ class WorkerSettings:
             worker_url=env_str("JEV_WORKER_URL", f"http://{socket.gethostname()}:{port}"),
             max_body_bytes=env_bytes("JEV_WORKER_MAX_BODY_BYTES", 16 << 20),
             threads=env_int("JEV_TORCH_THREADS", 0),
+            api_keys=env_list("JEV_API_KEYS"),
         )
         return replace(settings, **overrides)
