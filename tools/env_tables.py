@@ -1,0 +1,67 @@
+"""The env tables in README.md and docs/, rendered from each service's settings module (`ENV`).
+
+    python -m tools.env_tables --check    # exit 1 and name the table when a doc differs from the code
+    python -m tools.env_tables --write    # rewrite the tables in place
+
+A table in a markdown file sits between `<!-- env-table: SERVICE -->` and `<!-- /env-table -->`;
+what is between the markers is generated, so names, defaults and meanings live only in the code.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/frontend.md", "docs/images.md")
+_BLOCK = re.compile(r"(<!-- env-table: (?P<service>[a-z]+) -->\n)(?P<body>.*?)(<!-- /env-table -->)", re.S)
+
+
+def tables() -> dict:
+    from jev_frontend.settings import ENV as frontend
+    from jev_preencoder.settings import ENV as preencoder
+    from jev_worker.settings import ENV as worker
+
+    return {"worker": worker, "frontend": frontend, "preencoder": preencoder}
+
+
+def render(text: str, known: dict) -> str:
+    def sub(match: re.Match) -> str:
+        service = match.group("service")
+        if service not in known:
+            raise KeyError(f"env-table marker names an unknown service {service!r}; known: {sorted(known)}")
+        return match.group(1) + known[service].markdown() + "\n" + match.group(4)
+
+    return _BLOCK.sub(sub, text)
+
+
+def blocks(text: str) -> list[str]:
+    return [m.group("service") for m in _BLOCK.finditer(text)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.env_tables", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true")
+    mode.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    known = tables()
+    stale = []
+    for name in DOCS:
+        path = ROOT / name
+        text = path.read_text(encoding="utf-8")
+        fresh = render(text, known)
+        if fresh != text:
+            stale.append(f"{name} ({', '.join(blocks(text))})")
+            if args.write:
+                path.write_text(fresh, encoding="utf-8")
+    if stale and args.check:
+        print("env tables differ from the settings modules: " + "; ".join(stale)
+              + " (python -m tools.env_tables --write)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
