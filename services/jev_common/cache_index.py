@@ -7,6 +7,9 @@ sharing one Redis never see each other's entries:
 - `jev:{ns}:prefix:{prefix_hash}`  hash: one field per owner worker id -> JSON {"url", "expires",
   "length", "nbytes"};
   the key carries a TTL (refreshed on each registration) and expired owners are dropped on read.
+  The index re-registers this worker's own prefixes every `prefix_ttl_s / 3`, so an entry lives as
+  long as the prefix stays resident and at most `prefix_ttl_s` (120 s) after the worker died; a worker
+  that stops cleanly removes its entries (`unregister_owner`).
 
 The index is an accelerator, never the truth: every call that cannot reach Redis raises
 `IndexUnavailable` (fast: short socket timeouts, no retries, and after a failure the index stays
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 log = logging.getLogger("jev.cache_index")
 
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
-DEFAULT_PREFIX_TTL_S = 900
+DEFAULT_PREFIX_TTL_S = 120  # an entry of a dead worker lingers at most this long
 DEFAULT_BACKOFF_S = 2.0
 
 
@@ -63,6 +66,8 @@ class CacheIndex:
         self._last_error: str | None = None if self.url or client is not None else "no Redis URL configured"
         self.errors = 0
         self.degraded_calls = 0
+        self._own_prefixes: dict[str, tuple[int | None, int | None]] = {}  # hash -> (length, nbytes)
+        self._refresher: asyncio.Task | None = None
 
     # --- plumbing ---
 
@@ -172,11 +177,63 @@ class CacheIndex:
                 pipe.expire(entry, max(1, int(ttl + 0.999)))
                 return await pipe.execute()
 
+        if worker_id == self.owner_id and url is None and ttl_s is None:  # ours: kept fresh while resident
+            self._own_prefixes[prefix_hash] = (length, nbytes)
+            self._start_refresher()
         await self._call("register_prefix", run)
 
     async def unregister_prefix(self, prefix_hash: str, owner=None) -> None:
         worker_id, _ = self._owner(owner)
+        if worker_id == self.owner_id:
+            self._own_prefixes.pop(prefix_hash, None)
         await self._call("unregister_prefix", lambda r: r.hdel(self.prefix_entry_key(prefix_hash), worker_id))
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.prefix_ttl_s / 3))
+            try:
+                await self.refresh_own_prefixes()
+            except IndexUnavailable:
+                pass  # logged by _call; the next round tries again
+
+    async def refresh_own_prefixes(self) -> int:
+        """Re-register every prefix this worker registered and still holds (one pipeline)."""
+        own = dict(self._own_prefixes)
+        if not own:
+            return 0
+        worker_id, url = self._owner(None)
+        ttl = max(1, int(self.prefix_ttl_s + 0.999))
+
+        async def run(r):
+            async with r.pipeline(transaction=False) as pipe:
+                for prefix_hash, (length, nbytes) in own.items():
+                    value = {"url": url, "expires": time.time() + self.prefix_ttl_s}
+                    value.update({k: int(v) for k, v in (("length", length), ("nbytes", nbytes)) if v is not None})
+                    pipe.hset(self.prefix_entry_key(prefix_hash), worker_id, json.dumps(value))
+                    pipe.expire(self.prefix_entry_key(prefix_hash), ttl)
+                await pipe.execute()
+            return len(own)
+
+        return await self._call("refresh_prefixes", run)
+
+    async def unregister_owner(self, owner=None) -> int:
+        """Remove this worker (or `owner`) from every prefix entry of the namespace, e.g. on shutdown,
+        so no entry points at an address that no longer answers. Returns how many entries it was in."""
+        worker_id, _ = self._owner(owner)
+        if worker_id == self.owner_id:
+            self._own_prefixes.clear()
+
+        async def run(r):
+            removed = 0
+            async for name in r.scan_iter(match=f"jev:{self.ns}:prefix:*", count=500):
+                removed += await r.hdel(name, worker_id)
+            return removed
+
+        return await self._call("unregister_owner", run)
 
     async def where_is_prefix_warm(self, prefix_hash: str) -> list[PrefixOwner]:
         """Live owners of a prefix (expired ones dropped). Raises IndexUnavailable."""
@@ -230,6 +287,10 @@ class CacheIndex:
         return await self._call("purge_namespace", run)
 
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
         if self._client is not None:
             try:
                 await self._client.aclose()

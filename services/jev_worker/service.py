@@ -126,7 +126,8 @@ class WorkerService:
     async def stop(self) -> None:
         if self.scheduler:
             await self.scheduler.stop()
-        if self.index is not None:
+        if self.index is not None:  # no index entry may point at a stopped worker
+            await asyncio.gather(self.index.unregister_owner(), return_exceptions=True)
             await self.index.close()
         self.model_executor.shutdown(wait=False, cancel_futures=True)
         self.prep_executor.shutdown(wait=False, cancel_futures=True)

@@ -197,3 +197,59 @@ def test_settings_from_env(monkeypatch):
     assert settings.port == 9191 and settings.asset_dir == "/data/assets" and settings.redis_url.endswith("/2")
     assert settings.max_image_bytes == 2 << 20
     assert PreencoderSettings.from_env(asset_dir="/other").asset_dir == "/other"
+
+
+@needs_redis
+async def test_own_prefixes_stay_fresh_while_resident_and_leave_with_the_owner(index_factory):
+    index = index_factory(owner_id="w1", owner_url="http://w1:8000", prefix_ttl_s=0.6)
+    other = index_factory(identity=index.identity, owner_id="w2", owner_url="http://w2:8000")
+    await index.register_prefix("a" * 64, None, 10, 100)
+    await index.register_prefix("b" * 64, None, 20, 200)
+    await other.register_prefix("a" * 64)
+    await asyncio.sleep(1.5)  # > 2 TTLs: only the refresh keeps them
+    assert [o.worker_id for o in await other.where_is_prefix_warm("a" * 64)] == ["w1", "w2"]
+    assert [o.length for o in await other.where_is_prefix_warm("b" * 64)] == [20]
+    await index.unregister_prefix("b" * 64)
+    await asyncio.sleep(1.0)  # an unregistered prefix is not brought back by the refresh
+    assert await other.where_is_prefix_warm("b" * 64) == []
+    await index.register_prefix("c" * 64)
+    assert await index.unregister_owner() == 2  # a and c
+    assert [o.worker_id for o in await other.where_is_prefix_warm("a" * 64)] == ["w2"]
+    assert await other.where_is_prefix_warm("c" * 64) == []
+    await asyncio.sleep(0.5)
+    assert await other.where_is_prefix_warm("c" * 64) == []  # nothing left to refresh
+
+
+def test_default_prefix_ttl_is_short():
+    from jev_common.cache_index import DEFAULT_PREFIX_TTL_S
+
+    assert DEFAULT_PREFIX_TTL_S <= 120  # a crashed worker's entries go within two minutes
+
+
+@needs_redis
+async def test_a_stopped_worker_leaves_no_prefix_entry(worker_settings, redis_url):
+    """The warmup decision registers its prefix; stopping the worker removes it from the index."""
+    from jev_worker.service import WorkerService
+
+    worker_id = f"stop-test-{uuid.uuid4().hex[:8]}"
+    service = WorkerService(worker_settings(redis_url=redis_url, worker_id=worker_id,
+                                            worker_url="http://127.0.0.1:9"))
+    await service.start()
+    assert service.state == "ok", service.error
+    index = CacheIndex(redis_url, service.identity)
+    try:
+        client = index._redis()
+
+        async def mine() -> list[str]:
+            return [key async for key in client.scan_iter(match=f"jev:{index.ns}:prefix:*")
+                    if await client.hexists(key, worker_id)]
+
+        for _ in range(50):  # registration is fire-and-forget on the event loop
+            if await mine():
+                break
+            await asyncio.sleep(0.02)
+        assert await mine(), "the warmup prefix was never registered"
+        await service.stop()
+        assert await mine() == []
+    finally:
+        await index.close()
