@@ -12,7 +12,12 @@ PROGRESS := $(PY) tools/progress.py
 
 .PHONY: venv up down up-local test test-unit bench compose-test clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/bin/jev
+
+# `jev ask "state" "question" opt1 opt2` (services/jev) as a command of the venv
+$(VENV)/bin/jev: $(VENV)/.installed
+	printf '#!/bin/sh\nPYTHONPATH="$(CURDIR)/services:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" exec "$(abspath $(VPY))" -m jev "$$@"\n' > $@
+	chmod +x $@
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-model.txt
 	test -x $(VPY) || $(PROGRESS) "install: creating $(VENV)" -- $(PY) -m venv $(VENV)
