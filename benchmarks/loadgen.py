@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from jev_common.errors import error_type_of
+
 from .corpora import BUILTIN, WARMUP_BODY, load_corpus
 
 DEFAULT_PATH = "/v1/systemone"
@@ -169,8 +171,8 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict,
     error_type = None
     if status != 200:
         try:
-            error_type = json.loads(raw)["error"]["type"]
-        except (ValueError, KeyError, TypeError):
+            error_type = error_type_of(json.loads(raw)) or "no_envelope"
+        except ValueError:
             error_type = "no_envelope"
     return status, elapsed, error_type
 

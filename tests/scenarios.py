@@ -6,7 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
-from jev_common.schema import DecisionRequest, DecisionResponse, ErrorEnvelope
+from jev_common.schema import DecisionRequest, DecisionResponse, ErrorEnvelope, SystemOneResponse
 
 REQUESTS = {
     "choice": {"kind": "choice", "state": "The sky is clear and it is noon.", "question": "What colour is the sky?",
@@ -53,11 +53,42 @@ def check_every_kind(base: str) -> dict[str, DecisionResponse]:
     return answers
 
 
+SYSTEMONE = {
+    "model": "jev-latest",
+    "state": "Hi, I was charged twice for my March invoice and the refund still hasn't arrived.",
+    "questions": {
+        "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+        "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
+                 "criteria": {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None}},
+        "anger": {"type": "score", "instructions": "How frustrated is the customer?",
+                  "criteria": ["Calm", "Frustrated", "Very angry"]},
+    },
+}
+
+
+def check_systemone(base: str) -> SystemOneResponse:
+    """The public System One envelope: one answer per question, of its type, summing to 1."""
+    status, headers, payload = decide(base, SYSTEMONE)
+    assert status == 200, payload
+    assert headers.get("x-typesafe-request-id", "").startswith("req_"), headers
+    response = SystemOneResponse.model_validate(payload)
+    assert list(response.answers) == list(SYSTEMONE["questions"])
+    assert 0 <= response.answers["refund"].noul <= 1
+    team = response.answers["team"]
+    assert set(team.probabilities) == {"Billing", "Technical", "Sales"}
+    assert abs(sum(team.probabilities.values()) - 1) < 1e-4
+    anger = response.answers["anger"]
+    assert abs(anger.score - sum(int(k) * p for k, p in anger.probabilities.items())) < 1e-6
+    status, _, raw = http("GET", base + "/v1/models")
+    assert status == 200 and any(m["name"] == "jev-latest" for m in json.loads(raw)["models"]), raw
+    return response
+
+
 def check_errors(base: str) -> None:
     status, _, payload = decide(base, {"kind": "choice", "state": "x", "question": "q", "options": ["only one"]})
-    assert status == 422 and ErrorEnvelope.model_validate(payload).error.type == "validation_error"
+    assert status == 422 and ErrorEnvelope.model_validate(payload).type == "validation_error"
     status, _, raw = http("POST", base + "/v1/chat/completions", {"messages": []})
-    assert status == 404 and ErrorEnvelope.model_validate(json.loads(raw)).error.type == "not_found"
+    assert status == 404 and ErrorEnvelope.model_validate(json.loads(raw)).type == "not_found"
 
 
 def check_health_and_metrics(base: str) -> None:

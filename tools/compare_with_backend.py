@@ -26,6 +26,8 @@ from typing import Any
 
 import aiohttp
 
+from jev_common.errors import error_type_of
+
 TOLERANCE = 1e-6
 FLOAT_FIELDS = ("noul", "score")
 FLOAT_LIST_FIELDS = ("probabilities", "yes_probabilities")
@@ -89,8 +91,7 @@ def _close(a: Any, b: Any) -> bool:
 
 
 def _error_type(body: dict) -> Any:
-    error = body.get("error")
-    return error.get("type") if isinstance(error, dict) else None
+    return error_type_of(body)
 
 
 def diff_answers(index: int, request: dict, worker: Answer, frontend: Answer) -> list[Mismatch]:

@@ -3,7 +3,8 @@
 Layout (docs/images.md): `<asset_dir>/<key>/emb.safetensors` (tensor "embeds" [n_tokens, hidden],
 exactly what the language model consumes at the image-pad positions) and `<asset_dir>/<key>/grid.json`
 (patch grid [t, h, w], dtype, shape, checkpoint + processor identity, created). `key` is
-sha256(exact data URI string, UTF-8).hexdigest(): the worker hashes what it is sent and never
+sha256(the image file's bytes).hexdigest(), whether they arrive as a data URI (base64-decoded, never
+pixel-decoded), inline base64 or a multipart part: the worker hashes what it is sent and never
 decodes an image.
 
 Writes are atomic: everything goes into `<asset_dir>/.tmp-<key>-<random>` and is renamed into place,
@@ -51,9 +52,15 @@ _WS_RE = re.compile(r"\s+")
 
 # --- keys and data URIs -------------------------------------------------------------------------
 
+def bytes_key(data: bytes) -> str:
+    """sha256 of the image file's bytes, hex: the asset's name everywhere. The same bytes give the same
+    key whether they came as a data URI, inline base64 or a multipart part."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def asset_key(data_uri: str) -> str:
-    """sha256 of the exact data URI string (UTF-8), hex: the asset's name everywhere."""
-    return hashlib.sha256(data_uri.encode("utf-8")).hexdigest()
+    """The key of a data URI's image: sha256 of its base64-decoded bytes (the pixels are never decoded)."""
+    return bytes_key(split_data_uri(data_uri)[1])
 
 
 def short_key(key: str) -> str:

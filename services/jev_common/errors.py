@@ -1,37 +1,75 @@
-"""API errors and their single JSON envelope."""
+"""API errors and the one place that turns them into the System One API's error bodies.
+
+- validation failures: 422 `{"detail": [{"loc": ["body", ...], "msg", "type"}]}` (FastAPI's shape, which
+  TypeSafe's API and its SDKs use);
+- everything else: `{"detail": {"error_type": "...", "message": "..."}}`.
+"""
 from __future__ import annotations
 
 from aiohttp import web
-
-from .schema import ErrorBody, ErrorEnvelope
 
 
 class ApiError(Exception):
     """An error with an HTTP status and a stable machine-readable type."""
 
-    def __init__(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None,
+                 details: list[dict] | None = None):
         super().__init__(message)
         self.status = status
         self.type = type_
         self.message = message
         self.headers = headers or {}
+        self.details = details  # validation errors, FastAPI-shaped
+
+
+def validation_error(message: str, loc: tuple = (), type_: str = "value_error") -> ApiError:
+    return ApiError(422, "validation_error", message,
+                    details=[{"loc": ["body", *loc], "msg": message, "type": type_}])
 
 
 def error_body(type_: str, message: str) -> dict:
-    return ErrorEnvelope(error=ErrorBody(type=type_, message=message)).model_dump()
+    return {"detail": {"error_type": type_, "message": message}}
+
+
+def error_payload(exc: ApiError) -> dict:
+    if exc.details is not None:
+        return {"detail": exc.details}
+    if exc.status == 422 and exc.type == "validation_error":
+        return {"detail": [{"loc": ["body"], "msg": exc.message, "type": "value_error"}]}
+    return error_body(exc.type, exc.message)
+
+
+def error_type_of(body: object) -> str | None:
+    """The error type of an error body of either shape (validation errors read as 'validation_error')."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        return "validation_error"
+    if isinstance(detail, dict):
+        return detail.get("error_type")
+    return None
 
 
 def error_response(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response(error_body(type_, message), status=status, headers=headers)
 
 
+def api_error_response(exc: ApiError) -> web.Response:
+    return web.json_response(error_payload(exc), status=exc.status, headers=exc.headers)
+
+
 HTTP_ERROR_TYPES = {
     400: "bad_request",
+    401: "authentication_error",
+    403: "authentication_error",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     413: "body_too_large",
+    414: "uri_too_long",
+    415: "unsupported_media_type",
     422: "validation_error",
     429: "overloaded",
+    431: "headers_too_large",
     502: "backend_unavailable",
     503: "unavailable",
     504: "timeout",

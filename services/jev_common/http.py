@@ -1,33 +1,66 @@
-"""aiohttp plumbing shared by the services: error middleware, bounded JSON body parsing, app runner."""
+"""aiohttp plumbing shared by the services: error middleware, request ids, API keys, bounded bodies
+(JSON, multipart, compressed), JSON answers to malformed HTTP, app runner."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import uuid
+from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
 
-from .errors import HTTP_ERROR_TYPES, ApiError, error_response
+from .errors import HTTP_ERROR_TYPES, ApiError, api_error_response, error_body, error_response, validation_error
 
 log = logging.getLogger("jev.http")
 
+REQUEST_ID_HEADER = "x-typesafe-request-id"
+MULTIPART_REQUEST_PART = "request"
+MAX_MULTIPART_PARTS = 16
+REQUEST_ID = web.RequestKey("request_id", str)
+DECODED_ENCODINGS = ("gzip", "deflate", "zstd")  # aiohttp decodes these as the body is read
+
+
+def validation_details(exc: ValidationError) -> list[dict]:
+    """pydantic errors in FastAPI's shape; the offending input is left out (it may be huge)."""
+    out = []
+    for err in exc.errors(include_url=False, include_input=False, include_context=False)[:20]:
+        loc = [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())]
+        out.append({"loc": ["body", *loc], "msg": str(err.get("msg", "invalid")), "type": str(err.get("type", "value_error"))})
+    return out or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
+
 
 def format_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{where}: {err.get('msg')}")
-    return "; ".join(parts)
+    return "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:]) or 'body'}: {d['msg']}" for d in validation_details(exc)[:5])
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler):
+    """Every answer carries x-typesafe-request-id (the caller's, when a trusted proxy sent one)."""
+    rid = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+    request[REQUEST_ID] = rid
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers[REQUEST_ID_HEADER] = rid
+        raise
+    response.headers[REQUEST_ID_HEADER] = rid
+    return response
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler):
-    """Every failure leaves as the JSON error envelope; never a stack trace."""
+    """Every failure leaves in the API's error shape; never a stack trace."""
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.type, exc.message, exc.headers)
+        return api_error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -42,23 +75,64 @@ async def error_middleware(request: web.Request, handler):
         return error_response(500, "internal_error", "internal error; see the service log")
 
 
+def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
+    """`Authorization: Bearer <key>` on /v1/ routes when keys are configured; off (header ignored) otherwise."""
+    encoded = [k.encode() for k in keys]
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if encoded and request.path.startswith(protected_prefix):
+            header = request.headers.get("Authorization", "")
+            scheme, _, given = header.partition(" ")
+            if scheme.lower() != "bearer" or not given.strip():
+                raise ApiError(403, "authentication_error",
+                               "an API key is required: send Authorization: Bearer <key>")
+            if not any(hmac.compare_digest(given.strip().encode(), key) for key in encoded):
+                raise ApiError(401, "authentication_error", "the API key is not valid")
+        return await handler(request)
+
+    return middleware
+
+
+# ----- bodies -----------------------------------------------------------------------------------
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw request body, refused with 413 past max_bytes."""
-    if request.content_length is not None and request.content_length > max_bytes:
+    """The request body (decompressed when it came with Content-Encoding gzip/deflate/zstd), refused
+    with 413 past max_bytes: the cap applies to what the body expands to."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding == "identity":
+        encoding = ""
+    if encoding and encoding not in DECODED_ENCODINGS:
+        raise ApiError(415, "unsupported_media_type", f"Content-Encoding {encoding!r} is not supported; "
+                       f"send {', '.join(DECODED_ENCODINGS)} or an uncompressed body")
+    if not encoding and request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
     body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
+    try:
+        async for chunk in request.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > max_bytes:
+                raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
+    except ApiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
+        if encoding:
+            raise ApiError(400, "invalid_encoding", f"body could not be decoded as {encoding}: {exc}") from None
+        raise
     return bytes(body)
 
 
 def decode_json(raw: bytes) -> object:
+    """JSON of any shape; malformed, undecodable, too deep or absurd numbers are a 422 like FastAPI's."""
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise validation_error(f"JSON decode error: {exc.msg}", (exc.pos,), "json_invalid") from None
+    except UnicodeDecodeError:
+        raise validation_error("body is not UTF-8 JSON", (0,), "json_invalid") from None
+    except RecursionError:
+        raise validation_error("JSON is nested too deeply", (0,), "json_invalid") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise validation_error(f"JSON decode error: {exc}", (0,), "json_invalid") from None
 
 
 async def read_json(request: web.Request, max_bytes: int) -> object:
@@ -69,11 +143,86 @@ def parse_model(model: type[BaseModel], payload: object):
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise ApiError(422, "validation_error", format_validation_error(exc)) from None
+        raise ApiError(422, "validation_error", format_validation_error(exc), details=validation_details(exc)) from None
+    except RecursionError:
+        raise validation_error("request is nested too deeply") from None
 
 
 async def read_model(request: web.Request, model: type[BaseModel], max_bytes: int):
     return parse_model(model, await read_json(request, max_bytes))
+
+
+@dataclass
+class SystemOneBody:
+    """A /v1/systemone body: the JSON payload, and the raw parts of a multipart request by name."""
+
+    payload: object
+    parts: dict[str, bytes] = field(default_factory=dict)
+    raw: bytes = b""
+    content_type: str = "application/json"
+
+
+async def read_systemone_body(request: web.Request, max_bytes: int) -> SystemOneBody:
+    """JSON, or multipart/form-data whose part `request` is the JSON and the others are raw assets."""
+    raw = await read_body(request, max_bytes)
+    content_type = request.headers.get("Content-Type", "application/json")
+    if not content_type.lower().startswith("multipart/"):
+        return SystemOneBody(decode_json(raw), raw=raw, content_type="application/json")
+    parts = parse_multipart(raw, content_type)
+    if MULTIPART_REQUEST_PART not in parts:
+        raise validation_error(f"a multipart request needs a part named {MULTIPART_REQUEST_PART!r} holding the JSON",
+                               (MULTIPART_REQUEST_PART,), "missing")
+    payload = decode_json(parts.pop(MULTIPART_REQUEST_PART))
+    return SystemOneBody(payload, parts=parts, raw=raw, content_type=content_type)
+
+
+def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
+    """multipart/form-data (RFC 7578) from bytes already read within the body cap."""
+    from email.parser import BytesParser
+    from email.policy import HTTP
+
+    if "boundary=" not in content_type:
+        raise ApiError(400, "bad_request", "multipart body without a boundary")
+    try:
+        message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+    except Exception as exc:  # noqa: BLE001
+        raise ApiError(400, "bad_request", f"malformed multipart body: {exc}") from None
+    if not message.is_multipart():
+        raise ApiError(400, "bad_request", "malformed multipart body")
+    parts: dict[str, bytes] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not name:
+            raise ApiError(400, "bad_request", "a multipart part has no name")
+        if name in parts:
+            raise validation_error(f"multipart part {name!r} appears twice", (name,))
+        if len(parts) >= MAX_MULTIPART_PARTS:
+            raise ApiError(413, "body_too_large", f"at most {MAX_MULTIPART_PARTS} multipart parts")
+        parts[name] = part.get_payload(decode=True) or b""
+    return parts
+
+
+# ----- malformed HTTP ---------------------------------------------------------------------------
+class JsonErrorRequestHandler(web_protocol.RequestHandler):
+    """aiohttp answers framing and header errors (bad request line, oversized headers, broken chunked
+    encoding) in text/plain; answer them in the API's JSON error shape instead."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send the error")
+        if status >= 500:
+            self.log_exception("Error handling request", exc_info=exc)
+        type_ = HTTP_ERROR_TYPES.get(status, "bad_request")
+        text = "internal error; see the service log" if status >= 500 else (message or getattr(exc, "message", None) or str(exc or "bad request"))
+        response = web.json_response(error_body(type_, str(text)[:500]), status=status,
+                                     headers={REQUEST_ID_HEADER: new_request_id()})
+        response.force_close()
+        return response
+
+
+def install_json_protocol_errors() -> None:
+    web_server.RequestHandler = JsonErrorRequestHandler
 
 
 def run_app(app: web.Application, host: str, port: int) -> None:
@@ -84,4 +233,7 @@ def run_app(app: web.Application, host: str, port: int) -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a pinned dependency
         pass
+    install_json_protocol_errors()
     web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+
+install_json_protocol_errors()

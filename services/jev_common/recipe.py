@@ -43,6 +43,16 @@ class PromptSpec(_Section):
     score_instruction: str = "Options:\n{options}\nAnswer with one of the numbers only."
     set_instruction: str = "Statement: {option}\nIs the statement true? Answer Yes or No."
     answer_prefix: str = ""
+    # System One questions (noul / choice / score); every row starts with question_block
+    default_noul_question: str = "Is the following true of the state?"
+    default_choice_question: str = "Which option fits the state best?"
+    default_score_question: str = "Which level fits the state best?"
+    noul_true: str = "Yes means: {description}\n"
+    noul_false: str = "No means: {description}\n"
+    noul_instruction: str = "{criteria}Answer Yes or No."
+    option_line: str = "{code}. {name}"
+    described_option_line: str = "{code}. {name}: {description}"
+    levels_instruction: str = "Levels:\n{levels}\nAnswer with the number of the level only."
 
 
 class VerbalizerSpec(_Section):
@@ -54,6 +64,10 @@ class VerbalizerSpec(_Section):
     numeric_labels_for_score: bool = Field(
         default=True, description="kind score uses the options themselves as labels when each is one token"
     )
+    extend_codes: bool = Field(
+        default=True, description="past the letters, two-letter codes (AA, AB, ...) that are one token each"
+    )
+    max_codes: int = Field(default=255, ge=2, le=1024, description="most options one question may have")
 
 
 class CacheSpec(_Section):
@@ -80,6 +94,7 @@ class Recipe(_Section):
     compose_profile: str
     gpu: bool = False
     check: str = Field(default="", description="how to check this recipe end to end")
+    release_date: str = Field(default="unknown", description="the checkpoint's release date (GET /v1/models)")
 
     @property
     def identity(self) -> str:

@@ -1,16 +1,22 @@
-"""The one typed schema of the /v1/systemone API, used by every service and test."""
+"""The one typed schema of the /v1/systemone API, used by every service and test.
+
+Two request forms share the route, told apart by shape (`is_envelope`):
+- the System One envelope (TypeSafe's public API, what typesafe-sdk and jevcompat speak):
+  `{"model", "state", "questions": {id: question}}` -> `{"model", "answers": {id: answer}, "usage"}`;
+- the older single-question form of the JEV-VL worker contract: `{"kind", "state", "question", "options"}`.
+"""
 from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Kind = Literal["choice", "noul", "score", "span", "set"]
 KINDS: tuple[str, ...] = ("choice", "noul", "score", "span", "set")
 
-MAX_OPTIONS = 26  # one letter label each
+MAX_OPTIONS = 255  # option codes: letters, then two-letter single-token codes
 MAX_TEXT_CHARS = 64_000
 MAX_OPTION_CHARS = 2_000
 PROBABILITY_SUM_TOLERANCE = 1e-3
@@ -138,15 +144,32 @@ class DecisionResponse(BaseModel):
         return self
 
 
-class ErrorBody(BaseModel):
-    type: str
+class ErrorDetail(BaseModel):
+    error_type: str
     message: str
 
 
-class ErrorEnvelope(BaseModel):
-    """The one error shape every service returns: {"error": {"type", "message"}}."""
+class ValidationItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
 
-    error: ErrorBody
+
+class ErrorEnvelope(BaseModel):
+    """The API's error bodies: `{"detail": {"error_type", "message"}}`, or for validation failures
+    (422) `{"detail": [{"loc": ["body", ...], "msg", "type"}]}`."""
+
+    detail: ErrorDetail | list[ValidationItem]
+
+    @property
+    def type(self) -> str:
+        return "validation_error" if isinstance(self.detail, list) else self.detail.error_type
+
+    @property
+    def message(self) -> str:
+        if isinstance(self.detail, list):
+            return "; ".join(f"{'.'.join(str(p) for p in item.loc[1:]) or 'body'}: {item.msg}" for item in self.detail)
+        return self.detail.message
 
 
 class HealthResponse(BaseModel):
@@ -167,3 +190,273 @@ class CacheLevelStats(BaseModel):
 class CacheStats(BaseModel):
     enabled: bool
     levels: dict[str, CacheLevelStats]
+
+
+# ===== the System One envelope ===================================================================
+
+Content = Union[str, dict[str, Any], list[Any]]  # text, or a JSON object or array rendered as JSON text
+MAX_CHOICE_OPTIONS = 255
+MAX_SCORE_LEVELS = 10
+MAX_QUESTIONS = 128
+MAX_CONTENT_DEPTH = 32
+MAX_NAME_CHARS = 2_000
+LATEST_ALIAS = "jev-latest"
+
+
+def content_depth(value: object) -> int:
+    """Nesting depth of a JSON value, without recursion (a hostile body cannot blow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_CONTENT_DEPTH:
+            return depth
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def _shallow(value, where: str):
+    if content_depth(value) > MAX_CONTENT_DEPTH:
+        raise ValueError(f"{where} is nested deeper than {MAX_CONTENT_DEPTH} levels")
+    return value
+
+
+class _Question(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("instructions", mode="after", check_fields=False)
+    @classmethod
+    def _instructions_shallow(cls, value):
+        return _shallow(value, "instructions")
+
+
+class NoulCriteria(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    true: Content | None = None
+    false: Content | None = None
+
+
+class NoulQuestion(_Question):
+    """A yes/no question; its answer is P(yes)."""
+
+    type: Literal["noul"]
+    instructions: Content | None = None
+    criteria: NoulCriteria | None = None
+
+    @model_validator(mode="after")
+    def _asks_something(self) -> "NoulQuestion":
+        described = self.criteria is not None and (self.criteria.true is not None or self.criteria.false is not None)
+        if self.instructions is None and not described:
+            raise ValueError("a noul question needs instructions or a described outcome (criteria.true/false)")
+        if self.criteria is not None:
+            _shallow(self.criteria.true, "criteria.true")
+            _shallow(self.criteria.false, "criteria.false")
+        return self
+
+
+def _names_valid(names) -> None:
+    for name in names:
+        if not name:
+            raise ValueError("option names must be non-empty strings")
+        if len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"option names must be at most {MAX_NAME_CHARS} characters")
+
+
+class ChoiceQuestion(_Question):
+    """One of the named options; `criteria` maps each name to its description (or null)."""
+
+    type: Literal["choice"]
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)
+
+    @field_validator("criteria")
+    @classmethod
+    def _options_valid(cls, criteria: dict) -> dict:
+        _names_valid(criteria)
+        for name, description in criteria.items():
+            _shallow(description, f"criteria[{name!r}]")
+        return criteria
+
+
+class ScoreQuestion(_Question):
+    """An ordered rubric: level i is described by criteria[i]; the answer's score is sum(i * p_i)."""
+
+    type: Literal["score"]
+    instructions: Content | None = None
+    criteria: list[Content] = Field(min_length=2, max_length=MAX_SCORE_LEVELS)
+
+    @field_validator("criteria")
+    @classmethod
+    def _levels_shallow(cls, criteria: list) -> list:
+        for i, level in enumerate(criteria):
+            _shallow(level, f"criteria[{i}]")
+        return criteria
+
+
+class SpanQuestion(_Question):
+    """Extension: which candidate substring of the (text) state answers the question."""
+
+    type: Literal["span"]
+    instructions: Content | None = None
+    criteria: list[str] = Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)
+
+    @field_validator("criteria")
+    @classmethod
+    def _candidates_valid(cls, criteria: list[str]) -> list[str]:
+        _names_valid(criteria)
+        if len(set(criteria)) != len(criteria):
+            raise ValueError("span candidates must be unique")
+        return criteria
+
+
+class SetQuestion(_Question):
+    """Extension: each named statement judged true or false on its own row."""
+
+    type: Literal["set"]
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=64)
+
+    @field_validator("criteria")
+    @classmethod
+    def _options_valid(cls, criteria: dict) -> dict:
+        _names_valid(criteria)
+        return criteria
+
+
+Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion, SpanQuestion, SetQuestion],
+                     Field(discriminator="type")]
+QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score", "span", "set")
+
+
+class AssetRef(BaseModel):
+    """An image named in the state by its placeholder: a multipart `part`, or inline base64."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image"] = "image"
+    format: Literal["png", "jpg", "jpeg"] | None = None
+    data_base64: str | None = None
+    part: str | None = None
+
+    @model_validator(mode="after")
+    def _has_data(self) -> "AssetRef":
+        if self.part is None and self.data_base64 is None:
+            raise ValueError("an asset needs `part` (multipart) or `data_base64`")
+        return self
+
+
+class SystemOneRequest(BaseModel):
+    """`{"model", "state", "questions": {id: question}}`; unknown top-level fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    state: Content
+    questions: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)], Question] = Field(
+        min_length=1, max_length=MAX_QUESTIONS)
+    assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
+
+    @field_validator("state")
+    @classmethod
+    def _state_shallow(cls, value):
+        return _shallow(value, "state")
+
+    @model_validator(mode="after")
+    def _spans_in_state(self) -> "SystemOneRequest":
+        for qid, question in self.questions.items():
+            if isinstance(question, SpanQuestion):
+                if not isinstance(self.state, str):
+                    raise ValueError(f"question {qid!r}: span questions need a text state")
+                missing = [c for c in question.criteria if c not in self.state]
+                if missing:
+                    raise ValueError(f"question {qid!r}: span candidates must occur in the state; "
+                                     f"not found: {missing[:3]!r}")
+        return self
+
+
+def is_envelope(payload: object) -> bool:
+    """The single-question form is told apart by its `kind` field; everything else is the envelope."""
+    return not (isinstance(payload, dict) and "kind" in payload and "questions" not in payload)
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"] = "noul"
+    noul: float = Field(ge=0, le=1)
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"] = "choice"
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float = Field(ge=0, le=1)
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"] = "score"
+    score: float
+    legend: dict[str, Content]
+    probabilities: dict[str, float]
+    confidence: float = Field(ge=0, le=1)
+
+
+class SpanAnswer(BaseModel):
+    type: Literal["span"] = "span"
+    span: "Span"
+    probabilities: dict[str, float]
+    confidence: float = Field(ge=0, le=1)
+
+
+class SetAnswer(BaseModel):
+    """probabilities[name] is that statement's own P(true); selected are those >= 0.5."""
+
+    type: Literal["set"] = "set"
+    selected: list[str]
+    probabilities: dict[str, float]
+
+
+Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer, SpanAnswer, SetAnswer]
+
+
+class SystemOneUsage(BaseModel):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+
+
+class SystemOneResponse(BaseModel):
+    """Extra fields are prefixed `x_` as the API asks of extensions."""
+
+    model: str
+    answers: dict[str, Answer]
+    usage: SystemOneUsage
+    x_cached_input_tokens: int = Field(default=0, ge=0)
+    x_elapsed_seconds: float = Field(default=0.0, ge=0)
+
+
+class ModelInfo(BaseModel):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+def choice_confidence(probabilities: list[float]) -> float:
+    """The reference formula: (p_max - 1/n) / (1 - 1/n), 0 for a uniform answer, 1 for a certain one."""
+    n = len(probabilities)
+    if n <= 1:
+        return 1.0
+    return min(1.0, max(0.0, (max(probabilities) - 1 / n) / (1 - 1 / n)))
+
+
+def score_confidence(probabilities: list[float]) -> float:
+    """The reference formula: 1 - E|level - mode| / (the same spread under a uniform answer)."""
+    n = len(probabilities)
+    if n <= 1:
+        return 1.0
+    mode = max(range(n), key=probabilities.__getitem__)
+    spread = sum(p * abs(i - mode) for i, p in enumerate(probabilities))
+    uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
+    return min(1.0, max(0.0, 1 - spread / uniform))

@@ -7,9 +7,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from jev_common.errors import ApiError
-from jev_common.http import decode_json, error_middleware, parse_model, read_body
+from jev_common.http import (
+    REQUEST_ID, REQUEST_ID_HEADER, auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
+)
 from jev_common.metrics import HttpMetrics
-from jev_common.schema import DecisionRequest
+from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 from .proxy import DECISION_HEADER_PREFIX, Backend, BackendMetrics
 from .settings import Settings
@@ -33,20 +35,38 @@ GENERATION_ROUTES = (
 )
 
 
+def _backend_headers(request: web.Request, content_type: str | None = None) -> dict[str, str]:
+    """What the worker needs of the caller's headers: the body's type, x-jev-* and the request id
+    (so both services log and answer the same id). The API key stays here: the frontend checked it."""
+    headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
+    if content_type:
+        headers["Content-Type"] = content_type
+    headers.update({k: v for k, v in request.headers.items() if k.lower().startswith(DECISION_HEADER_PREFIX)})
+    return headers
+
+
 async def handle_systemone(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    raw = await read_body(request, settings.max_body_bytes)
-    decision = parse_model(DecisionRequest, decode_json(raw))  # junk never reaches the worker
+    body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
     timeout_s, note = settings.timeout_s, ""
-    if decision.deadline_s is not None and decision.deadline_s + DEADLINE_GRACE_S < timeout_s:
-        # the worker enforces deadline_s itself; the grace lets its own 504 answer arrive first
-        timeout_s, note = decision.deadline_s + DEADLINE_GRACE_S, " (the request's deadline_s + grace)"
-    headers = {"Content-Type": "application/json"}
-    headers.update({k: v for k, v in request.headers.items() if k.lower().startswith(DECISION_HEADER_PREFIX)})
+    if is_envelope(body.payload):
+        parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker
+    else:
+        decision = parse_model(DecisionRequest, body.payload)
+        if decision.deadline_s is not None and decision.deadline_s + DEADLINE_GRACE_S < timeout_s:
+            # the worker enforces deadline_s itself; the grace lets its own 504 answer arrive first
+            timeout_s, note = decision.deadline_s + DEADLINE_GRACE_S, " (the request's deadline_s + grace)"
     answer = await request.app[BACKEND].call(
         "POST", "/v1/systemone", endpoint="systemone", timeout_s=timeout_s,
-        data=raw, headers=headers, timeout_note=note,
+        data=body.raw, headers=_backend_headers(request, body.content_type), timeout_note=note,
     )
+    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    answer = await request.app[BACKEND].call("GET", "/v1/models", endpoint="models", timeout_s=settings.timeout_s,
+                                             headers=_backend_headers(request))
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 
@@ -96,7 +116,7 @@ def create_app(settings: Settings) -> web.Application:
     metrics = HttpMetrics("frontend")
     backend = Backend(settings, BackendMetrics(metrics.registry))
     app = web.Application(
-        middlewares=[metrics.middleware, error_middleware],  # order per docs/CONTRACTS.md
+        middlewares=[request_id_middleware, metrics.middleware, error_middleware, auth_middleware(settings.api_keys)],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
@@ -114,6 +134,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_post("/v1/systemone", handle_systemone)
+    app.router.add_get("/v1/models", handle_models)
     for path in GENERATION_ROUTES:
         app.router.add_route("*", path, handle_generation)
     return app

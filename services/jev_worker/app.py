@@ -5,9 +5,11 @@ import asyncio
 
 from aiohttp import web
 
-from jev_common.errors import error_body
-from jev_common.http import error_middleware, read_model
-from jev_common.schema import DecisionRequest, DecisionResponse
+from jev_common.errors import error_body, validation_error
+from jev_common.http import (
+    auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
+)
+from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
 from .service import WorkerService
 from .settings import WorkerSettings
@@ -23,10 +25,21 @@ def response_json(response: DecisionResponse) -> dict:
     return body
 
 
+def model_list(recipe) -> ModelList:
+    """The served recipe under its own name, and as the API's default alias."""
+    description = " ".join(recipe.description.split()) or recipe.name
+    return ModelList(models=[
+        ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date),
+        ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date),
+    ])
+
+
 def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> web.Application:
     service = WorkerService(settings)
-    app = web.Application(middlewares=[service.metrics.middleware, error_middleware],
-                          client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        middlewares=[request_id_middleware, service.metrics.middleware, error_middleware,
+                     auth_middleware(settings.api_keys)],
+        client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
 
     async def lifecycle(_app: web.Application):
@@ -44,13 +57,23 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         code, body = await service.health()
         if code != 200:
             message = f"worker is {service.state}" + (f": {service.error}" if service.error else "")
-            return web.json_response({**error_body("not_ready", message), **body}, status=code)
+            detail = {**body.get("detail", {}), **error_body("not_ready", message)["detail"]}
+            return web.json_response({**body, "detail": detail}, status=code)
         return web.json_response(body)
 
     async def systemone(request: web.Request) -> web.Response:
-        decision = await read_model(request, DecisionRequest, settings.max_body_bytes)
-        response, headers = await service.decide(decision)
-        return web.json_response(response_json(response), headers=headers)
+        body = await read_systemone_body(request, settings.max_body_bytes)
+        if not is_envelope(body.payload):
+            if body.parts:
+                raise validation_error("multipart requests use the System One envelope (questions), not `kind`")
+            response, headers = await service.decide(parse_model(DecisionRequest, body.payload))
+            return web.json_response(response_json(response), headers=headers)
+        envelope = parse_model(SystemOneRequest, body.payload)
+        response, headers = await service.systemone(envelope, body.parts)
+        return web.json_response(text=response.model_dump_json(), headers=headers)
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response(text=model_list(service.recipe).model_dump_json())
 
     async def cache_stats(_request: web.Request) -> web.Response:
         return web.json_response(text=service.cache_stats().model_dump_json())
@@ -61,6 +84,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
 
     app.router.add_get("/health", health)
     app.router.add_post("/v1/systemone", systemone)
+    app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", service.metrics.handle_metrics)
     app.router.add_get("/v1/cache/stats", cache_stats)
     app.router.add_post("/v1/cache/reset", cache_reset)

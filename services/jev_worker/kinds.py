@@ -1,17 +1,17 @@
-"""From label logits to the answer of each kind (the recipe contract in README documents these)."""
+"""From label logits to the answer of each kind of the single-question form (README: the legacy contract)."""
 from __future__ import annotations
 
 import torch
 
 from jev_common.schema import Span
 
-from .prompt import PreparedRequest
+from .legacy import LegacyPlan
 
 
-def decide(prepared: PreparedRequest, row_logits: list[torch.Tensor], state_text: str | None) -> dict:
-    """Response fields for one request; every probability is computed in FP32."""
-    kind = prepared.kind
-    options = prepared.options
+def decide(plan: LegacyPlan, row_logits: list[torch.Tensor], state_text: str | None) -> dict:
+    """Response fields for one single-question request; every probability is computed in FP32."""
+    kind = plan.kind
+    options = plan.options
     if kind == "set":
         # one independent yes/no softmax per option; `probabilities` is the yes-mass normalised
         yes = [float(torch.softmax(logits, dim=-1)[0]) for logits in row_logits]
@@ -33,7 +33,7 @@ def decide(prepared: PreparedRequest, row_logits: list[torch.Tensor], state_text
     best = max(range(len(probs)), key=probs.__getitem__)
     fields = {"probabilities": probs, "choice_index": best, "choice": options[best]}
     if kind == "score":
-        fields["score"] = sum(p * v for p, v in zip(probs, prepared.numeric_values))
+        fields["score"] = sum(p * v for p, v in zip(probs, plan.numeric_values))
     elif kind == "span":
         start = (state_text or "").index(options[best])
         fields["span"] = Span(start=start, end=start + len(options[best]), text=options[best])

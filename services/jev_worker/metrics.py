@@ -23,6 +23,10 @@ class WorkerMetrics(HttpMetrics):
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.queue_depth = Gauge("jev_worker_queue_depth", "Requests queued or running", registry=r)
         self.tokens = Counter("jev_worker_tokens_total", "Prompt tokens by source", ["source"], registry=r)
+        self.prefix_boundary_mismatch = Counter(
+            "jev_worker_prefix_boundary_mismatch_total",
+            "Prepared requests whose rows disagreed on the state prefix's last tokens (prefix shortened "
+            "to their common tokens; answers stay exact, L3 reuse may drop)", registry=r)
         self._cache_source = None
         r.register(self)  # collect() below exports the caches' own counters
 

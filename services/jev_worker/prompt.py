@@ -1,33 +1,40 @@
-"""Prompt building and tokenisation: request -> shared prefix ids + one suffix row per candidate.
+"""Prompt building: a state and its question rows -> the exact token ids the model would see.
 
-Layout: [system + state] is the prefix (shared by every question about the same state, so its KV
-state is what L3 caches), then each row is [question + instruction + assistant cue]. Kinds choice,
-noul, score and span use one row listing lettered options; kind set uses one yes/no row per option.
-Prefix and rows are tokenised separately and concatenated, so the served ids are identical whether
-or not the prefix comes from the cache.
+Every row's prompt is rendered whole (`[template head][state block][row][template tail]`) and
+tokenised in one pass, exactly as `tokenizer(apply_chat_template(...))` would. The shared prefix
+(what L3 caches) is then cut from those ids at the last token that ends inside the state block, so
+prefix + row is always the one-pass tokenisation: nothing is tokenised in pieces and glued, and no
+marker string is ever inserted into user text. The template's head and tail around the user content
+are learned once at load and checked against the template itself.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import re
+import string
+from dataclasses import dataclass, field
 
 from jev_common.errors import ApiError
 from jev_common.recipe import Recipe
-from jev_common.schema import DecisionRequest
 
-_SPLIT = "\u0000JEV-SPLIT\u0000"
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One forward row: the text after the state block, and the label tokens read at its end."""
+
+    content: str
+    labels: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    kind: str
-    options: tuple[str, ...]
     prefix_ids: tuple[int, ...]
     rows: tuple[tuple[int, ...], ...]
-    row_labels: tuple[tuple[int, ...], ...]  # label token ids scored at the end of each row
-    numeric_values: tuple[float, ...] | None
+    row_labels: tuple[tuple[int, ...], ...]
     image_keys: tuple[str, ...]
     prefix_key: str
+    plan: object = None  # what turns the rows' logits into answers (the caller's, opaque here)
+    boundary_mismatch: bool = field(default=False, compare=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -37,101 +44,171 @@ class PreparedRequest:
     def nbytes(self) -> int:
         return 8 * self.prompt_tokens + 256
 
+    def full_ids(self, row: int) -> tuple[int, ...]:
+        return self.prefix_ids + self.rows[row]
+
+
+class PromptLayout:
+    """The template text around the user message: `head + content + tail`.
+
+    With a chat template, head and tail come from rendering the template once; the layout is then
+    checked on probe contents (inner newlines, spaces at the state's edges) so a template that
+    rewrites its content is refused at load rather than served with the wrong text.
+    """
+
+    def __init__(self, tokenizer, recipe: Recipe):
+        prompt = recipe.prompt
+        self.use_chat = bool(prompt.use_chat_template and getattr(tokenizer, "chat_template", None))
+        self.add_special_tokens = not self.use_chat
+        if not self.use_chat:
+            self.head = prompt.system + "\n\n" if prompt.system else ""
+            self.tail = "\n" + prompt.answer_prefix
+            return
+        system = [{"role": "system", "content": prompt.system}] if prompt.system else []
+
+        def render(content: str) -> str:
+            return tokenizer.apply_chat_template(system + [{"role": "user", "content": content}],
+                                                 tokenize=False, add_generation_prompt=True)
+
+        probe = "\u2063jev-layout-probe\u2063"
+        text = render(probe)
+        if text.count(probe) != 1:
+            raise ValueError(f"recipe {recipe.name}: the chat template does not place the user message once")
+        head, _, tail = text.partition(probe)
+        for state in ("  spaced state  ", "\nline one\n\nline two\n", "x"):
+            content = prompt.state_block.format(state=state) + prompt.question_block.format(question="q?") + "Answer."
+            if render(content) != head + content + tail:
+                raise ValueError(f"recipe {recipe.name}: the chat template rewrites the user message "
+                                 "(e.g. trims it), so prompts could not be rendered exactly; fix the recipe's "
+                                 "state_block/question_block or use_chat_template")
+        self.head = head
+        self.tail = tail + prompt.answer_prefix
+
+
+_SPECIAL_HINT = "the model's template cannot carry it as text; remove it from the request"
+
 
 class PromptBuilder:
     def __init__(self, tokenizer, recipe: Recipe, identity: str):
         self.tokenizer = tokenizer
         self.recipe = recipe
         self.identity = identity
+        self.layout = PromptLayout(tokenizer, recipe)
+        self.use_chat = self.layout.use_chat
         verbalizer = recipe.verbalizer
         self.letter_ids = [self.single_token(label) for label in verbalizer.labels]
+        self.codes, self.code_ids = self._codes()
         self.yes_no_ids = (self.single_token(verbalizer.yes), self.single_token(verbalizer.no))
-        self.use_chat = bool(recipe.prompt.use_chat_template and getattr(tokenizer, "chat_template", None))
+        digits = [self._try_single_token(d) for d in string.digits]
+        self.digit_ids = tuple(digits) if all(d is not None for d in digits) and len(set(digits)) == 10 else None
+        self._fast = bool(getattr(tokenizer, "is_fast", False))
+        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t}
+                          | {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                             if getattr(t, "special", False) and t.content}, key=len, reverse=True)
+        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
 
+    # ----- labels -------------------------------------------------------------------------------
     def single_token(self, label: str) -> int:
-        ids = self.tokenizer.encode(self.recipe.verbalizer.label_prefix + label, add_special_tokens=False)
-        if len(ids) != 1:
-            raise ValueError(f"label {label!r} is {len(ids)} tokens for this tokenizer; the verbalizer needs one")
-        return ids[0]
+        token = self._try_single_token(label)
+        if token is None:
+            raise ValueError(f"label {label!r} is not one token for this tokenizer; the verbalizer needs one")
+        return token
 
     def _try_single_token(self, label: str) -> int | None:
         ids = self.tokenizer.encode(self.recipe.verbalizer.label_prefix + label, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
-    def render(self, state_text: str, tail: str) -> tuple[str, str]:
-        """Full prompt text split into (prefix text, row text)."""
-        prompt = self.recipe.prompt
-        content = prompt.state_block.format(state=state_text) + _SPLIT + tail
-        if self.use_chat:
-            messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
-            messages.append({"role": "user", "content": content})
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = (prompt.system + "\n\n" if prompt.system else "") + content + "\n"
-        head, _, rest = text.partition(_SPLIT)
-        return head, rest + prompt.answer_prefix
+    def _codes(self) -> tuple[list[str], list[int]]:
+        """The verbalizer's letters, then two-letter codes (AA, AB, ...) that are one distinct token
+        each, up to max_codes. A tokenizer with fewer serves fewer options (422 beyond, see README)."""
+        verbalizer = self.recipe.verbalizer
+        codes, ids = list(verbalizer.labels), list(self.letter_ids)
+        if verbalizer.extend_codes:
+            seen = set(ids)
+            for first in verbalizer.labels:
+                for second in verbalizer.labels:
+                    if len(codes) >= verbalizer.max_codes:
+                        break
+                    token = self._try_single_token(first + second)
+                    if token is not None and token not in seen:
+                        seen.add(token)
+                        codes.append(first + second)
+                        ids.append(token)
+        return codes[: verbalizer.max_codes], ids[: verbalizer.max_codes]
 
-    def _encode(self, text: str, first: bool) -> tuple[int, ...]:
-        add_special = first and not self.use_chat
-        return tuple(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+    @property
+    def max_options(self) -> int:
+        return len(self.codes)
 
-    def _letters(self, n: int) -> list[str]:
-        labels = self.recipe.verbalizer.labels
-        if n > len(labels):
-            raise ApiError(422, "validation_error", f"at most {len(labels)} options for this recipe")
-        return list(labels[:n])
+    def coded(self, n: int) -> tuple[list[str], tuple[int, ...]]:
+        if n > len(self.codes):
+            raise ApiError(422, "validation_error",
+                           f"at most {len(self.codes)} options for this model (its tokenizer has "
+                           f"{len(self.codes)} single-token option codes)")
+        return self.codes[:n], tuple(self.code_ids[:n])
 
-    def _lettered(self, options: list[str]) -> tuple[str, tuple[int, ...]]:
-        letters = self._letters(len(options))
-        listing = "\n".join(f"{letter}. {option}" for letter, option in zip(letters, options))
-        return listing, tuple(self.letter_ids[: len(options)])
+    # ----- user text ----------------------------------------------------------------------------
+    def check_user_text(self, text: str, where: str) -> None:
+        if self._special_re is not None:
+            match = self._special_re.search(text)
+            if match:
+                raise ApiError(422, "validation_error",
+                               f"{where} contains {match.group(0)!r}, a control token of this model; {_SPECIAL_HINT}")
 
-    def prepare(self, request: DecisionRequest, image_placeholders: list[str] = (),
-                image_keys: tuple[str, ...] = ()) -> PreparedRequest:
-        prompt = self.recipe.prompt
-        state_text = "".join(p + "\n" for p in image_placeholders) + (request.state.text or "")
-        question = prompt.question_block.format(question=request.question)
-        options = list(request.options)
-        numeric = None
-        if request.kind == "set":
-            tails = [question + prompt.set_instruction.format(option=o) for o in options]
-            labels = [self.yes_no_ids] * len(options)
-        else:
-            if request.kind == "noul":
-                listing, label_ids = self._lettered(options + [self.recipe.verbalizer.noul_option])
-                instruction = prompt.choice_instruction.format(options=listing)
-            elif request.kind == "score":
-                numeric = tuple(float(o) for o in options)
-                own = [self._try_single_token(o) for o in options] if self.recipe.verbalizer.numeric_labels_for_score else []
-                if own and all(i is not None for i in own) and len(set(own)) == len(own):
-                    instruction = prompt.score_instruction.format(options="\n".join(options))
-                    label_ids = tuple(own)
-                else:
-                    listing, label_ids = self._lettered(options)
-                    instruction = prompt.choice_instruction.format(options=listing)
-            else:
-                listing, label_ids = self._lettered(options)
-                instruction = prompt.choice_instruction.format(options=listing)
-            tails = [question + instruction]
-            labels = [label_ids]
-        head_text = None
-        rows = []
-        for tail in tails:
-            head, row = self.render(state_text, tail)
-            if head_text is None:
-                head_text = head
-            rows.append(self._encode(row, first=False))
-        prefix_ids = self._encode(head_text, first=True)
+    # ----- tokens -------------------------------------------------------------------------------
+    def _tokenize(self, texts: list[str], boundary: int) -> list[tuple[tuple[int, ...], int]]:
+        """One-pass ids of each text, and how many of them end inside the first `boundary` chars."""
+        add_special = self.layout.add_special_tokens
+        if self._fast:
+            encoded = self.tokenizer(texts, add_special_tokens=add_special, return_offsets_mapping=True)
+            out = []
+            for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
+                cut = 0
+                while cut < len(ids) and offsets[cut][1] <= boundary:
+                    cut += 1
+                out.append((tuple(ids), cut))
+            return out
+        head = tuple(self.tokenizer(texts[0][:boundary], add_special_tokens=add_special)["input_ids"])
+        out = []
+        for text in texts:
+            ids = tuple(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+            cut = 0
+            while cut < min(len(ids), len(head)) and ids[cut] == head[cut]:
+                cut += 1
+            out.append((ids, max(0, cut - 1)))  # the head's last token may merge with what follows
+        return out
+
+    def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
+                plan: object = None) -> PreparedRequest:
+        """`state_text` may already hold image placeholders (they are the model's own tokens)."""
+        head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
+        texts = [head + row.content + self.layout.tail for row in rows]
+        tokenized = self._tokenize(texts, len(head))
+        cut = min(c for _, c in tokenized)
+        cut = min(cut, min(len(ids) for ids, _ in tokenized) - 1)  # every row keeps at least one token
+        prefix = tokenized[0][0][:cut]
+        mismatch = any(ids[:cut] != prefix for ids, _ in tokenized) or len({c for _, c in tokenized}) > 1
+        if any(ids[:cut] != prefix for ids, _ in tokenized):
+            cut = _common_prefix_length([ids for ids, _ in tokenized])
+            cut = min(cut, min(len(ids) for ids, _ in tokenized) - 1)
+            prefix = tokenized[0][0][:cut]
         digest = hashlib.sha256(f"{self.identity}|{','.join(image_keys)}|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix_ids))
+        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(
-            kind=request.kind, options=tuple(options), prefix_ids=prefix_ids, rows=tuple(rows),
-            row_labels=tuple(labels), numeric_values=numeric, image_keys=tuple(image_keys),
-            prefix_key=digest.hexdigest(),
+            prefix_ids=prefix, rows=tuple(ids[cut:] for ids, _ in tokenized),
+            row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
+            prefix_key=digest.hexdigest(), plan=plan, boundary_mismatch=mismatch,
         )
 
+    def reference_text(self, state_text: str, row: RowSpec) -> str:
+        """The whole prompt text of one row, as the model's own template renders it."""
+        return self.layout.head + self.recipe.prompt.state_block.format(state=state_text) + row.content + self.layout.tail
 
-def l1_key(request: DecisionRequest, image_keys: tuple[str, ...]) -> str:
-    """Identifies a request's prompt: everything but request_id and deadline."""
-    payload = request.model_dump_json(include={"kind", "question", "options"}) + "|" + (request.state.text or "")
-    return hashlib.sha256((payload + "|" + ",".join(image_keys)).encode()).hexdigest()
+
+def _common_prefix_length(sequences: list[tuple[int, ...]]) -> int:
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    i = 0
+    while i < n and all(s[i] == first[i] for s in sequences):
+        i += 1
+    return i

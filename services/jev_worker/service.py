@@ -9,24 +9,31 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from jev_common.cache_index import CacheIndex
-from jev_common.errors import ApiError
-from jev_common.schema import CacheStats, DecisionRequest, DecisionResponse, Usage
+from jev_common.errors import ApiError, validation_error
+from jev_common.schema import (
+    LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
+    SystemOneUsage, Usage,
+)
 from jev_common.vl import checkpoint_identity
 
 from .caches import BudgetLRU
 from .engine import DecisionEngine, EngineItem
+from . import envelope
 from .kinds import decide
+from .legacy import l1_key, prepare_legacy
 from .loader import LoadedModel, load_model
 from .metrics import WorkerMetrics
-from .prompt import PreparedRequest, PromptBuilder, l1_key
+from .prompt import PreparedRequest, PromptBuilder
 from .scheduler import Scheduler
 from .settings import WorkerSettings
 
 log = logging.getLogger("jev.worker")
 
-WARMUP_REQUEST = DecisionRequest(
-    kind="choice", state={"text": "The lamp is switched on and the room is bright."},
-    question="Is the lamp on?", options=["yes", "no"],
+WARMUP_REQUEST = SystemOneRequest(
+    model=LATEST_ALIAS, state="The lamp is switched on and the room is bright.",
+    questions={"on": {"type": "noul", "instructions": "Is the lamp on?"},
+               "light": {"type": "choice", "criteria": {"bright": None, "dark": None}},
+               "level": {"type": "score", "criteria": ["dark", "dim", "bright"]}},
 )
 
 
@@ -68,7 +75,7 @@ class WorkerService:
             )
             self.scheduler.start()
             started = time.perf_counter()
-            await self.decide(WARMUP_REQUEST)
+            await self.systemone(WARMUP_REQUEST)
             self.warmup_seconds = time.perf_counter() - started
             self.reset_counters()
             self.state = "ok"
@@ -133,58 +140,142 @@ class WorkerService:
         self.prep_executor.shutdown(wait=False, cancel_futures=True)
 
     # ----- decisions ----------------------------------------------------------------------------
-    async def _prepare(self, request: DecisionRequest) -> tuple[EngineItem, dict[str, str]]:
-        levels: dict[str, str] = {}
-        assets, placeholders, keys = [], [], ()
-        if request.state.image is not None:
-            if self.assets is None:
-                raise ApiError(422, "image_not_supported", f"recipe {self.recipe.name} is text-only; "
-                               "send state.text or use a vision-language recipe")
-            asset, l2_hit = await self.assets.get(request.state.image)
-            levels["l2"] = ("hit" if l2_hit else "miss") if self.settings.cache.l2_on else "off"
-            assets = [asset]
-            placeholders = [self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)]
-            keys = (asset.key,)
-        key = l1_key(request, keys)
+    def _timeout(self, deadline_s: float | None) -> float:
+        return min(deadline_s or self.settings.deadline_s, self.settings.deadline_s)
+
+    async def _prepared(self, key: str, build) -> tuple[PreparedRequest, str]:
+        """L1: the prepared prompt for `key`, built on the prep threads on a miss."""
         prepared = self.l1.get(key)
-        levels["l1"] = "hit" if prepared is not None else ("miss" if self.l1.enabled else "off")
+        level = "hit" if prepared is not None else ("miss" if self.l1.enabled else "off")
         if prepared is None:
             loop = asyncio.get_running_loop()
             try:
-                prepared = await loop.run_in_executor(self.prep_executor, self.builder.prepare, request,
-                                                      placeholders, keys)
+                prepared = await loop.run_in_executor(self.prep_executor, build)
             except ValueError as exc:
-                raise ApiError(422, "validation_error", str(exc)) from None
+                raise validation_error(str(exc)) from None
+            if prepared.boundary_mismatch:
+                self.metrics.prefix_boundary_mismatch.inc()
             self.l1.put(key, prepared)
-        return EngineItem(prepared=prepared, assets=assets), levels
+        return prepared, level
 
-    async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
+    async def _run(self, item: EngineItem, started: float, timeout: float):
+        remaining = timeout - (time.perf_counter() - started)
+        if remaining <= 0:
+            raise ApiError(504, "deadline_exceeded", "deadline passed while preparing the request")
+        return await self.scheduler.submit(item, remaining)
+
+    def _ready(self) -> None:
         if self.scheduler is None:
             raise ApiError(503, "not_ready", "the model is still loading")
+
+    def _cache_header(self, levels: dict[str, str]) -> dict[str, str]:
+        return {"x-jev-cache": ",".join(f"{lvl}={levels[lvl]}" for lvl in ("l1", "l2", "l3") if lvl in levels)}
+
+    def _account(self, kind: str, prepared: PreparedRequest, cached: int, elapsed: float) -> None:
+        self.metrics.tokens.labels("prompt").inc(prepared.prompt_tokens)
+        self.metrics.tokens.labels("cached").inc(cached)
+        self.metrics.decision_seconds.labels(kind).observe(elapsed)
+
+    async def _image(self, key: str, levels: dict[str, str]):
+        asset, l2_hit = await self.assets.get_by_key(key)
+        if self.settings.cache.l2_on:
+            levels["l2"] = "miss" if levels.get("l2") == "miss" or not l2_hit else "hit"
+        else:
+            levels["l2"] = "off"
+        placeholder = self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)
+        return asset, placeholder
+
+    def accepts_model(self, name: str) -> bool:
+        return name in (self.recipe.name, LATEST_ALIAS)
+
+    async def systemone(self, request: SystemOneRequest, parts: dict[str, bytes] | None = None
+                        ) -> tuple[SystemOneResponse, dict[str, str]]:
+        """One System One request: every question a row (or rows) after the shared state prefix."""
+        self._ready()
+        if not self.accepts_model(request.model):
+            raise ApiError(400, "api_usage_error", f"model {request.model!r} is not served here; this worker serves "
+                           f"{self.recipe.name!r} (also as {LATEST_ALIAS!r}); GET /v1/models lists them")
         started = time.perf_counter()
-        timeout = min(request.deadline_s or self.settings.deadline_s, self.settings.deadline_s)
+        timeout = self._timeout(None)
         outcome = "error"
         try:
-            item, levels = await asyncio.wait_for(self._prepare(request), timeout)
-            remaining = timeout - (time.perf_counter() - started)
-            if remaining <= 0:
-                raise ApiError(504, "deadline_exceeded", "deadline passed while preparing the request")
-            result = await self.scheduler.submit(item, remaining)
+            refs = envelope.image_refs(request, parts or {})
+            if refs and self.assets is None:
+                raise ApiError(422, "image_not_supported", f"model {self.recipe.name} is text-only; send a text "
+                               "state or use a vision-language recipe")
+            envelope.refuse_images_in_questions(request, refs)
+            levels: dict[str, str] = {}
+            state_text = envelope.render_state(request)
+            self.builder.check_user_text(state_text, "state")
+            assets, pieces, keys, at = [], [], [], 0
+            for start, end, ref in envelope.state_occurrences(state_text, refs):
+                asset, placeholder = await asyncio.wait_for(self._image(ref.key, levels), timeout)
+                pieces += [state_text[at:start], placeholder]
+                assets.append(asset)
+                keys.append(ref.key)
+                at = end
+            state_text = "".join(pieces) + state_text[at:]
+            keys = tuple(keys)
+
+            def build() -> PreparedRequest:
+                rows, plan = envelope.question_rows(request, self.builder)
+                return self.builder.prepare(state_text, rows, keys, plan)
+
+            prepared, levels["l1"] = await asyncio.wait_for(
+                self._prepared(envelope.l1_key(request, keys), build), timeout)
+            result = await self._run(EngineItem(prepared=prepared, assets=assets), started, timeout)
             levels["l3"] = result.l3
-            fields = decide(item.prepared, result.row_logits, request.state.text)
+            answers = envelope.answers(prepared.plan, result.row_logits, self.builder)
+            elapsed = time.perf_counter() - started
+            response = SystemOneResponse(
+                model=self.recipe.name, answers=answers,
+                usage=SystemOneUsage(input_tokens=prepared.prompt_tokens, output_tokens=0),
+                x_cached_input_tokens=result.cached_tokens, x_elapsed_seconds=elapsed,
+            )
+            outcome = "ok"
+            self._account("systemone", prepared, result.cached_tokens, elapsed)
+            return response, self._cache_header(levels)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "deadline_exceeded", f"no decision within {timeout:g} s") from None
+        except ApiError as exc:
+            outcome = exc.type
+            raise
+        finally:
+            self.metrics.decisions.labels("systemone", outcome).inc()
+
+    async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
+        """One request of the single-question form (the JEV-VL worker contract)."""
+        self._ready()
+        started = time.perf_counter()
+        timeout = self._timeout(request.deadline_s)
+        outcome = "error"
+        try:
+            levels: dict[str, str] = {}
+            assets, placeholders, keys = [], [], ()
+            if request.state.image is not None:
+                if self.assets is None:
+                    raise ApiError(422, "image_not_supported", f"recipe {self.recipe.name} is text-only; "
+                                   "send state.text or use a vision-language recipe")
+                key = self.assets.key_for(request.state.image)
+                asset, placeholder = await asyncio.wait_for(self._image(key, levels), timeout)
+                assets, placeholders, keys = [asset], [placeholder], (key,)
+
+            def build() -> PreparedRequest:
+                return prepare_legacy(self.builder, request, placeholders, keys)
+
+            prepared, levels["l1"] = await asyncio.wait_for(self._prepared(l1_key(request, keys), build), timeout)
+            result = await self._run(EngineItem(prepared=prepared, assets=assets), started, timeout)
+            levels["l3"] = result.l3
+            fields = decide(prepared.plan, result.row_logits, request.state.text)
             elapsed = time.perf_counter() - started
             response = DecisionResponse(
                 request_id=request.request_id, kind=request.kind, model=self.recipe.name,
-                usage=Usage(prompt_tokens=item.prepared.prompt_tokens, cached_tokens=result.cached_tokens),
+                usage=Usage(prompt_tokens=prepared.prompt_tokens, cached_tokens=result.cached_tokens),
                 elapsed_seconds=elapsed, **fields,
             )
             outcome = "ok"
-            self.metrics.tokens.labels("prompt").inc(item.prepared.prompt_tokens)
-            self.metrics.tokens.labels("cached").inc(result.cached_tokens)
-            self.metrics.decision_seconds.labels(request.kind).observe(elapsed)
-            order = ("l1", "l2", "l3")
-            header = ",".join(f"{lvl}={levels[lvl]}" for lvl in order if lvl in levels)
-            return response, {"x-jev-cache": header}
+            self._account(request.kind, prepared, result.cached_tokens, elapsed)
+            return response, self._cache_header(levels)
         except asyncio.TimeoutError:
             raise ApiError(504, "deadline_exceeded", f"no decision within {timeout:g} s") from None
         except ApiError as exc:

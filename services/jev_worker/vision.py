@@ -7,7 +7,7 @@
   of its vision tower), and M-RoPE positions from the model's own `get_rope_index`.
 - `text_positions`: positions for text rows that follow a (cached) prefix: index + rope_delta on all
   three M-RoPE axes, as the model itself does for tokens after the prompt.
-- `AssetStore`: data URI -> ImageAsset via sha256(URI), an L2 LRU of parsed assets by bytes, the
+- `AssetStore`: image bytes (or a data URI) -> ImageAsset via sha256(bytes), an L2 LRU of parsed assets by bytes, the
   Redis index (when reachable) and the asset folder (always the fallback).
 """
 from __future__ import annotations
@@ -136,7 +136,9 @@ class AssetStore:
         return asset_key(data_uri)
 
     async def get(self, data_uri: str) -> tuple[ImageAsset, bool]:
-        key = self.key_for(data_uri)
+        return await self.get_by_key(self.key_for(data_uri))
+
+    async def get_by_key(self, key: str) -> tuple[ImageAsset, bool]:
         asset = self.l2.get(key)
         if asset is not None:
             return asset, True

@@ -35,16 +35,30 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_body
-from jev_common.http import error_middleware, read_json, read_model
+from jev_common.http import error_middleware, parse_model, read_json, read_model, request_id_middleware
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import (
+    LATEST_ALIAS,
     CacheLevelStats,
     CacheStats,
+    ChoiceAnswer,
     DecisionRequest,
     DecisionResponse,
     HealthResponse,
+    ModelInfo,
+    ModelList,
+    NoulAnswer,
+    ScoreAnswer,
+    SetAnswer,
     Span,
+    SpanAnswer,
+    SystemOneRequest,
+    SystemOneResponse,
+    SystemOneUsage,
     Usage,
+    choice_confidence,
+    is_envelope,
+    score_confidence,
 )
 
 MAX_BODY_BYTES = 16 << 20
@@ -74,6 +88,32 @@ def _logits(request: DecisionRequest, scale: float) -> list[float]:
         scale * (len(option) + (zlib.crc32(f"{request.question}\x00{option}".encode()) % 1009) / 100) / 4.0
         for option in request.options
     ]
+
+
+def _hash_logit(*parts: object, scale: float = 1.0) -> float:
+    digest = zlib.crc32(json.dumps(parts, sort_keys=True, default=str).encode())
+    return scale * ((digest % 10007) / 10007 * 6 - 3)
+
+
+def envelope_answer(state: object, question, scale: float):
+    text = question.instructions
+    if question.type == "noul":
+        return NoulAnswer(noul=1 / (1 + math.exp(-_hash_logit(state, text, question.model_dump(), scale=scale))))
+    if question.type == "score":
+        probs = _softmax([_hash_logit(state, text, i, level, scale=scale) for i, level in enumerate(question.criteria)])
+        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
+                           legend={str(i): level for i, level in enumerate(question.criteria)},
+                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+    names = list(question.criteria)
+    probs = _softmax([_hash_logit(state, text, name, scale=scale) for name in names])
+    if question.type == "set":
+        return SetAnswer(selected=[n for n, p in zip(names, probs) if p >= 0.5], probabilities=dict(zip(names, probs)))
+    best = max(range(len(names)), key=probs.__getitem__)
+    if question.type == "span":
+        start = str(state).index(names[best])
+        return SpanAnswer(span=Span(start=start, end=start + len(names[best]), text=names[best]),
+                          probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
+    return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
 
 
 def _cache_key(request: DecisionRequest) -> str:
@@ -156,8 +196,9 @@ class FakeWorker:
             super().__setattr__(name, value)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.metrics.middleware, error_middleware])
+        app = web.Application(middlewares=[request_id_middleware, self.metrics.middleware, error_middleware])
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/systemone", self._systemone)
         app.router.add_get("/metrics", self.metrics.handle_metrics)
         app.router.add_get("/v1/cache/stats", self._cache_stats)
@@ -191,8 +232,8 @@ class FakeWorker:
         if self.knobs.health_delay_s:
             await asyncio.sleep(self.knobs.health_delay_s)
         if not self.knobs.healthy:  # like the worker: the error envelope plus a HealthResponse
-            body = {**error_body("not_ready", "fake worker is configured unhealthy"),
-                    **HealthResponse(status="unavailable", detail={"fake": True}).model_dump()}
+            detail = {"fake": True, **error_body("not_ready", "fake worker is configured unhealthy")["detail"]}
+            body = HealthResponse(status="unavailable", detail=detail).model_dump()
             return web.json_response(body, status=503)
         body = HealthResponse(status="ok", detail={"model": self.knobs.model, "fake": True,
                                                    "worker_id": self.knobs.worker_id})
@@ -202,7 +243,10 @@ class FakeWorker:
         started = time.perf_counter()
         headers = {"x-jev-worker": self.knobs.worker_id}
         self.received += 1
-        decision = await read_model(request, DecisionRequest, MAX_BODY_BYTES)
+        payload = await read_json(request, MAX_BODY_BYTES)
+        if is_envelope(payload):
+            return await self._envelope(parse_model(SystemOneRequest, payload), headers)
+        decision = parse_model(DecisionRequest, payload)
         self.requests.append(decision.model_dump(exclude_none=True))
         if self.knobs.delay_s:
             await asyncio.sleep(self.knobs.delay_s)
@@ -226,6 +270,28 @@ class FakeWorker:
         body.setdefault("choice_index", None)
         body.setdefault("choice", None)
         return web.json_response(body, headers=headers)
+
+    async def _envelope(self, request: SystemOneRequest, headers: dict) -> web.Response:
+        """The System One envelope: deterministic answers from a hash of (state, question), never of the
+        question id, the other questions or their order (like a real model)."""
+        self.requests.append(request.model_dump(exclude_none=True))
+        if self.knobs.delay_s:
+            await asyncio.sleep(self.knobs.delay_s)
+        if self.knobs.error_status is not None:
+            status = self.knobs.error_status
+            raise ApiError(status, HTTP_ERROR_TYPES.get(status, "fake_error"),
+                           f"fake worker is configured to answer {status}", headers)
+        answers = {qid: envelope_answer(request.state, question, self.knobs.logit_scale)
+                   for qid, question in request.questions.items()}
+        self.decisions.labels("systemone").inc()
+        response = SystemOneResponse(model=self.knobs.model, answers=answers,
+                                     usage=SystemOneUsage(input_tokens=len(str(request.state)), output_tokens=0))
+        return web.json_response(text=response.model_dump_json(), headers=headers)
+
+    async def _models(self, _request: web.Request) -> web.Response:
+        models = ModelList(models=[ModelInfo(name=self.knobs.model, description="fake", release_date="unknown"),
+                                   ModelInfo(name=LATEST_ALIAS, description="alias", release_date="unknown")])
+        return web.json_response(models.model_dump())
 
     def cache_stats(self) -> CacheStats:
         level = CacheLevelStats(enabled=self.knobs.cache, hits=self.hits, misses=self.misses,

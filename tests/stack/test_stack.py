@@ -28,6 +28,7 @@ def test_cpu_profile_on_loopback(tmp_path):
     with start_profile("cpu", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         base = urls["frontend-cpu"]
         scenarios.check_health_and_metrics(base)
+        scenarios.check_systemone(base)
         answers = scenarios.check_every_kind(base)
         assert answers["choice"].model == "smollm2-135m-cpu"
         scenarios.check_errors(base)
@@ -67,7 +68,7 @@ def test_jev_vl_profile_on_loopback(tmp_path):
         assert payload["probabilities"] == pytest.approx(first.probabilities, abs=1e-5)
 
         status, _, payload = scenarios.decide(base, dict(line, state={"image": unprepared}))
-        error = ErrorEnvelope.model_validate(payload).error
+        error = ErrorEnvelope.model_validate(payload)
         assert status == 422 and error.type == "asset_not_prepared" and asset_key(unprepared) in error.message
         scenarios.check_every_kind(base)  # text decisions on the VL worker too
         scenarios.check_health_and_metrics(base)

@@ -11,6 +11,7 @@ import torch
 
 from jev_common import assets
 from jev_common.assets import (
+    bytes_key,
     ImageRejected,
     asset_key,
     asset_state,
@@ -31,10 +32,14 @@ def _write(tmp_path, key="a" * 64, grid=(1, 4, 4), hidden=8, meta=META):
     return write_asset(tmp_path, key, embeds, list(grid), dict(meta)), embeds
 
 
-def test_key_is_sha256_of_the_exact_uri():
+def test_key_is_sha256_of_the_image_bytes():
     uri = png_uri(1)
-    assert asset_key(uri) == hashlib.sha256(uri.encode("utf-8")).hexdigest()
-    assert asset_key(uri + "\n") != asset_key(uri)  # exact string: no normalisation
+    data = base64.b64decode(uri.split(",", 1)[1])
+    assert asset_key(uri) == hashlib.sha256(data).hexdigest() == bytes_key(data)
+    # the same bytes give the same key however they are wrapped; other bytes another key
+    assert asset_key(uri.replace("base64,", "base64,\n")) == asset_key(uri)
+    assert asset_key(uri.replace("image/png", "image/jpeg")) == asset_key(uri)
+    assert asset_key(png_uri(2)) != asset_key(uri)
 
 
 @pytest.mark.parametrize("uri, reason", [

@@ -108,9 +108,9 @@ def test_diff_tolerance_and_ignored_fields():
     assert diff_answers(0, request, Answer(200, base), Answer(200, near)) == []
     assert [m.field for m in diff_answers(0, request, Answer(200, base), Answer(200, far))] == ["probabilities"]
     assert [m.field for m in diff_answers(0, request, Answer(200, base), Answer(200, short))] == ["probabilities"]
-    err = {"error": {"type": "overloaded", "message": "a"}}
-    assert diff_answers(0, request, Answer(429, err), Answer(429, {"error": {"type": "overloaded", "message": "b"}})) == []
-    other = {"error": {"type": "queue_full", "message": "a"}}
+    err = {"detail": {"error_type": "overloaded", "message": "a"}}
+    assert diff_answers(0, request, Answer(429, err), Answer(429, {"detail": {"error_type": "overloaded", "message": "b"}})) == []
+    other = {"detail": {"error_type": "queue_full", "message": "a"}}
     assert [m.field for m in diff_answers(0, request, Answer(429, err), Answer(429, other))] == ["error.type"]
 
 

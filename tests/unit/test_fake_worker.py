@@ -55,7 +55,7 @@ async def test_health_cache_metrics_and_config_endpoints():
         assert fake.healthy is False
         async with session.get(url + "/health") as resp:
             assert resp.status == 503
-            assert ErrorEnvelope.model_validate(await resp.json()).error.type == "not_ready"
+            assert ErrorEnvelope.model_validate(await resp.json()).type == "not_ready"
         async with session.post(url + "/fake/config", json={"nope": 1}) as resp:
             assert resp.status == 422
         async with session.post(url + "/v1/systemone", json={"kind": "choice"}) as resp:

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jev_common.schema import KINDS, DecisionResponse, ErrorEnvelope, HealthResponse
+from jev_common.schema import KINDS, DecisionResponse, ErrorEnvelope, HealthResponse, SystemOneResponse
 from jev_frontend.app import create_app as create_frontend
 from jev_frontend.settings import Settings as FrontendSettings
 from jev_worker.settings import CacheSettings
@@ -43,7 +43,7 @@ CHOICE = {"kind": "choice", "state": "The light is red.", "question": "What now?
 # --- helpers ------------------------------------------------------------------------------------------
 
 def envelope_type(body: bytes) -> str:
-    return ErrorEnvelope.model_validate_json(body).error.type
+    return ErrorEnvelope.model_validate_json(body).type
 
 
 @contextlib.asynccontextmanager
@@ -301,11 +301,11 @@ async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serve
             answers = await asyncio.gather(*(post(dict(CHOICE, request_id=str(i))) for i in range(4)))
             for status, raw in answers:
                 assert status == 504 and envelope_type(raw) == "backend_timeout"
-                assert "within 0.5s" in ErrorEnvelope.model_validate_json(raw).error.message
+                assert "within 0.5s" in ErrorEnvelope.model_validate_json(raw).message
             # a request's own deadline_s shortens the wait (plus the frontend's grace)
             status, raw = await post(dict(CHOICE, deadline_s=0.1))
             assert status == 504 and envelope_type(raw) == "backend_timeout"
-            assert "deadline_s" in ErrorEnvelope.model_validate_json(raw).error.message
+            assert "deadline_s" in ErrorEnvelope.model_validate_json(raw).message
             # the worker speeds up: the same frontend serves again (timeouts left nothing stuck)
             async with aiohttp.ClientSession(timeout=TIMEOUT) as direct, \
                     direct.post(f"http://127.0.0.1:{port}/fake/config", json={"delay_s": 0}) as resp:
@@ -433,8 +433,11 @@ BODIES = st.one_of(
 def _check_answer(status: int, raw: bytes) -> None:
     assert status != 500, raw
     if status == 200:
-        answer = DecisionResponse.model_validate_json(raw)
-        assert len(answer.probabilities) >= 2
+        if b'"answers"' in raw:
+            assert SystemOneResponse.model_validate_json(raw).answers
+        else:
+            answer = DecisionResponse.model_validate_json(raw)
+            assert len(answer.probabilities) >= 2
     else:
         assert 400 <= status < 600, status
         ErrorEnvelope.model_validate_json(raw)  # always the envelope
@@ -471,7 +474,7 @@ def test_fuzz_frontend_with_fake_worker():
         client = loop.run_until_complete(stack.enter_async_context(frontend_client(url, timeout_s=10)))
         seen = _fuzz(lambda raw: loop.run_until_complete(_post_raw(client, raw)))
         print("frontend fuzz statuses", dict(seen))
-        assert seen[200] > 0 and seen[422] > 0 and seen[400] > 0, seen  # the pass covered both sides
+        assert seen[200] > 0 and seen[422] > 0, seen  # the pass covered both sides
         assert fake.received > 0  # valid bodies did reach the worker
     finally:
         loop.run_until_complete(stack.aclose())
@@ -488,7 +491,7 @@ def test_fuzz_real_worker_on_tiny_checkpoint(worker_settings):
         )
         seen = _fuzz(lambda raw: loop.run_until_complete(_post_raw(client, raw)))
         print("worker fuzz statuses", dict(seen))
-        assert seen[200] > 0 and seen[422] > 0 and seen[400] > 0, seen
+        assert seen[200] > 0 and seen[422] > 0, seen
         stats = service.cache_stats().levels["l1"]
         assert stats.hits + stats.misses > 0  # some bodies were valid and decided
         assert service.state == "ok"

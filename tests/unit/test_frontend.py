@@ -129,13 +129,13 @@ async def test_worker_errors_pass_through(fake, status, type_):
         resp = await client.post("/v1/systemone", json=CHOICE)
         body = await resp.read()
     assert resp.status == status
-    assert envelope(body).error.type == type_
-    assert "configured to answer" in envelope(body).error.message  # the worker's own envelope
+    assert envelope(body).type == type_
+    assert "configured to answer" in envelope(body).message  # the worker's own envelope
     assert resp.headers["x-jev-worker"] == "fake-0"
 
 
 async def test_retry_after_passes_through():
-    backend = ScriptedBackend(status=429, body=b'{"error": {"type": "overloaded", "message": "busy"}}',
+    backend = ScriptedBackend(status=429, body=b'{"detail": {"error_type": "overloaded", "message": "busy"}}',
                               headers=[("Retry-After", "2"), ("x-jev-queue", "64")])
     async with backend.serve() as url, frontend(url) as client:
         resp = await client.post("/v1/systemone", json=CHOICE)
@@ -160,7 +160,7 @@ async def test_health_unhealthy_passes_worker_status(fake):
         resp = await client.get("/health")
         body = await resp.read()
     assert resp.status == 503
-    assert envelope(body).error.type == "not_ready"
+    assert envelope(body).type == "not_ready"
 
 
 async def test_health_worker_down_is_502():
@@ -168,7 +168,7 @@ async def test_health_worker_down_is_502():
         url = f"http://127.0.0.1:{port}"
         async with frontend(url) as client:
             resp = await client.get("/health")
-            error = envelope(await resp.read()).error
+            error = envelope(await resp.read())
     assert resp.status == 502
     assert error.type == "backend_unavailable" and url in error.message
 
@@ -177,7 +177,7 @@ async def test_health_slow_worker_is_504(fake):
     fake.health_delay_s = 3
     async with frontend(fake.url, timeout_s=0.3) as client:
         resp = await client.get("/health")
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
     assert resp.status == 504
     assert error.type == "backend_timeout" and fake.url in error.message
 
@@ -187,7 +187,7 @@ async def test_health_slow_worker_is_504(fake):
 async def test_unknown_route_is_404_envelope(fake):
     async with frontend(fake.url) as client:
         resp = await client.get("/no/such/thing")
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
     assert resp.status == 404 and error.type == "not_found"
 
 
@@ -198,7 +198,7 @@ async def test_unknown_route_is_404_envelope(fake):
 async def test_generation_routes_are_not_proxied(fake, method, path):
     async with frontend(fake.url) as client:
         resp = await client.request(method, path, json={"model": "x", "messages": [], "prompt": "hi"})
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
     assert resp.status == 404 and error.type == "not_found"
     assert "only" in error.message and "/v1/systemone" in error.message
     assert fake.received == 0
@@ -207,9 +207,9 @@ async def test_generation_routes_are_not_proxied(fake, method, path):
 async def test_wrong_method_is_405_envelope(fake):
     async with frontend(fake.url) as client:
         get = await client.get("/v1/systemone")
-        get_error = envelope(await get.read()).error
+        get_error = envelope(await get.read())
         post = await client.post("/health")
-        post_error = envelope(await post.read()).error
+        post_error = envelope(await post.read())
     assert get.status == 405 and get_error.type == "method_not_allowed"
     assert post.status == 405 and post_error.type == "method_not_allowed"
 
@@ -221,7 +221,7 @@ async def test_worker_down_is_502_naming_the_backend():
         url = f"http://127.0.0.1:{port}"
         async with frontend(url) as client:
             resp = await client.post("/v1/systemone", json=CHOICE)
-            error = envelope(await resp.read()).error
+            error = envelope(await resp.read())
             metrics = await (await client.get("/metrics")).text()
     assert resp.status == 502
     assert error.type == "backend_unavailable" and url in error.message
@@ -232,7 +232,7 @@ async def test_slow_worker_is_504(fake):
     fake.delay_s = 3
     async with frontend(fake.url, timeout_s=0.3) as client:
         resp = await client.post("/v1/systemone", json=CHOICE)
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
         metrics = await (await client.get("/metrics")).text()
     assert resp.status == 504
     assert error.type == "backend_timeout" and fake.url in error.message and "0.3s" in error.message
@@ -243,7 +243,7 @@ async def test_request_deadline_shortens_the_backend_timeout(fake):
     fake.delay_s = 3
     async with frontend(fake.url, timeout_s=15) as client:
         resp = await client.post("/v1/systemone", json={**CHOICE, "deadline_s": 0.3})
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
     assert resp.status == 504
     assert error.type == "backend_timeout" and "deadline_s" in error.message
 
@@ -273,14 +273,14 @@ async def test_oversize_body_is_413(fake):
     big = json.dumps({**CHOICE, "question": "x" * 4096}).encode()
     async with frontend(fake.url, max_body_bytes=1024) as client:
         sized = await client.post("/v1/systemone", data=big, headers={"Content-Type": "application/json"})
-        sized_error = envelope(await sized.read()).error
+        sized_error = envelope(await sized.read())
 
         async def chunks():
             for start in range(0, len(big), 500):
                 yield big[start:start + 500]
 
         chunked = await client.post("/v1/systemone", data=chunks(), headers={"Content-Type": "application/json"})
-        chunked_error = envelope(await chunked.read()).error
+        chunked_error = envelope(await chunked.read())
         small = await client.post("/v1/systemone", json=CHOICE)
     assert sized.status == 413 and sized_error.type == "body_too_large"
     assert chunked.status == 413 and chunked_error.type == "body_too_large"
@@ -289,11 +289,11 @@ async def test_oversize_body_is_413(fake):
 
 
 @pytest.mark.parametrize("raw", [b'{"kind": "choice", ', b"not json", b"\xff\xfe\x00garbage", b""])
-async def test_malformed_json_is_400(fake, raw):
+async def test_malformed_json_is_422_like_fastapi(fake, raw):
     async with frontend(fake.url) as client:
         resp = await client.post("/v1/systemone", data=raw, headers={"Content-Type": "application/json"})
-        error = envelope(await resp.read()).error
-    assert resp.status == 400 and error.type == "invalid_json"
+        error = envelope(await resp.read())
+    assert resp.status == 422 and error.type == "validation_error" and "JSON" in error.message
     assert fake.received == 0
 
 
@@ -311,7 +311,7 @@ async def test_malformed_json_is_400(fake, raw):
 async def test_invalid_request_is_422_and_never_forwarded(fake, payload):
     async with frontend(fake.url) as client:
         resp = await client.post("/v1/systemone", json=payload)
-        error = envelope(await resp.read()).error
+        error = envelope(await resp.read())
     assert resp.status == 422 and error.type == "validation_error"
     assert fake.received == 0
 

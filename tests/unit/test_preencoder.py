@@ -192,7 +192,7 @@ async def test_service_endpoint(tmp_path):
         assert [(r["status"], r.get("reason")) for r in data["results"]] == [("skipped", "exists"),
                                                                           ("failed", "invalid_json")]
         empty = await client.post("/v1/preencode", data=b"  ")
-        assert empty.status == 422 and (await empty.json())["error"]["type"] == "validation_error"
+        assert empty.status == 422 and (await empty.json())["detail"][0]["type"]
         metrics = await (await client.get("/metrics")).text()
         assert 'jev_preencoder_images_total{status="done"} 1.0' in metrics
         assert 'jev_preencoder_images_total{status="failed"} 2.0' in metrics
@@ -213,4 +213,4 @@ async def test_service_health_reports_a_failed_load(tmp_path):
         body = await response.json()
         assert "not a folder" in body["detail"]["error"]
         post = await client.post("/v1/preencode", json=[request_line(png_uri(1))])
-        assert post.status == 503 and (await post.json())["error"]["type"] == "not_ready"
+        assert post.status == 503 and (await post.json())["detail"]["error_type"] == "not_ready"

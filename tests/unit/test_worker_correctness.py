@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from jev_worker.settings import CacheSettings
+from jev_worker.legacy import prepare_legacy
 
 from .worker_helpers import record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
@@ -99,7 +100,7 @@ async def test_prompt_carries_state_question_and_options(worker_settings):
     from jev_common.schema import DecisionRequest
 
     async with worker_client(worker_settings()) as (_, service):
-        prepared = service.builder.prepare(DecisionRequest.model_validate(REQUESTS["choice"]))
+        prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(REQUESTS["choice"]))
         tokenizer = service.loaded.tokenizer
         prefix = tokenizer.decode(prepared.prefix_ids)
         row = tokenizer.decode(prepared.rows[0])
@@ -209,7 +210,7 @@ async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_
         engine = service.engine
         engine.kv_branching = None
         engine._branch_snapshot = lambda state, batch: engine._new_cache()  # forgets the prefix
-        item = EngineItem(prepared=service.builder.prepare(DecisionRequest.model_validate(REQUESTS["set"])))
+        item = EngineItem(prepared=prepare_legacy(service.builder, DecisionRequest.model_validate(REQUESTS["set"])))
         assert engine.compute_prefix(item) is None and engine.kv_branching is False
         response = await client.post("/v1/systemone", json=REQUESTS["set"])
         assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]

@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import SERVICE, create_app
 from jev_worker.settings import CacheSettings
+from jev_worker.legacy import prepare_legacy
 
 from .worker_helpers import REQUESTS, slow_engine, worker_client
 
@@ -17,11 +18,44 @@ GOOD = REQUESTS["choice"]
 
 
 def envelope(body: dict) -> ErrorEnvelope:
-    return ErrorEnvelope.model_validate({"error": body["error"]})
+    return ErrorEnvelope.model_validate(body)
+
+
+ENVELOPE = {"model": "jev-latest", "state": "The kettle whistles.",
+            "questions": {"q": {"type": "noul", "instructions": "Is the water boiling?"}}}
+
+
+def _nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 BAD_BODIES = [
-    ("not json", b"{kind: choice", 400, "invalid_json"),
+    ("not json", b"{kind: choice", 422, "validation_error"),
+    ("huge integer", b'{"model": "jev-latest", "state": ' + b"9" * 5000 + b', "questions": {}}', 422, "validation_error"),
+    ("deeply nested", b'{"model": "jev-latest", "state": ' + b"[" * 5000 + b"]" * 5000 + b"}", 422, "validation_error"),
+    ("nested state", dict(ENVELOPE, state=_nested(40)), 422, "validation_error"),
+    ("envelope: null state", dict(ENVELOPE, state=None), 422, "validation_error"),
+    ("envelope: no questions", dict(ENVELOPE, questions={}), 422, "validation_error"),
+    ("envelope: missing type", dict(ENVELOPE, questions={"q": {"instructions": "x"}}), 422, "validation_error"),
+    ("envelope: unknown type", dict(ENVELOPE, questions={"q": {"type": "boolean", "instructions": "x"}}),
+     422, "validation_error"),
+    ("envelope: one option", dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {"a": None}}}),
+     422, "validation_error"),
+    ("envelope: 256 options", dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {
+        f"o{i}": None for i in range(256)}}}), 422, "validation_error"),
+    ("envelope: 11 levels", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": list("abcdefghijk")}}),
+     422, "validation_error"),
+    ("envelope: map score", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": {"0": "a", "1": "b"}}}),
+     422, "validation_error"),
+    ("envelope: null level", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": ["a", None]}}),
+     422, "validation_error"),
+    ("envelope: empty noul", dict(ENVELOPE, questions={"q": {"type": "noul"}}), 422, "validation_error"),
+    ("envelope: unknown model", dict(ENVELOPE, model="no-such-model"), 400, "api_usage_error"),
+    ("envelope: image on a text recipe", dict(ENVELOPE, state="see <img>", assets={"<img>": {
+        "type": "image", "data_base64": "iVBORw0KGgo="}}), 422, "image_not_supported"),
     ("not an object", b"[1, 2]", 422, "validation_error"),
     ("unknown kind", dict(GOOD, kind="rank"), 422, "validation_error"),
     ("empty options", dict(GOOD, options=[]), 422, "validation_error"),
@@ -29,7 +63,7 @@ BAD_BODIES = [
     ("duplicate options", dict(GOOD, options=["yes", "yes"]), 422, "validation_error"),
     ("blank option", dict(GOOD, options=["yes", "  "]), 422, "validation_error"),
     ("wrong option type", dict(GOOD, options=["yes", 3]), 422, "validation_error"),
-    ("too many options", dict(GOOD, options=[f"o{i}" for i in range(27)]), 422, "validation_error"),
+    ("too many options", dict(GOOD, options=[f"o{i}" for i in range(256)]), 422, "validation_error"),
     ("missing question", {k: v for k, v in GOOD.items() if k != "question"}, 422, "validation_error"),
     ("blank question", dict(GOOD, question="   "), 422, "validation_error"),
     ("empty state", dict(GOOD, state={}), 422, "validation_error"),
@@ -52,11 +86,11 @@ async def test_bad_inputs_get_their_4xx_envelope(worker_settings):
                 response = await client.post("/v1/systemone", json=body)
             payload = await response.json()
             assert response.status == status, (name, payload)
-            assert envelope(payload).error.type == type_, (name, payload)
+            assert envelope(payload).type == type_, (name, payload)
         big = dict(GOOD, state={"text": "x" * 60_000}, question="q" * 10_000)
         response = await client.post("/v1/systemone", json=big)
         assert response.status == 413
-        assert envelope(await response.json()).error.type == "body_too_large"
+        assert envelope(await response.json()).type == "body_too_large"
         # after all of that the worker still answers
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 200
@@ -66,9 +100,9 @@ async def test_bad_inputs_get_their_4xx_envelope(worker_settings):
 async def test_unknown_route_and_method(worker_settings):
     async with worker_client(worker_settings()) as (client, _):
         response = await client.get("/v1/chat/completions")
-        assert response.status == 404 and envelope(await response.json()).error.type == "not_found"
+        assert response.status == 404 and envelope(await response.json()).type == "not_found"
         response = await client.get("/v1/systemone")
-        assert response.status == 405 and envelope(await response.json()).error.type == "method_not_allowed"
+        assert response.status == 405 and envelope(await response.json()).type == "method_not_allowed"
         assert response.headers["Allow"] == "POST"
 
 
@@ -78,7 +112,7 @@ async def test_health_is_503_until_loaded_and_says_why(worker_settings, tmp_path
         response = await client.get("/health")
         body = await response.json()
         assert response.status == 503
-        assert body["error"]["type"] == "not_ready" and "missing" in body["error"]["message"]
+        assert body["detail"]["error_type"] == "not_ready" and "missing" in body["detail"]["message"]
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 503
 
@@ -105,7 +139,7 @@ async def test_over_capacity_gets_429_and_worker_recovers(worker_settings):
         statuses = [r.status for r in responses]
         assert 429 in statuses and 200 in statuses, statuses
         rejected = next(r for r in responses if r.status == 429)
-        assert envelope(await rejected.json()).error.type == "overloaded"
+        assert envelope(await rejected.json()).type == "overloaded"
         assert rejected.headers["Retry-After"] == "1"
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 200
@@ -116,7 +150,7 @@ async def test_deadline_gives_504_and_worker_keeps_serving(worker_settings):
         with slow_engine(service.engine, 0.5):
             response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
             assert response.status == 504
-            assert envelope(await response.json()).error.type == "deadline_exceeded"
+            assert envelope(await response.json()).type == "deadline_exceeded"
         await asyncio.sleep(0.6)
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 200
@@ -182,7 +216,7 @@ async def test_resident_prefixes_are_registered_with_their_owner(worker_settings
     async with worker_client(settings) as (client, service):
         body = dict(GOOD, state={"text": f"A state only this test uses: {worker_id}."})
         assert (await client.post("/v1/systemone", json=body)).status == 200
-        key = service.builder.prepare(DecisionRequest.model_validate(body)).prefix_key
+        key = prepare_legacy(service.builder, DecisionRequest.model_validate(body)).prefix_key
         owners = []
         for _ in range(50):  # registration is fire-and-forget on the event loop
             owners = await service.index.where_is_prefix_warm(key)

@@ -14,6 +14,7 @@ from jev_common.schema import DecisionRequest
 from jev_preencoder.encode import Encoder
 from jev_preencoder.settings import PreencoderSettings
 from jev_worker.settings import CacheSettings, WorkerSettings
+from jev_worker.legacy import prepare_legacy
 
 from .vl_helpers import pattern_image, png_uri, request_line
 from .worker_helpers import record_forwards, assert_close, served_row_probs, worker_client
@@ -86,7 +87,7 @@ def _reference(service, body: dict) -> list[list[float]]:
     n_tokens = int(grid.prod()) // processor.image_processor.merge_size ** 2
     expanded = processor.image_token * n_tokens
     placeholder = processor.vision_start_token + expanded + processor.vision_end_token
-    prepared = service.builder.prepare(request, [placeholder], (asset_key(body["state"]["image"]),))
+    prepared = prepare_legacy(service.builder, request, [placeholder], (asset_key(body["state"]["image"]),))
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):
         served = list(prepared.prefix_ids + row)

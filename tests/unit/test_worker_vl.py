@@ -10,6 +10,7 @@ from jev_common.assets import asset_key
 from jev_common.recipe import load_recipe
 from jev_common.schema import DecisionRequest
 from jev_worker.settings import CacheSettings, WorkerSettings
+from jev_worker.legacy import prepare_legacy
 
 from .vl_helpers import pattern_image, png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
 from .worker_helpers import record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client
@@ -60,7 +61,7 @@ def _reference(service, body: dict) -> list[list[float]]:
     pixels = processor.image_processor(images=[image], return_tensors="pt")
     n_tokens = int(pixels["image_grid_thw"].prod()) // 4
     placeholder = "<|vision_start|>" + "<|image_pad|>" * n_tokens + "<|vision_end|>"
-    prepared = service.builder.prepare(request, [placeholder], (asset_key(body["state"]["image"]),))
+    prepared = prepare_legacy(service.builder, request, [placeholder], (asset_key(body["state"]["image"]),))
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):
         ids = torch.tensor([prepared.prefix_ids + row])
@@ -130,8 +131,8 @@ async def test_missing_asset_and_text_only_requests(vl_recipe, asset_dir):
         unknown = png_uri(99)
         response = await client.post("/v1/systemone", json=dict(_body(SEEDS[0]), state={"image": unknown}))
         assert response.status == 422
-        error = (await response.json())["error"]
-        assert error["type"] == "asset_not_prepared" and asset_key(unknown) in error["message"]
+        error = (await response.json())["detail"]
+        assert error["error_type"] == "asset_not_prepared" and asset_key(unknown) in error["message"]
         text_only = {"kind": "choice", "state": {"text": "The door is open."}, "question": "Is the door open?",
                      "options": ["yes", "no"]}
         response = await client.post("/v1/systemone", json=text_only)

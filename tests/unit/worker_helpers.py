@@ -8,6 +8,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.schema import DecisionRequest
 from jev_worker.app import SERVICE, create_app
+from jev_worker.legacy import legacy_rows, legacy_state_text
 from tools.example_requests import REQUESTS, STATE  # noqa: F401 - re-exported for the tests
 
 def record_forwards(engine) -> list[dict]:
@@ -48,7 +49,9 @@ async def worker_client(settings):
 @torch.inference_mode()
 def reference_row_probs(service, body: dict) -> list[list[float]]:
     """softmax(model(**inputs).logits[0, -1, label_ids]) in FP32 for every row of the prompt."""
-    prepared = service.builder.prepare(DecisionRequest.model_validate(body))
+    request = DecisionRequest.model_validate(body)
+    rows, _ = legacy_rows(request, service.builder)
+    prepared = service.builder.prepare(legacy_state_text(request, []), rows)
     model = service.loaded.model
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):

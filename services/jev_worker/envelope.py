@@ -1,0 +1,129 @@
+"""The System One envelope on the worker: questions -> rows after one shared state prefix -> answers.
+
+The state (with its images) is the prefix, computed once per request and kept in L3; every question
+is its own row(s) after it, and all rows of a request run in one batched forward. A question's row
+never sees the other questions, its id or its position, so its answer does not depend on them.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+import torch
+
+from jev_common.assets import DEFAULT_MAX_IMAGE_BYTES, bytes_key
+from jev_common.errors import ApiError, validation_error
+from jev_common.schema import SystemOneRequest
+
+from .prompt import PreparedRequest, PromptBuilder, RowSpec
+from .questions.base import BuildContext, render_content
+from .questions.registry import QUESTION_KINDS
+
+
+@dataclass(frozen=True)
+class QuestionPlan:
+    qid: str
+    question: object
+    first_row: int
+    n_rows: int
+
+
+@dataclass(frozen=True)
+class EnvelopePlan:
+    questions: tuple[QuestionPlan, ...]
+    state: object
+
+
+def question_rows(request: SystemOneRequest, builder: PromptBuilder) -> tuple[list[RowSpec], EnvelopePlan]:
+    ctx = BuildContext(builder, request.state)
+    rows: list[RowSpec] = []
+    plans = []
+    for qid, question in request.questions.items():
+        kind = QUESTION_KINDS.get(question.type)
+        if kind is None:  # the schema admits only registered types; a gap here is a bug, not the caller's
+            raise ApiError(422, "unsupported_question_type", f"question type {question.type!r} is not served")
+        built = kind.rows(question, ctx, f"questions[{qid!r}]")
+        plans.append(QuestionPlan(qid, question, len(rows), len(built)))
+        rows.extend(built)
+    return rows, EnvelopePlan(tuple(plans), request.state)
+
+
+def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptBuilder) -> dict:
+    ctx = BuildContext(builder, plan.state)
+    out = {}
+    for q in plan.questions:
+        kind = QUESTION_KINDS[q.question.type]
+        out[q.qid] = kind.answer(q.question, row_logits[q.first_row : q.first_row + q.n_rows], ctx)
+    return out
+
+
+def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
+    payload = request.model_dump_json(include={"state", "questions", "assets"})
+    return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
+
+
+# ----- images -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImageRef:
+    reference: str  # the placeholder string the request uses in its state
+    key: str        # sha256 of the image bytes: the preencoder's asset name
+
+
+def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[ImageRef]:
+    """The request's assets, each resolved to its key; every multipart part must be claimed once."""
+    refs = []
+    claimed = set()
+    for reference, asset in (request.assets or {}).items():
+        if asset.part is not None:
+            if asset.part not in parts:
+                raise validation_error(f"asset {reference!r} names multipart part {asset.part!r}, which is not in "
+                                       "the request", ("assets", reference, "part"), "missing")
+            if asset.part in claimed:
+                raise validation_error(f"multipart part {asset.part!r} is claimed by two assets",
+                                       ("assets", reference, "part"))
+            claimed.add(asset.part)
+            data = parts[asset.part]
+        else:
+            try:
+                data = base64.b64decode(re.sub(r"\s+", "", asset.data_base64 or ""), validate=True)
+            except (binascii.Error, ValueError):
+                raise validation_error(f"asset {reference!r}: data_base64 is not valid base64",
+                                       ("assets", reference, "data_base64")) from None
+        if not data:
+            raise validation_error(f"asset {reference!r} is empty", ("assets", reference))
+        if len(data) > DEFAULT_MAX_IMAGE_BYTES:
+            raise ApiError(413, "body_too_large", f"asset {reference!r} is {len(data)} bytes; the limit is "
+                                                  f"{DEFAULT_MAX_IMAGE_BYTES}")
+        refs.append(ImageRef(reference, bytes_key(data)))
+    unclaimed = sorted(set(parts) - claimed)
+    if unclaimed:
+        raise validation_error(f"multipart part(s) {', '.join(map(repr, unclaimed))} are not named by any asset",
+                               ("assets",))
+    return refs
+
+
+def state_occurrences(state_text: str, refs: list[ImageRef]) -> list[tuple[int, int, ImageRef]]:
+    """(start, end, ref) of every image reference in the rendered state, in order."""
+    if not refs:
+        return []
+    by_reference = {r.reference: r for r in refs}
+    pattern = re.compile("|".join(re.escape(r) for r in sorted(by_reference, key=len, reverse=True)))
+    return [(m.start(), m.end(), by_reference[m.group(0)]) for m in pattern.finditer(state_text)]
+
+
+def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef]) -> None:
+    if not refs:
+        return
+    questions = json.dumps(request.model_dump(mode="json", include={"questions"}), ensure_ascii=False)
+    for ref in refs:
+        if json.dumps(ref.reference, ensure_ascii=False)[1:-1] in questions:
+            raise validation_error(f"image {ref.reference!r} is used in a question; images are served in the "
+                                   "state only (questions are rows after the state)", ("questions",))
+
+
+def render_state(request: SystemOneRequest) -> str:
+    return render_content(request.state)

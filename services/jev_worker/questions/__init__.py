@@ -1,0 +1,1 @@
+"""System One question types: rows after the state prefix, and answers from their label logits."""

@@ -1,0 +1,82 @@
+"""Bad input of any shape gets a JSON 4xx in the API's error shape, never a 5xx, a hang or plain text:
+malformed HTTP framing, oversized request lines, paths and headers, broken chunked bodies, unknown
+content encodings. Checked on the frontend (in front of the fake worker) and on the fake worker itself,
+which share jev_common.http."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from jev_frontend.app import create_app
+from jev_frontend.settings import Settings
+from tests.fakes.fake_worker import FakeWorker
+
+BODY = json.dumps({"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "y?"}}})
+
+RAW = {
+    "garbage request line": b"GARBAGE\r\n\r\n",
+    "bad method characters": b"P@ST /v1/systemone HTTP/1.1\r\nHost: x\r\n\r\n",
+    "bad http version": b"POST /v1/systemone HTTP/9.7\r\nHost: x\r\n\r\n",
+    "oversized path": b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "oversized header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
+    "header without colon": b"GET /health HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
+    "broken chunked body": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n0\r\n\r\n"),
+    "conflicting lengths": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    "unknown content encoding": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Encoding: x-unknown\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(BODY), BODY.encode())),
+    "negative content length": b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+}
+
+
+async def exchange(port: int, raw: bytes) -> tuple[int, dict, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        length = int(headers.get("content-length", "0"))
+        body = await asyncio.wait_for(reader.readexactly(length), 10) if length else b""
+        return status, headers, body
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+async def servers():
+    fake = FakeWorker()
+    async with fake:
+        front = TestServer(create_app(Settings(backend_url=fake.url)))
+        await front.start_server()
+        try:
+            yield {"frontend": front.port, "worker": int(fake.url.rsplit(":", 1)[1])}
+        finally:
+            await front.close()
+
+
+@pytest.mark.parametrize("name", list(RAW))
+async def test_malformed_http_gets_a_json_4xx(servers, name):
+    for service, port in servers.items():
+        status, headers, body = await exchange(port, RAW[name])
+        assert 400 <= status < 500, (service, name, status, body)
+        assert headers["content-type"].startswith("application/json"), (service, name, headers)
+        detail = json.loads(body)["detail"]
+        assert isinstance(detail, (dict, list)), (service, name, body)
+        assert headers.get("x-typesafe-request-id"), (service, name)
+
+
+async def test_well_formed_raw_request_still_answers(servers):
+    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BODY), BODY.encode()))
+    for port in servers.values():
+        status, headers, body = await exchange(port, raw)
+        assert status == 200, body
+        assert json.loads(body)["answers"]["q"]["type"] == "noul"
