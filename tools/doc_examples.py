@@ -5,8 +5,9 @@ An example is two fenced blocks tagged with the same name in their info string:
     ```bash example=ticket          a curl command (one per block; `\\` continues a line)
     ```json example=ticket          the answer shown: a JSON body
     ```http example=ticket          or, for `curl -i`, a status line, headers, a blank line, a JSON body
+    ```python example=sdk           a program on its own (an SDK example): it must exit 0 and print
 
-`run(example, base_urls)` sends the request to a running stack (the URL's host:port replaced by the
+`send(parse_curl(example.command), base_urls)` sends the request to a running stack (the URL's host:port replaced by the
 stack's), and `check(shown, actual)` compares the answer with what the docs show: the status, the
 headers shown (for `x-jev-cache`, the same cache levels), and the JSON body's shape: the same keys at
 every level, the same types, lists of the same length, and the same string at `type`-like keys
@@ -36,6 +37,7 @@ class Example:
     command: str = ""
     shown: str = ""
     shown_kind: str = ""  # json | http
+    code: str = ""  # a python example
 
 
 @dataclass
@@ -72,10 +74,14 @@ def find(text: str, source: str) -> list[Example]:
             example.command = body
         elif lang in ("json", "http"):
             example.shown, example.shown_kind = body, lang
+        elif lang == "python":
+            example.code = body
         else:
-            raise ValueError(f"{source}: example {name!r} has a {lang!r} block; expected bash, json or http")
+            raise ValueError(f"{source}: example {name!r} has a {lang!r} block; expected bash, json, http or python")
     for example in examples.values():
-        if not example.command or not example.shown:
+        if example.code and not (example.command or example.shown):
+            continue
+        if not example.command or not example.shown or example.code:
             raise ValueError(f"{source}: example {example.name!r} needs a bash block (the request) and a "
                              f"json/http block (the answer)")
     return list(examples.values())
@@ -196,6 +202,17 @@ def check(shown: Answer, actual: Answer) -> list[str]:
     if shown.body is not None:
         problems.extend(shape_diff(shown.body, actual.body))
     return problems
+
+
+def run_python(example: Example, base_urls: dict[int, str], timeout: float = 120.0) -> tuple[int, str]:
+    """Run a python example with its localhost URLs pointed at the stack: (exit status, output)."""
+    import subprocess
+    import sys
+
+    code = re.sub(r"https?://(?:localhost|127\.0\.0\.1):(\d+)",
+                  lambda m: retarget(m.group(0) + "/", base_urls).rstrip("/"), example.code)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
 
 
 def all_examples(root: Path = ROOT) -> list[Example]:

@@ -40,10 +40,21 @@ def test_find_and_parse():
         d.retarget("http://localhost:9/x", {8080: "http://127.0.0.1:5555"})
     with pytest.raises(ValueError, match="needs a bash block"):
         d.find("```json example=lonely\n{}\n```\n", "doc.md")
+    [program] = d.find("```python example=sdk\nprint(1)\n```\n", "doc.md")
+    assert program.code == "print(1)\n" and not program.command
+
+
+def test_python_examples_run_against_the_stack_urls():
+    code = "import sys; print(sys.argv, 'http://localhost:8080/v1/x'); print('http://127.0.0.1:8000')\n"
+    status, output = d.run_python(d.Example("p", "doc.md", code=code), {8080: "http://127.0.0.1:5", 8000: "http://h:6"})
+    assert status == 0 and output == "['-c'] http://127.0.0.1:5/v1/x\nhttp://h:6\n"
 
 
 def test_every_doc_parses():
     for example in d.all_examples():
+        if example.code:
+            compile(example.code, example.name, "exec")
+            continue
         d.parse_curl(example.command)
         d.shown_answer(example)
 
