@@ -10,7 +10,7 @@ export PYTHONPATH := $(CURDIR)/services:$(CURDIR)
 # one progress line every 5 s while pip works quietly
 PROGRESS := $(PY) tools/progress.py
 
-.PHONY: venv up down up-local test test-unit bench compose-test clean
+.PHONY: venv up down up-local test test-unit bench bench-questions compose-test clean
 
 venv: $(VENV)/.installed $(VENV)/bin/jev
 
@@ -48,6 +48,10 @@ test: venv
 
 bench: venv
 	bash tools/ensure_redis.sh -- $(VPY) -m benchmarks.run_all
+
+# One request of 8 questions vs 8 one-question requests about the same states (System One envelope).
+bench-questions: venv
+	bash tools/ensure_redis.sh -- $(VPY) -m benchmarks.questions_per_request
 
 clean:
 	rm -rf $(VENV) .pytest_cache benchmarks/out

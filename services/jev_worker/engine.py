@@ -73,13 +73,14 @@ class EngineResult:
 class DecisionEngine:
     def __init__(self, model: torch.nn.Module, device: torch.device, *, l3_bytes: int, batching: bool,
                  max_batch_rows: int, pad_id: int = 0, vision=None, checkpoint_dir: str | None = None,
-                 on_l3_insert: Callable[[str, PrefixState], None] | None = None,
+                 head=None, on_l3_insert: Callable[[str, PrefixState], None] | None = None,
                  on_l3_evict: Callable[[str, PrefixState], None] | None = None):
         self.model = model
         self.device = device
         self.backbone = model.get_decoder()
         self.embed = model.get_input_embeddings()
-        self.head = DecisionHead(model, checkpoint_dir)
+        # the readout's projection of a row's last hidden state (FP32 logits); LM-head label rows by default
+        self.head = head if head is not None else DecisionHead(model, checkpoint_dir)
         self.batching = batching
         self.max_batch_rows = max(1, max_batch_rows)
         self.pad_id = pad_id
@@ -89,6 +90,8 @@ class DecisionEngine:
         params = inspect.signature(self.backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.kv_branching: bool | None = None  # can prefix state be reused? known after the first prefix forward
+        self.packing = True  # rows after one prefix state run packed; checked once against a padded batch
+        self._packing_checked = False
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
 
     # ----- inputs -------------------------------------------------------------------------------
@@ -182,12 +185,8 @@ class DecisionEngine:
 
     # ----- rows ---------------------------------------------------------------------------------
     def _rows_after_states(self, pairs: list[tuple[PrefixState, tuple[int, ...]]]) -> torch.Tensor:
-        """Rows, each after its own prefix state, in one forward.
-
-        One shared state: its KV is expanded (a view) across the rows. Several: each state's KV is
-        padded to the longest, and an attention mask hides the padding between prefix and row; every
-        row's positions continue from its own prefix length.
-        """
+        """Rows, each after its own prefix state, in one forward: packed when the model's attention
+        takes a custom mask (checked once against the padded batch), else right-padded."""
         ids, lengths = self._ids([row for _, row in pairs])
         batch, width = ids.shape
         states = [state for state, _ in pairs]
@@ -197,6 +196,26 @@ class DecisionEngine:
             hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True,
                                    **{self._cache_kwarg: self._branch_snapshot(first, batch)})
             return self._last(hidden, lengths)
+        if batch > 1 and self.packing:
+            packed = self._packed_rows_after(pairs)
+            if self._packing_checked:
+                return packed
+            self._packing_checked = True  # once per model: packing must equal the padded batch
+            padded = self._padded_rows_after(pairs, ids, lengths)
+            error = float((packed - padded).abs().max() / padded.abs().max().clamp_min(1e-6))
+            if error <= 1e-3:
+                return packed
+            log.warning("packed rows differ from a padded batch (relative %.2e): packing disabled", error)
+            self.packing = False
+            return padded
+        return self._padded_rows_after(pairs, ids, lengths)
+
+    def _padded_rows_after(self, pairs, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Right-padded rows after their prefix states. One shared state: its KV is expanded (a view)
+        across the rows. Several: each state's KV padded to the longest, the padding masked."""
+        batch, width = ids.shape
+        states = [state for state, _ in pairs]
+        first = states[0]
         if all(state is first for state in states):
             cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
                                                  for k, v in first.kv])
@@ -222,6 +241,38 @@ class DecisionEngine:
         hidden = self._forward(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                                **{self._cache_kwarg: DynamicCache(ddp_cache_data=padded)})
         return self._last(hidden, lengths)
+
+    def _packed_rows_after(self, pairs) -> torch.Tensor:
+        """Rows after their prefix states in one packed sequence, without padding: the distinct
+        prefix states' KV side by side, then every row end to end. Each row attends to its own
+        prefix's KV and causally to itself only, with positions continuing from its prefix length,
+        so it computes exactly what it would alone; the forward costs the rows' real tokens only."""
+        order: dict[int, int] = {}
+        states: list[PrefixState] = []
+        for state, _ in pairs:
+            if id(state) not in order:
+                order[id(state)] = sum(s.length for s in states)
+                states.append(state)
+        kv_length = sum(s.length for s in states)
+        rows = [row for _, row in pairs]
+        total = sum(len(row) for row in rows)
+        ids = torch.tensor([[token for row in rows for token in row]], dtype=torch.long, device=self.device)
+        mask = torch.zeros(1, 1, total, kv_length + total, dtype=torch.bool, device=self.device)
+        ends, positions, start = [], [], 0
+        for state, row in pairs:
+            n = len(row)
+            offset = order[id(state)]
+            mask[0, 0, start : start + n, offset : offset + state.length] = True
+            mask[0, 0, start : start + n, kv_length + start : kv_length + start + n] = torch.ones(
+                n, n, dtype=torch.bool, device=self.device).tril()
+            positions.append(self._positions(state.length, n, 1, state.rope_delta))
+            start += n
+            ends.append(start - 1)
+        kv = [(torch.cat([s.kv[layer][0] for s in states], dim=2), torch.cat([s.kv[layer][1] for s in states], dim=2))
+              if len(states) > 1 else states[0].kv[layer] for layer in range(len(states[0].kv))]
+        hidden = self._forward(input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask,
+                               use_cache=True, **{self._cache_kwarg: DynamicCache(ddp_cache_data=kv)})
+        return hidden[0, torch.tensor(ends, device=hidden.device)]
 
     def _rows_full(self, item: EngineItem, rows: list[tuple[int, ...]]) -> torch.Tensor:
         """Rows of one image-bearing item, each forwarded whole after the spliced prefix."""

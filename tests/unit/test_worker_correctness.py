@@ -10,7 +10,7 @@ import torch
 from jev_worker.settings import CacheSettings
 from jev_worker.legacy import prepare_legacy
 
-from .worker_helpers import record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import prefixes_in_one_forward, record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
 CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
 
@@ -153,8 +153,8 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
 
 
 async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(worker_settings):
-    """Concurrent hits on different cached states: each state's KV is padded to the longest and the
-    padding masked, in one forward; answers equal the one-by-one ones."""
+    """Concurrent hits on different cached states run in one forward (packed: each row attends to its
+    own state's KV; or padded and masked); answers equal the one-by-one ones."""
     bodies = [dict(copy.deepcopy(REQUESTS[kind]), state={"text": f"State {i}: " + "the kettle is hot. " * (i + 1)})
               for i, kind in enumerate(["choice", "set", "noul", "choice", "score"])]
     bodies[4]["options"] = ["1", "2", "3"]
@@ -167,8 +167,7 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
-    masked = [kw for kw in forwards if kw.get("attention_mask") is not None]
-    assert masked and max(kw["input_ids"].shape[0] for kw in masked) > 2
+    assert prefixes_in_one_forward(forwards) > 2
     for body, a, b in zip(bodies, single, batched):
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
 
@@ -216,3 +215,35 @@ async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_
         assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
         assert_close(served_row_probs(REQUESTS["set"], await response.json()),
                      reference_row_probs(service, REQUESTS["set"]))
+
+
+async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings):
+    """A request's rows run end to end in one sequence (no padding), each seeing only the prefix and
+    itself; the answers equal the padded batch's, which the engine checked once at the start."""
+    body = {"model": "jev-latest", "state": "The kettle on the stove is whistling.", "questions": {
+        "n": {"type": "noul", "instructions": "Is the water boiling?"},
+        "c": {"type": "choice", "criteria": {"a kettle": None, "a pan": "flat, no spout", "a pot": None}},
+        "s": {"type": "score", "criteria": ["cold", "warm", "hot", "boiling"]}}}
+    async with worker_client(worker_settings()) as (client, service):
+        assert service.engine.packing and service.engine._packing_checked  # the warmup checked it
+        forwards = record_forwards(service.engine)
+        packed = await (await client.post("/v1/systemone", json=body)).json()
+        rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
+        assert rows and rows[-1]["input_ids"].shape[0] == 1
+        from jev_common.schema import SystemOneRequest
+        from jev_worker.envelope import question_rows
+
+        request = SystemOneRequest.model_validate(body)
+        specs, _ = question_rows(request, service.builder)
+        prepared = service.builder.prepare(request.state, specs)
+        assert rows[-1]["input_ids"].shape[1] == sum(len(r) for r in prepared.rows)  # real tokens only
+        service.engine.packing = False
+        other = dict(body, state=body["state"] + " ")  # a new prefix, so the padded path computes it all
+        padded = await (await client.post("/v1/systemone", json=other)).json()
+        again_packed_off = await (await client.post("/v1/systemone", json=body)).json()
+    for qid in body["questions"]:
+        a, b = packed["answers"][qid], again_packed_off["answers"][qid]
+        va = [a["noul"]] if "noul" in a else list(a["probabilities"].values())
+        vb = [b["noul"]] if "noul" in b else list(b["probabilities"].values())
+        assert max(abs(x - y) for x, y in zip(va, vb)) < 1e-5
+    assert padded["answers"].keys() == packed["answers"].keys()

@@ -76,3 +76,21 @@ def assert_close(a: list[list[float]], b: list[list[float]], tol: float = 1e-5) 
         assert len(row_a) == len(row_b)
         for x, y in zip(row_a, row_b):
             assert abs(x - y) <= tol, (row_a, row_b)
+
+
+def prefixes_in_one_forward(forwards: list[dict]) -> int:
+    """The most distinct prefix states whose rows shared one forward (packed: a 4D mask whose prefix
+    columns differ by row; padded: a batch of rows, each with its own padded prefix)."""
+    best = 0
+    for kw in forwards:
+        mask = kw.get("attention_mask")
+        if mask is None:
+            continue
+        if mask.dim() == 4:
+            rows = kw["input_ids"].shape[1]
+            prefix_part = mask[0, 0, :, : mask.shape[-1] - rows]
+            starts = {int(r.nonzero()[0]) for r in prefix_part if r.any()}
+            best = max(best, len(starts))
+        else:
+            best = max(best, kw["input_ids"].shape[0])
+    return best
