@@ -49,6 +49,8 @@ class State(_Strict):
 
 class DecisionRequest(_Strict):
     kind: Kind
+    model: str | None = Field(default=None, description="accepted as upstream examples send it; the worker "
+                                                         "serves its own recipe whatever it names")
     state: State
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     options: list[str] = Field(min_length=2, max_length=MAX_OPTIONS)

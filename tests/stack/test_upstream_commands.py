@@ -34,8 +34,8 @@ curl --fail-with-body http://127.0.0.1:8001/v1/systemone \\
 curl --fail-with-body http://127.0.0.1:8080/v1/systemone \\
   -H 'Content-Type: application/json' --data-binary @recipe/jev_vl/example-request.json
 """
-# upstream recipe/jev_vl/example-request.json, text only (its "model" field left out: see below)
-EXAMPLE = {"kind": "choice", "state": "The customer received a package with a broken screen and asks for help.",
+# upstream recipe/jev_vl/example-request.json, text only
+EXAMPLE = {"kind": "choice", "model": "jev-27b-vl", "state": "The customer received a package with a broken screen and asks for help.",
            "question": "What should support do next?",
            "options": ["Offer a replacement", "Close the ticket without a reply"]}
 

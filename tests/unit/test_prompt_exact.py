@@ -182,3 +182,40 @@ def test_nul_bytes_and_the_old_marker_reach_the_model(builders):
     decoded = builder.tokenizer.decode(prepared.full_ids(0))
     assert state in decoded
 
+
+
+@pytest.mark.parametrize("kind", ["choice", "noul", "score", "span", "set"])
+@pytest.mark.parametrize("layout", ["chat", "plain"])
+def test_single_question_form_is_one_pass_too(builders, kind, layout):
+    from jev_common.schema import DecisionRequest
+    from jev_worker.legacy import legacy_rows, legacy_state_text
+    from tools.example_requests import REQUESTS
+
+    builder = builders[layout]
+    request = DecisionRequest.model_validate(REQUESTS[kind])
+    rows, _ = legacy_rows(request, builder)
+    state_text = legacy_state_text(request, [])
+    prepared = builder.prepare(state_text, rows)
+    for i, row in enumerate(rows):
+        assert list(prepared.full_ids(i)) == one_pass_ids(builder, state_text, row.content)
+
+
+def test_image_placeholders_are_tokenised_in_the_same_pass(tiny_recipe):
+    """A vision-language prompt: the placeholder (vision start, image pads, vision end) is part of the
+    one-pass text; the served ids equal the processor tokenizer's ids of the whole prompt."""
+    from transformers import AutoTokenizer
+
+    from .vl_helpers import tiny_vl_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_vl_checkpoint())
+    builder = PromptBuilder(tokenizer, tiny_recipe, "test")
+    placeholder = "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
+    state = f'["A drawing:", "{placeholder}"]'
+    request = SystemOneRequest.model_validate({"model": "m", "state": "x", "questions": {
+        "q": QUESTIONS["choice"], "n": QUESTIONS["noul"]}})
+    rows, _ = question_rows(request, builder)
+    prepared = builder.prepare(state, rows)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert list(prepared.prefix_ids).count(pad) == 4  # the image lies in the shared prefix
+    for i, row in enumerate(rows):
+        assert list(prepared.full_ids(i)) == one_pass_ids(builder, state, row.content)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
-from jev_common.schema import DecisionRequest
+from jev_common.schema import SystemOneRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
@@ -54,13 +54,16 @@ def test_recipe_validates_and_pins_honestly(folder):
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
 def test_example_request_validates(folder):
     payload = json.loads((folder / "example-request.json").read_text())
-    request = DecisionRequest.model_validate(payload)
+    request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
     if recipe.model.modality == "vision-language":
-        assert request.state.image, "a vision-language recipe's example carries an image"
+        assert request.assets, "a vision-language recipe's example carries an image"
+        assert all(ref in json.dumps(request.state) for ref in request.assets), "every image is placed in the state"
     else:
-        assert request.state.image is None
-    assert len(request.options) <= len(recipe.verbalizer.labels)
+        assert not request.assets
+    for question in request.questions.values():
+        if question.type in ("choice", "span", "set"):
+            assert len(question.criteria) <= recipe.verbalizer.max_codes
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)

@@ -48,3 +48,8 @@ def test_response_probability_invariants():
             response(probabilities=bad)
     with pytest.raises(ValidationError):
         response(kind="noul", probabilities=[0.5, 0.5], noul=0.5)
+
+
+def test_single_question_form_accepts_the_model_field_upstream_examples_send():
+    request = DecisionRequest.model_validate(dict(BASE, model="jev-27b-vl"))
+    assert request.model == "jev-27b-vl" and request.kind == "choice"
