@@ -162,3 +162,28 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
     assert prefixes_in_one_forward(forwards) >= 3
     for body, a, b in zip(bodies, single, batched):
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
+
+
+async def test_envelope_images_are_placed_where_the_state_names_them(vl_recipe, asset_dir):
+    """An inline asset is found in a text state and, JSON-escaped, in an object state; an asset the
+    state never names, or one named in a question, is refused instead of answered without the image."""
+    b64 = png_uri(SEEDS[0]).split(",", 1)[1]
+    asset = {"type": "image", "format": "png", "data_base64": b64}
+    question = {"q": {"type": "choice", "instructions": "Which shape?", "criteria": {"square": None, "circle": None}}}
+    ref = 'img "one"'
+    async with worker_client(_settings(vl_recipe, asset_dir)) as (client, service):
+        text_state = await client.post("/v1/systemone", json={
+            "model": "jev-latest", "state": f"A drawing: {ref}", "questions": question, "assets": {ref: asset}})
+        assert text_state.status == 200, await text_state.text()
+        object_state = await client.post("/v1/systemone", json={
+            "model": "jev-latest", "state": {"caption": "A drawing", "image": ref}, "questions": question,
+            "assets": {ref: asset}})
+        assert object_state.status == 200, await object_state.text()
+        assert service.assets.stats().hits >= 1  # the second request found the same asset in L2
+        unused = await client.post("/v1/systemone", json={
+            "model": "jev-latest", "state": "A drawing.", "questions": question, "assets": {ref: asset}})
+        assert unused.status == 422 and "not placed in the state" in (await unused.json())["detail"][0]["msg"]
+        in_question = await client.post("/v1/systemone", json={
+            "model": "jev-latest", "state": f"A drawing: {ref}", "assets": {ref: asset},
+            "questions": {"q": {"type": "noul", "instructions": f"Is {ref} striped?"}}})
+        assert in_question.status == 422 and "state only" in (await in_question.json())["detail"][0]["msg"]
