@@ -239,3 +239,84 @@ def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int 
     )
     _save_image_only_processor(path, Qwen3VLProcessor, image_processor, tokenizer)
     return path
+
+
+# --- family layouts: a tiny backbone plus each family's own head files --------------------------
+
+def option_codes(tokenizer, count: int = 255) -> tuple[list[str], list[int]]:
+    """Decider-style answer codes: A..Z, then two-letter codes that are one distinct token each."""
+    import string
+
+    def single(text: str) -> int | None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    codes, ids = [], []
+    for code in list(string.ascii_uppercase) + [a + b for a in string.ascii_uppercase for b in string.ascii_uppercase]:
+        token = single(code)
+        if token is not None and token not in ids:
+            codes.append(code)
+            ids.append(token)
+        if len(codes) == count:
+            return codes, ids
+    raise RuntimeError(f"the tokenizer has only {len(codes)} single-token codes, {count} wanted")
+
+
+def _write_json(path: Path, value: object) -> None:
+    import json
+
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+
+
+def make_tiny_code_readout(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 2,
+                           attention_mode: str = "causal", temperature: float = 1.37, codes: int = 255) -> Path:
+    """A code-readout v1 checkpoint (pplx-decider / D3 layout): the backbone without an LM head
+    (`config.json` + `model.safetensors`, a Llama-style base model here), `readout.safetensors` with one
+    tensor `weight` [codes, hidden] in BF16, and `decision_config.json` (format_version, attention_mode,
+    pooling, temperature, codes, token_ids, max_options)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaModel
+
+    path = Path(path)
+    tokenizer = smollm2_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    LlamaModel(config).eval().save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    names, ids = option_codes(tokenizer, codes)
+    save_file({"weight": (torch.randn(codes, hidden) * 0.5).to(torch.bfloat16)}, str(path / "readout.safetensors"))
+    _write_json(path / "decision_config.json", {
+        "format_version": 1, "attention_mode": attention_mode, "pooling": "last", "temperature": temperature,
+        "codes": names, "token_ids": ids, "max_options": codes, "prompt_layout": "state-first"})
+    return path
+
+
+def make_tiny_open_jev(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 2,
+                       temperature: float = 1.6) -> Path:
+    """An Open-Jev export: the merged causal LM plus the files of `package/checkpoint` copied beside it:
+    `head.pt` (the scalar head's `nn.Linear(hidden, 1)` state dict, a plain tensor pickle),
+    `calibration.json` (`temperature`) and `model.json` (the base model it was trained on)."""
+    import torch
+
+    path = make_tiny_text(path, seed=seed, hidden=hidden, layers=layers)
+    torch.manual_seed(seed + 1)
+    torch.save({"weight": torch.randn(1, hidden) * 0.5, "bias": torch.randn(1)}, path / "head.pt")
+    _write_json(path / "calibration.json", {"temperature": temperature})
+    _write_json(path / "model.json", {"base_model": "Qwen/Qwen3.5-9B", "hidden_size": hidden})
+    return path
+
+
+def make_tiny_calibrated(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 1,
+                         temperatures: dict | None = None, biases: dict | None = None) -> Path:
+    """A label-token checkpoint that ships its calibration (`decision_config.json`: per-type temperatures,
+    a noul log-odds bias), as Decider, StartLux and JEMM releases do."""
+    path = make_tiny_text(path, seed=seed, hidden=hidden, layers=layers)
+    _write_json(path / "decision_config.json", {
+        "temperatures": temperatures or {"choice": 1.164, "noul": 1.624, "score": 1.124},
+        "biases": biases or {"noul": 0.35}})
+    return path

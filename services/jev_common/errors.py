@@ -22,6 +22,44 @@ class ApiError(Exception):
         self.details = details  # validation errors, FastAPI-shaped
 
 
+class DomainError(Exception):
+    """A request the served model cannot answer, raised where it is found, without HTTP in mind.
+
+    `DOMAIN_ERRORS` below is the one place that gives each its status and error type; the services'
+    error middleware (jev_common.http) answers them in the API's error shape."""
+
+    def __init__(self, message: str, loc: tuple = ()):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+
+
+class UnsupportedQuestionType(DomainError):
+    """The served readout has no answer for this question type (e.g. noul on a code readout)."""
+
+
+class TooManyOptions(DomainError):
+    """A question has more options than the served model can tell apart."""
+
+
+class UnsupportedRequestForm(DomainError):
+    """A request form the served readout does not answer (e.g. the single-question form)."""
+
+
+DOMAIN_ERRORS: dict[type[DomainError], tuple[int, str]] = {
+    UnsupportedQuestionType: (422, "unsupported_question_type"),
+    TooManyOptions: (422, "validation_error"),
+    UnsupportedRequestForm: (422, "unsupported_request_form"),
+}
+
+
+def domain_api_error(exc: DomainError) -> "ApiError":
+    status, type_ = next(v for cls, v in DOMAIN_ERRORS.items() if isinstance(exc, cls))
+    if type_ == "validation_error":
+        return validation_error(exc.message, exc.loc)
+    return ApiError(status, type_, exc.message)
+
+
 def validation_error(message: str, loc: tuple = (), type_: str = "value_error") -> ApiError:
     return ApiError(422, "validation_error", message,
                     details=[{"loc": ["body", *loc], "msg": message, "type": type_}])

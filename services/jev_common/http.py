@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
 
-from .errors import HTTP_ERROR_TYPES, ApiError, api_error_response, error_body, error_response, validation_error
+from .errors import (
+    HTTP_ERROR_TYPES, ApiError, DomainError, api_error_response, domain_api_error, error_body, error_response,
+    validation_error,
+)
 
 log = logging.getLogger("jev.http")
 
@@ -61,6 +64,8 @@ async def error_middleware(request: web.Request, handler):
         return await handler(request)
     except ApiError as exc:
         return api_error_response(exc)
+    except DomainError as exc:
+        return api_error_response(domain_api_error(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

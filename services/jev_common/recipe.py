@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -82,6 +82,15 @@ class BatchingSpec(_Section):
     max_wait_ms: float = 2.0
 
 
+class ServingSpec(_Section):
+    """How the worker serves the checkpoint: a backend runs the network, a readout turns its outputs
+    into typed answers. Both are names in the worker's registries (jev_worker.backends, jev_worker.readouts)."""
+
+    backend: str = Field(default="causal-lm", description="what runs the network (causal-lm, noncausal-lm, ...)")
+    readout: str = Field(default="label-tokens", description="what turns its outputs into answers (label-tokens, ...)")
+    options: dict[str, Any] = Field(default_factory=dict, description="readout settings, checked by the readout at load")
+
+
 class Recipe(_Section):
     name: str
     family: str
@@ -91,6 +100,7 @@ class Recipe(_Section):
     verbalizer: VerbalizerSpec = VerbalizerSpec()
     cache: CacheSpec = CacheSpec()
     batching: BatchingSpec = BatchingSpec()
+    serving: ServingSpec = ServingSpec()
     compose_profile: str
     gpu: bool = False
     check: str = Field(default="", description="how to check this recipe end to end")

@@ -192,6 +192,7 @@ class CacheLevelStats(BaseModel):
 class CacheStats(BaseModel):
     enabled: bool
     levels: dict[str, CacheLevelStats]
+    prefix_reuse: str | None = None  # the worker's backend: whether rows reuse the state prefix, or why not
 
 
 # ===== the System One envelope ===================================================================

@@ -1,14 +1,28 @@
-"""python -m jev_worker: serve one recipe's checkpoint (env: README worker table)."""
+"""python -m jev_worker: serve one recipe's checkpoint (env: README worker table).
+
+Before serving, the recipe's backend and readout must exist and its checkpoint must hold what the
+readout needs; otherwise the worker exits with status 2 and a message naming what is missing."""
+import logging
+import sys
+
 from jev_common.http import run_app
 from jev_common.logs import setup_logging
 
 from .app import create_app
+from .readouts.base import ServingError
+from .serving import preflight
 from .settings import WorkerSettings
 
 
 def main() -> None:
     setup_logging("jev.worker")
     settings = WorkerSettings.from_env()
+    try:
+        preflight(settings.recipe, settings.model_path)
+    except ServingError as exc:
+        logging.getLogger("jev.worker").error("cannot serve %s: %s", settings.recipe.name, exc)
+        print(f"jev_worker: cannot serve {settings.recipe.name}: {exc}", file=sys.stderr)
+        sys.exit(2)
     run_app(create_app(settings), settings.host, settings.port)
 
 

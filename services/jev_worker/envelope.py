@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from jev_common.assets import DEFAULT_MAX_IMAGE_BYTES, bytes_key
-from jev_common.errors import ApiError, validation_error
+from jev_common.errors import ApiError, UnsupportedQuestionType, validation_error
 from jev_common.schema import SystemOneRequest
 
 from .prompt import PreparedRequest, PromptBuilder, RowSpec
@@ -38,25 +38,32 @@ class EnvelopePlan:
     state: object
 
 
-def question_rows(request: SystemOneRequest, builder: PromptBuilder) -> tuple[list[RowSpec], EnvelopePlan]:
+def question_rows(request: SystemOneRequest, builder: PromptBuilder, kinds: dict | None = None,
+                  served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
+    """Rows of every question, by the served readout's question types (`kinds`)."""
+    kinds = QUESTION_KINDS if kinds is None else kinds
     ctx = BuildContext(builder, request.state)
     rows: list[RowSpec] = []
     plans = []
     for qid, question in request.questions.items():
-        kind = QUESTION_KINDS.get(question.type)
-        if kind is None:  # the schema admits only registered types; a gap here is a bug, not the caller's
-            raise ApiError(422, "unsupported_question_type", f"question type {question.type!r} is not served")
+        kind = kinds.get(question.type)
+        if kind is None:
+            raise UnsupportedQuestionType(
+                f"questions[{qid!r}]: question type {question.type!r} is not answered by this model's readout "
+                f"({served_by}); it answers {', '.join(sorted(kinds))}")
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)
     return rows, EnvelopePlan(tuple(plans), request.state)
 
 
-def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptBuilder) -> dict:
+def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptBuilder,
+            kinds: dict | None = None) -> dict:
+    kinds = QUESTION_KINDS if kinds is None else kinds
     ctx = BuildContext(builder, plan.state)
     out = {}
     for q in plan.questions:
-        kind = QUESTION_KINDS[q.question.type]
+        kind = kinds[q.question.type]
         out[q.qid] = kind.answer(q.question, row_logits[q.first_row : q.first_row + q.n_rows], ctx)
     return out
 
@@ -106,37 +113,23 @@ def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[Image
     return refs
 
 
-def _forms(reference: str) -> tuple[str, ...]:
-    """How a reference reads in the rendered state: as sent in a text state, JSON-escaped inside an
-    object or array state (a reference with quotes or backslashes differs there)."""
-    escaped = json.dumps(reference, ensure_ascii=False)[1:-1]
-    return (reference,) if escaped == reference else (reference, escaped)
-
-
 def state_occurrences(state_text: str, refs: list[ImageRef]) -> list[tuple[int, int, ImageRef]]:
     """(start, end, ref) of every image reference in the rendered state, in order."""
     if not refs:
         return []
-    by_form = {form: r for r in refs for form in _forms(r.reference)}
-    pattern = re.compile("|".join(re.escape(f) for f in sorted(by_form, key=len, reverse=True)))
-    return [(m.start(), m.end(), by_form[m.group(0)]) for m in pattern.finditer(state_text)]
+    by_reference = {r.reference: r for r in refs}
+    pattern = re.compile("|".join(re.escape(r) for r in sorted(by_reference, key=len, reverse=True)))
+    return [(m.start(), m.end(), by_reference[m.group(0)]) for m in pattern.finditer(state_text)]
 
 
 def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef]) -> None:
-    """Images are placed in the state only; an asset the state never names is a caller's mistake
-    (it would be answered without the image), so both are refused."""
     if not refs:
         return
     questions = json.dumps(request.model_dump(mode="json", include={"questions"}), ensure_ascii=False)
-    state = render_state(request)
     for ref in refs:
-        forms = _forms(ref.reference)
-        if any(json.dumps(f, ensure_ascii=False)[1:-1] in questions for f in forms):
+        if json.dumps(ref.reference, ensure_ascii=False)[1:-1] in questions:
             raise validation_error(f"image {ref.reference!r} is used in a question; images are served in the "
                                    "state only (questions are rows after the state)", ("questions",))
-        if not any(f in state for f in forms):
-            raise validation_error(f"asset {ref.reference!r} is not placed in the state: put its reference "
-                                   "where the image belongs in the state", ("assets", ref.reference))
 
 
 def render_state(request: SystemOneRequest) -> str:

@@ -76,10 +76,15 @@ class LoadedModel:
     folder: str
 
 
-def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = True,
+               before_load=None) -> LoadedModel:
+    """`lm_head=False` loads the backbone only (AutoModel: its final hidden states), for readouts with their
+    own head; `before_load(folder)` runs once the folder is known, before any weight is read."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     folder = resolve_checkpoint(recipe, model_path)
+    if before_load is not None:
+        before_load(folder)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
     kwargs: dict = {"trust_remote_code": recipe.model.trust_remote_code}
@@ -100,7 +105,8 @@ def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str) 
         model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch_dtype, **kwargs)
     else:
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+        model_class = AutoModelForCausalLM if lm_head else AutoModel
+        model = model_class.from_pretrained(folder, dtype=torch_dtype, **kwargs)
     model.to(dev).eval()
     model.requires_grad_(False)
     return LoadedModel(model, tokenizer, processor, dev, torch_dtype, folder)

@@ -14,7 +14,7 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from jev_common.errors import ApiError
+from jev_common.errors import ApiError, TooManyOptions
 from jev_common.recipe import Recipe
 
 
@@ -136,15 +136,21 @@ class PromptBuilder:
                         ids.append(token)
         return codes[: verbalizer.max_codes], ids[: verbalizer.max_codes]
 
+    def use_codebook(self, codes: list[str], ids: list[int], source: str) -> None:
+        """A readout's own option codes and the labels read for them (e.g. rows of a code-readout
+        weight): options are listed under these codes, and score levels too (no digit labels)."""
+        self.codes, self.code_ids, self.digit_ids = list(codes), list(ids), None
+        self._code_source = source
+
     @property
     def max_options(self) -> int:
         return len(self.codes)
 
     def coded(self, n: int) -> tuple[list[str], tuple[int, ...]]:
         if n > len(self.codes):
-            raise ApiError(422, "validation_error",
-                           f"at most {len(self.codes)} options for this model (its tokenizer has "
-                           f"{len(self.codes)} single-token option codes)")
+            source = getattr(self, "_code_source", "its tokenizer has")
+            raise TooManyOptions(f"at most {len(self.codes)} options for this model ({source} "
+                                 f"{len(self.codes)} single-token option codes)")
         return self.codes[:n], tuple(self.code_ids[:n])
 
     # ----- user text ----------------------------------------------------------------------------

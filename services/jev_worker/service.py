@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from jev_common.cache_index import CacheIndex
-from jev_common.errors import ApiError, validation_error
+from jev_common.errors import ApiError, DomainError, UnsupportedRequestForm, validation_error
 from jev_common.schema import (
     LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
     SystemOneUsage, Usage,
@@ -25,6 +25,7 @@ from .loader import LoadedModel, load_model
 from .metrics import WorkerMetrics
 from .prompt import PreparedRequest, PromptBuilder
 from .scheduler import Scheduler
+from .serving import Serving, build_serving
 from .settings import WorkerSettings
 
 log = logging.getLogger("jev.worker")
@@ -50,6 +51,7 @@ class WorkerService:
             "l1", settings.cache.l1_max if settings.cache.l1_on else 0, bytes_of=lambda p: p.nbytes)
         self.loaded: LoadedModel | None = None
         self.engine: DecisionEngine | None = None
+        self.serving: Serving | None = None  # the recipe's backend + readout (serving.py)
         self.builder: PromptBuilder | None = None
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes
@@ -75,7 +77,7 @@ class WorkerService:
             )
             self.scheduler.start()
             started = time.perf_counter()
-            await self.systemone(WARMUP_REQUEST)
+            await self.systemone(self._warmup_request())
             self.warmup_seconds = time.perf_counter() - started
             self.reset_counters()
             self.state = "ok"
@@ -85,11 +87,20 @@ class WorkerService:
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker failed to start")
 
+    def _warmup_request(self) -> SystemOneRequest:
+        """The warmup decision, asking only the question types the readout answers."""
+        served = self.serving.readout.question_types
+        questions = {qid: q for qid, q in WARMUP_REQUEST.questions.items() if q.type in served}
+        return WARMUP_REQUEST.model_copy(update={"questions": questions})
+
     def _load(self) -> None:
         s = self.settings
         if s.threads > 0:
             torch.set_num_threads(s.threads)
-        self.loaded = load_model(self.recipe, s.model_path, s.device, s.dtype)
+        self.serving = build_serving(self.recipe)
+        readout = self.serving.readout
+        self.loaded = load_model(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
+                                 before_load=self.serving.check_checkpoint)
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -98,13 +109,13 @@ class WorkerService:
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
                                             s.cache.l2_bytes if s.cache.l2_on else 0)
-        self.engine = DecisionEngine(
-            self.loaded.model, self.loaded.device, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,
+        self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)
+        readout.load(self.loaded, self.builder)
+        self.engine = self.serving.backend.build(
+            self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,
             batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
-            checkpoint_dir=self.loaded.folder,
             on_l3_insert=self._prefix_resident, on_l3_evict=self._prefix_evicted,
         )
-        self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)
 
     def _connect_index(self, loop: asyncio.AbstractEventLoop) -> None:
         self.index = CacheIndex(self.settings.redis_url, self.identity, owner_id=self.settings.worker_id,
@@ -218,14 +229,15 @@ class WorkerService:
             keys = tuple(keys)
 
             def build() -> PreparedRequest:
-                rows, plan = envelope.question_rows(request, self.builder)
+                rows, plan = envelope.question_rows(request, self.builder, self.serving.readout.kinds,
+                                                    self.serving.readout.name)
                 return self.builder.prepare(state_text, rows, keys, plan)
 
             prepared, levels["l1"] = await asyncio.wait_for(
                 self._prepared(envelope.l1_key(request, keys), build), timeout)
             result = await self._run(EngineItem(prepared=prepared, assets=assets), started, timeout)
             levels["l3"] = result.l3
-            answers = envelope.answers(prepared.plan, result.row_logits, self.builder)
+            answers = envelope.answers(prepared.plan, result.row_logits, self.builder, self.serving.readout.kinds)
             elapsed = time.perf_counter() - started
             response = SystemOneResponse(
                 model=self.recipe.name, answers=answers,
@@ -240,12 +252,20 @@ class WorkerService:
         except ApiError as exc:
             outcome = exc.type
             raise
+        except DomainError as exc:
+            outcome = type(exc).__name__
+            raise
         finally:
             self.metrics.decisions.labels("systemone", outcome).inc()
 
     async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract)."""
         self._ready()
+        if not self.serving.readout.single_question_form:
+            raise UnsupportedRequestForm(
+                f"the single-question form (`kind`) is answered by label-token recipes only; "
+                f"{self.recipe.name} serves with readout {self.serving.readout.name!r}: send the System One "
+                "envelope ({model, state, questions})")
         started = time.perf_counter()
         timeout = self._timeout(request.deadline_s)
         outcome = "error"
@@ -292,7 +312,8 @@ class WorkerService:
         else:
             levels["l2"] = BudgetLRU("l2", 0).stats()
         levels["l3"] = self.engine.l3.stats() if self.engine else BudgetLRU("l3", 0).stats()
-        return CacheStats(enabled=self.settings.cache.enabled, levels=levels)
+        prefix_reuse = self.serving.backend.prefix_reuse if self.serving else None
+        return CacheStats(enabled=self.settings.cache.enabled, levels=levels, prefix_reuse=prefix_reuse)
 
     def reset_counters(self) -> None:
         self.l1.reset_counters()
@@ -305,6 +326,8 @@ class WorkerService:
         detail = {"recipe": self.recipe.name, "checkpoint": self.identity, "state": self.state}
         if self.loaded:
             detail.update(device=str(self.loaded.device), dtype=str(self.loaded.dtype).removeprefix("torch."))
+        if self.serving is not None:
+            detail["serving"] = self.serving.describe()
         if self.warmup_seconds is not None:
             detail["warmup_seconds"] = round(self.warmup_seconds, 4)
         if self.error:

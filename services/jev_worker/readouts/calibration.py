@@ -1,0 +1,90 @@
+"""Calibration from the checkpoint's own config: a temperature (and for yes/no a log-odds bias) per type.
+
+Read from a JSON file of the checkpoint (`decision_config.json` by default; Open-Jev's `calibration.json`):
+`temperature` (every type), `temperatures` {type: T} (wins for its type) and `biases` {type: b}.
+For a type, FP32 logits become `(logits + b * e0) / T`: the bias moves the first label's logit (noul's
+Yes: its log-odds) before the temperature. `set` falls back to noul's values, `span` to choice's.
+Every readout applies it the same way (CalibratedKind); /health reports what was loaded.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+FALLBACK = {"set": "noul", "span": "choice"}
+TYPES = ("noul", "choice", "score", "span", "set")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    temperatures: dict[str, float] = field(default_factory=dict)
+    biases: dict[str, float] = field(default_factory=dict)
+    source: str | None = None
+
+    @classmethod
+    def from_config(cls, config: dict, source: str) -> "Calibration":
+        from .base import ServingError
+
+        def number(value, what: str, positive: bool) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                    positive and value <= 0):
+                raise ServingError(f"{source}: {what} must be a {'positive ' if positive else ''}finite number, "
+                                   f"got {value!r}")
+            return float(value)
+
+        temperatures = {}
+        if "temperature" in config:
+            temperatures = dict.fromkeys(TYPES, number(config["temperature"], "temperature", True))
+        for type_, value in (config.get("temperatures") or {}).items():
+            temperatures[type_] = number(value, f"temperatures.{type_}", True)
+        biases = {type_: number(value, f"biases.{type_}", False) for type_, value in (config.get("biases") or {}).items()}
+        unknown = sorted((set(temperatures) | set(biases)) - set(TYPES))
+        if unknown:
+            raise ServingError(f"{source}: calibration for unknown question type(s) {', '.join(unknown)}")
+        return cls(temperatures, biases, source)
+
+    @classmethod
+    def from_file(cls, folder: str, name: str) -> "Calibration":
+        """The calibration in `folder/name`, or none when the checkpoint has no such file."""
+        from .base import read_json
+
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return cls()
+        config = read_json(path)
+        return cls.from_config(config if isinstance(config, dict) else {}, name)
+
+    def _value(self, table: dict[str, float], type_: str, default: float) -> float:
+        if type_ in table:
+            return table[type_]
+        return table.get(FALLBACK.get(type_, type_), default)
+
+    def apply(self, type_: str, logits: torch.Tensor) -> torch.Tensor:
+        temperature = self._value(self.temperatures, type_, 1.0)
+        bias = self._value(self.biases, type_, 0.0)
+        if temperature == 1.0 and bias == 0.0:
+            return logits
+        logits = logits.to(torch.float32).clone()
+        logits[0] += bias
+        return logits / temperature
+
+    def describe(self) -> dict:
+        return {"source": self.source, "temperatures": dict(self.temperatures), "biases": dict(self.biases)}
+
+
+class CalibratedKind:
+    """A question type whose row logits are calibrated before its answer is computed."""
+
+    def __init__(self, kind, calibration: Calibration):
+        self.kind = kind
+        self.type = kind.type
+        self.calibration = calibration
+
+    def rows(self, question, ctx, where: str):
+        return self.kind.rows(question, ctx, where)
+
+    def answer(self, question, logits, ctx):
+        return self.kind.answer(question, [self.calibration.apply(self.type, row) for row in logits], ctx)

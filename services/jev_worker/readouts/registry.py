@@ -1,0 +1,20 @@
+"""Readout name (a recipe's `serving.readout`) -> its module. A new readout is one module plus one line here."""
+from __future__ import annotations
+
+import importlib
+
+from .base import Readout, ServingError
+
+READOUTS = {
+    "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
+    "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
+    "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
+}
+
+
+def build_readout(name: str, options: dict) -> Readout:
+    if name not in READOUTS:
+        raise ServingError(f"unknown readout {name!r} (recipe serving.readout); this worker has: "
+                           f"{', '.join(sorted(READOUTS))}")
+    module, _, cls = READOUTS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(options=dict(options))

@@ -1,0 +1,61 @@
+"""Serving a family's tiny checkpoint through the real worker and frontend, and plain references.
+
+References never use the worker's prompt builder: the prompt text is written out in the test, rendered
+with the tokenizer's own chat template and tokenised in one pass, and the network is a plain forward.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+
+from jev_frontend.app import create_app as create_frontend
+from jev_frontend.settings import Settings as FrontendSettings
+
+from .worker_helpers import worker_client
+
+TOL = 1e-5
+
+
+def family_recipe(base, name: str, *, backend: str = "causal-lm", readout: str, options: dict | None = None,
+                  **prompt):
+    """`base` (a Recipe) renamed, served by `backend` + `readout`, with prompt fields replaced."""
+    serving = base.serving.model_copy(update={"backend": backend, "readout": readout, "options": options or {}})
+    return base.model_copy(update={"name": name, "serving": serving,
+                                   "prompt": base.prompt.model_copy(update=prompt)})
+
+
+@contextlib.asynccontextmanager
+async def served(settings):
+    """(frontend client, worker client, worker service) for a worker on `settings` behind a real frontend."""
+    async with worker_client(settings) as (worker, service):
+        url = str(worker.make_url("")).rstrip("/")
+        async with TestClient(TestServer(create_frontend(FrontendSettings(backend_url=url, timeout_s=30)))) as front:
+            yield front, worker, service
+
+
+async def ask(client, state, questions: dict, status: int = 200) -> dict:
+    response = await client.post("/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions})
+    body = await response.json()
+    assert response.status == status, body
+    return body
+
+
+def prompt_ids(tokenizer, system: str | None, content: str) -> list[int]:
+    """One-pass ids of `content` as the user turn of the tokenizer's own chat template."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@torch.inference_mode()
+def last_hidden(backbone, ids: list[int]) -> torch.Tensor:
+    """The final hidden state at the last position of a plain forward, in FP32."""
+    return backbone(input_ids=torch.tensor([ids])).last_hidden_state[0, -1].float()
+
+
+def assert_probs(served: dict[str, float], expected: list[float], names: list[str]) -> None:
+    assert list(served) == names
+    for name, p in zip(names, expected):
+        assert abs(served[name] - p) <= TOL, (name, served[name], p)

@@ -1,0 +1,140 @@
+"""Backends and readouts from the registries: a recipe naming an unknown one, or a checkpoint without what
+its readout needs, stops the worker (exit status 2) with a message naming what is missing."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from jev_common.recipe import REPO_ROOT, all_recipes
+from jev_worker.backends.registry import BACKENDS
+from jev_worker.readouts.base import ServingError
+from jev_worker.readouts.calibration import Calibration
+from jev_worker.readouts.registry import READOUTS, build_readout
+from jev_worker.serving import preflight
+
+from .family_helpers import family_recipe
+
+
+@pytest.fixture(scope="module")
+def code_dir(tmp_path_factory) -> Path:
+    from tools.tiny_checkpoints import make_tiny_code_readout
+
+    return make_tiny_code_readout(tmp_path_factory.mktemp("code"), seed=7, codes=30)
+
+
+@pytest.fixture(scope="module")
+def open_jev_dir(tmp_path_factory) -> Path:
+    from tools.tiny_checkpoints import make_tiny_open_jev
+
+    return make_tiny_open_jev(tmp_path_factory.mktemp("open-jev"), seed=8)
+
+
+def copy_without(folder: Path, tmp_path: Path, *missing: str) -> Path:
+    out = tmp_path / "checkpoint"
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*missing))
+    return out
+
+
+def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.CompletedProcess:
+    folder = tmp_path / "recipe"
+    folder.mkdir(exist_ok=True)
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}", "JEV_RECIPE": str(folder),
+           "JEV_MODEL_PATH": str(model_path), "JEV_WORKER_PORT": "0", "JEV_DEVICE": "cpu"}
+    return subprocess.run([sys.executable, "-m", "jev_worker"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_worker_exits_naming_an_unknown_readout(tmp_path, tiny_recipe, tiny_text_dir):
+    done = run_worker(tmp_path, family_recipe(tiny_recipe, "bad", readout="laya-heads"), Path(tiny_text_dir))
+    assert done.returncode == 2, done.stderr
+    assert "unknown readout 'laya-heads'" in done.stderr and "label-tokens" in done.stderr
+
+
+def test_worker_exits_naming_a_missing_checkpoint_file(tmp_path, tiny_recipe, code_dir):
+    recipe = family_recipe(tiny_recipe, "tiny-d3", readout="code-readout")
+    done = run_worker(tmp_path, recipe, copy_without(code_dir, tmp_path, "readout.safetensors"))
+    assert done.returncode == 2, done.stderr
+    assert "needs readout.safetensors" in done.stderr
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: (d / "decision_config.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((d / "decision_config.json").read_text()).items() if k != "temperature"})),
+     "decision_config.json has no 'temperature'"),
+    (lambda d: __import__("safetensors.torch").torch.save_file({"readout": torch.zeros(30, 32)},
+                                                              str(d / "readout.safetensors")),
+     "readout.safetensors has no 'weight'"),
+])
+def test_preflight_names_a_missing_key(tmp_path, tiny_recipe, code_dir, mutate, message):
+    folder = copy_without(code_dir, tmp_path)
+    mutate(folder)
+    with pytest.raises(ServingError, match=message):
+        preflight(family_recipe(tiny_recipe, "tiny-d3", readout="code-readout"), str(folder))
+
+
+def test_noncausal_checkpoint_needs_the_noncausal_backend(tmp_path, tiny_recipe, code_dir):
+    folder = copy_without(code_dir, tmp_path)
+    config = json.loads((folder / "decision_config.json").read_text())
+    (folder / "decision_config.json").write_text(json.dumps(dict(config, attention_mode="noncausal_full_attention")))
+    with pytest.raises(ServingError, match="needs serving.backend 'noncausal-lm'"):
+        preflight(family_recipe(tiny_recipe, "tiny-pplx", readout="code-readout"), str(folder))
+    preflight(family_recipe(tiny_recipe, "tiny-pplx", backend="noncausal-lm", readout="code-readout"), str(folder))
+
+
+def test_unknown_backend_and_option_are_named(tiny_recipe, tiny_text_dir):
+    with pytest.raises(ServingError, match="unknown backend 'encoder'"):
+        preflight(family_recipe(tiny_recipe, "x", backend="encoder", readout="label-tokens"), tiny_text_dir)
+    with pytest.raises(ServingError, match="no option.*head_fil"):
+        build_readout("scalar-head", {"head_fil": "x.pt"})
+
+
+def test_scalar_head_requires_its_files_and_refuses_pickled_code(tmp_path, tiny_recipe, open_jev_dir):
+    recipe = family_recipe(tiny_recipe, "tiny-open-jev", readout="scalar-head")
+    with pytest.raises(ServingError, match="needs calibration.json"):
+        preflight(recipe, str(copy_without(open_jev_dir, tmp_path, "calibration.json")))
+    folder = tmp_path / "checkpoint"
+    torch.save({"weight": torch.zeros(1, 32), "bias": Calibration()}, folder / "head.pt")  # an object, not tensors
+    with pytest.raises(ServingError, match="weights_only=True"):
+        preflight(recipe, str(folder))
+
+
+async def test_in_process_worker_reports_the_missing_file_in_health(tmp_path, worker_settings, tiny_recipe, code_dir):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from jev_worker.app import create_app
+
+    settings = worker_settings(recipe=family_recipe(tiny_recipe, "tiny-d3", readout="code-readout"),
+                               model_path=str(copy_without(code_dir, tmp_path, "decision_config.json")))
+    async with TestClient(TestServer(create_app(settings, wait_until_ready=True))) as client:
+        response = await client.get("/health")
+        assert response.status == 503
+        assert "needs decision_config.json" in (await response.json())["detail"]["error"]
+
+
+def test_calibration_values_are_checked():
+    with pytest.raises(ServingError, match="temperatures.choice must be a positive finite number"):
+        Calibration.from_config({"temperatures": {"choice": 0}}, "decision_config.json")
+    with pytest.raises(ServingError, match="unknown question type"):
+        Calibration.from_config({"temperatures": {"vote": 1.2}}, "decision_config.json")
+    calibration = Calibration.from_config({"temperature": 2.0, "biases": {"noul": 1.0}}, "c.json")
+    assert torch.allclose(calibration.apply("set", torch.tensor([1.0, 3.0])), torch.tensor([1.0, 1.5]))
+    assert torch.allclose(calibration.apply("choice", torch.tensor([1.0, 3.0])), torch.tensor([0.5, 1.5]))
+
+
+def test_readme_served_by_column_matches_every_recipe():
+    """README's recipe table names each recipe's backend + readout; unregistered ones say 'not served'."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| [`")}
+    for recipe in all_recipes():
+        row = next(line for name, line in rows.items() if f"`{recipe.name}`" in name)
+        served = recipe.serving.backend in BACKENDS and recipe.serving.readout in READOUTS
+        cell = f"`{recipe.serving.backend}` + `{recipe.serving.readout}`"
+        assert (cell if served else "not served") in row, (recipe.name, row)
