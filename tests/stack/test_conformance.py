@@ -26,7 +26,7 @@ KEY = "conformance-key"
 
 def _frontend(port: int, backend: str, log: Path, keys: str = "") -> subprocess.Popen:
     env = dict(os.environ, JEV_FRONTEND_HOST="127.0.0.1", JEV_FRONTEND_PORT=str(port), JEV_BACKEND_URL=backend,
-               JEV_API_KEYS=keys, PYTHONPATH=f"{REPO / 'services'}:{REPO}")
+               JEV_API_KEYS=keys, JEV_FRONTEND_TIMEOUT_S="300", PYTHONPATH=f"{REPO / 'services'}:{REPO}")
     return subprocess.Popen([sys.executable, "-m", "jev_frontend"], env=env, cwd=REPO,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
@@ -63,8 +63,11 @@ def _check(url: str, name: str, key: str | None, should: int) -> dict:
 
 def test_jevcompat_conformant_on_worker_and_frontends(tmp_path):
     worker_port, keyed_port, open_port = free_port(), free_port(), free_port()
-    overrides = {"worker-cpu": {"JEV_WORKER_PORT": str(worker_port)},
-                 "frontend-cpu": {"JEV_FRONTEND_PORT": str(keyed_port), "JEV_API_KEYS": KEY}}
+    # generous deadlines: conformance is about the API, and a loaded 2-core machine can take tens of
+    # seconds for the 255-option question; a 504 there would be a timing fact, not a finding
+    overrides = {"worker-cpu": {"JEV_WORKER_PORT": str(worker_port), "JEV_DEADLINE_S": "300"},
+                 "frontend-cpu": {"JEV_FRONTEND_PORT": str(keyed_port), "JEV_API_KEYS": KEY,
+                                  "JEV_FRONTEND_TIMEOUT_S": "300"}}
     with start_profile("cpu", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         worker = urls["worker-cpu"]
         open_front = f"http://127.0.0.1:{open_port}"
