@@ -10,6 +10,16 @@ sharing one Redis never see each other's entries:
   The index re-registers this worker's own prefixes every `prefix_ttl_s / 3`, so an entry lives as
   long as the prefix stays resident and at most `prefix_ttl_s` (120 s) after the worker died; a worker
   that stops cleanly removes its entries (`unregister_owner`).
+- `jev:{ns}:route:{route_key}`  the same owner hash, keyed by the frontend's routing key of a state
+  (`jev_common.route_key`: sha256 of the rendered state text and its image keys, computable without a
+  tokenizer). A worker registers it next to the prefix the state produced and removes it with that
+  prefix, so a frontend finds the worker where a request's prefix is resident.
+- `jev:{ns}:l2:{asset_key}`  the same owner hash: workers whose L2 held that image asset recently
+  (re-registered on use, never refreshed otherwise: a hint that lapses after `prefix_ttl_s`).
+- `jev:worker:{worker_id}`  JSON {worker_id, url, model, ns, state, queue_depth, max_queue, updated}
+  with a short TTL (`WORKER_TTL_S`, refreshed every TTL/3 by a live worker); `jev:workers` is the set
+  of ids a frontend reads to discover workers (ids whose key expired are pruned on read). Not
+  namespaced: a frontend learns each worker's `ns` from it.
 
 The index is an accelerator, never the truth: every call that cannot reach Redis raises
 `IndexUnavailable` (fast: short socket timeouts, no retries, and after a failure the index stays
@@ -30,6 +40,8 @@ log = logging.getLogger("jev.cache_index")
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
 DEFAULT_PREFIX_TTL_S = 120  # an entry of a dead worker lingers at most this long
 DEFAULT_BACKOFF_S = 2.0
+WORKER_TTL_S = 10.0  # a dead worker's registration lingers at most this long
+WORKERS_SET = "jev:workers"
 
 
 class IndexUnavailable(RuntimeError):
@@ -67,6 +79,7 @@ class CacheIndex:
         self.errors = 0
         self.degraded_calls = 0
         self._own_prefixes: dict[str, tuple[int | None, int | None]] = {}  # hash -> (length, nbytes)
+        self._own_routes: set[str] = set()  # route keys of resident prefixes, refreshed with them
         self._refresher: asyncio.Task | None = None
 
     # --- plumbing ---
@@ -115,6 +128,12 @@ class CacheIndex:
 
     def prefix_entry_key(self, prefix_hash: str) -> str:
         return f"jev:{self.ns}:prefix:{prefix_hash}"
+
+    def route_entry_key(self, route_key: str, ns: str | None = None) -> str:
+        return f"jev:{ns or self.ns}:route:{route_key}"
+
+    def l2_entry_key(self, asset: str, ns: str | None = None) -> str:
+        return f"jev:{ns or self.ns}:l2:{asset}"
 
     # --- assets ---
 
@@ -203,7 +222,8 @@ class CacheIndex:
     async def refresh_own_prefixes(self) -> int:
         """Re-register every prefix this worker registered and still holds (one pipeline)."""
         own = dict(self._own_prefixes)
-        if not own:
+        routes = set(self._own_routes)
+        if not own and not routes:
             return 0
         worker_id, url = self._owner(None)
         ttl = max(1, int(self.prefix_ttl_s + 0.999))
@@ -215,8 +235,12 @@ class CacheIndex:
                     value.update({k: int(v) for k, v in (("length", length), ("nbytes", nbytes)) if v is not None})
                     pipe.hset(self.prefix_entry_key(prefix_hash), worker_id, json.dumps(value))
                     pipe.expire(self.prefix_entry_key(prefix_hash), ttl)
+                for route_key in routes:
+                    pipe.hset(self.route_entry_key(route_key), worker_id,
+                              json.dumps({"url": url, "expires": time.time() + self.prefix_ttl_s}))
+                    pipe.expire(self.route_entry_key(route_key), ttl)
                 await pipe.execute()
-            return len(own)
+            return len(own) + len(routes)
 
         return await self._call("refresh_prefixes", run)
 
@@ -226,19 +250,23 @@ class CacheIndex:
         worker_id, _ = self._owner(owner)
         if worker_id == self.owner_id:
             self._own_prefixes.clear()
+            self._own_routes.clear()
 
         async def run(r):
             removed = 0
-            async for name in r.scan_iter(match=f"jev:{self.ns}:prefix:*", count=500):
-                removed += await r.hdel(name, worker_id)
+            for kind in ("prefix", "route", "l2"):
+                async for name in r.scan_iter(match=f"jev:{self.ns}:{kind}:*", count=500):
+                    removed += await r.hdel(name, worker_id)
             return removed
 
         return await self._call("unregister_owner", run)
 
     async def where_is_prefix_warm(self, prefix_hash: str) -> list[PrefixOwner]:
         """Live owners of a prefix (expired ones dropped). Raises IndexUnavailable."""
-        entry = self.prefix_entry_key(prefix_hash)
-        raw = await self._call("where_is_prefix_warm", lambda r: r.hgetall(entry))
+        return await self._live_owners("where_is_prefix_warm", self.prefix_entry_key(prefix_hash))
+
+    async def _live_owners(self, what: str, entry: str) -> list[PrefixOwner]:
+        raw = await self._call(what, lambda r: r.hgetall(entry))
         now = time.time()
         owners, stale = [], []
         for worker_id, value in (raw or {}).items():
@@ -259,6 +287,90 @@ class CacheIndex:
             except IndexUnavailable:
                 pass
         return sorted(owners, key=lambda o: o.worker_id)
+
+    # --- routing: state route keys and L2 residency (worker side) ---
+
+    async def register_route(self, route_key: str) -> None:
+        """This worker holds warm the prefix of the state whose route key this is; kept fresh with the
+        prefixes until `unregister_route` (the prefix left L3) or `unregister_owner`."""
+        self._own_routes.add(route_key)
+        self._start_refresher()
+        await self._owner_hset("register_route", self.route_entry_key(route_key), self.prefix_ttl_s)
+
+    async def unregister_route(self, route_key: str) -> None:
+        self._own_routes.discard(route_key)
+        await self._call("unregister_route", lambda r: r.hdel(self.route_entry_key(route_key), self.owner_id))
+
+    async def register_l2(self, asset: str) -> None:
+        """This worker's L2 holds the image asset (a hint for routing; lapses after prefix_ttl_s)."""
+        await self._owner_hset("register_l2", self.l2_entry_key(asset), self.prefix_ttl_s)
+
+    async def _owner_hset(self, what: str, entry: str, ttl: float) -> None:
+        worker_id, url = self._owner(None)
+        value = json.dumps({"url": url, "expires": time.time() + ttl})
+
+        async def run(r):
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.hset(entry, worker_id, value)
+                pipe.expire(entry, max(1, int(ttl + 0.999)))
+                return await pipe.execute()
+
+        await self._call(what, run)
+
+    # --- routing: lookups (frontend side; `ns` is the worker's, learned from its registration) ---
+
+    async def route_owners(self, ns: str, route_key: str) -> list[PrefixOwner]:
+        """Live owners of a state's route key in namespace `ns`. Raises IndexUnavailable."""
+        return await self._live_owners("route_owners", self.route_entry_key(route_key, ns))
+
+    async def l2_owners(self, ns: str, asset: str) -> list[PrefixOwner]:
+        return await self._live_owners("l2_owners", self.l2_entry_key(asset, ns))
+
+    # --- worker registrations (discovery) ---
+
+    async def register_worker(self, record: dict, ttl_s: float = WORKER_TTL_S) -> None:
+        """Announce a worker (model, url, ns, health, queue depth) for `ttl_s`; call again to refresh."""
+        worker_id = str(record["worker_id"])
+        payload = json.dumps({**record, "updated": time.time()})
+
+        async def run(r):
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.set(f"jev:worker:{worker_id}", payload, ex=max(1, int(ttl_s + 0.999)))
+                pipe.sadd(WORKERS_SET, worker_id)
+                return await pipe.execute()
+
+        await self._call("register_worker", run)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        async def run(r):
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.delete(f"jev:worker:{worker_id}")
+                pipe.srem(WORKERS_SET, worker_id)
+                return await pipe.execute()
+
+        await self._call("unregister_worker", run)
+
+    async def list_workers(self) -> list[dict]:
+        """Every live worker registration; ids whose key expired (a dead host) are pruned from the set."""
+        async def run(r):
+            ids = sorted(await r.smembers(WORKERS_SET))
+            if not ids:
+                return []
+            values = await r.mget([f"jev:worker:{i}" for i in ids])
+            gone = [i for i, v in zip(ids, values) if v is None]
+            if gone:
+                await r.srem(WORKERS_SET, *gone)
+            return [v for v in values if v is not None]
+
+        records = []
+        for raw in await self._call("list_workers", run):
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("worker_id") and record.get("url"):
+                records.append(record)
+        return records
 
     # --- admin ---
 

@@ -1,19 +1,26 @@
-"""The frontend's aiohttp application: validate at the edge, forward the original bytes, pass the answer through."""
+"""The frontend's aiohttp application: validate at the edge, route to a replica of the request's model,
+forward the original bytes, pass the answer through."""
 from __future__ import annotations
 
+import json
 import logging
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from jev_common.cache_index import CacheIndex
 from jev_common.errors import ApiError
 from jev_common.http import (
     REQUEST_ID, REQUEST_ID_HEADER, auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
 )
 from jev_common.metrics import HttpMetrics
+from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
-from .proxy import DECISION_HEADER_PREFIX, Backend, BackendMetrics
+from .metrics_merge import merged_exposition
+from .pool import BackendPool
+from .proxy import DECISION_HEADER_PREFIX, Backend, BackendConnectError, BackendDisconnected, BackendMetrics
+from .router import Router
 from .settings import Settings
 
 log = logging.getLogger("jev_frontend")
@@ -21,6 +28,8 @@ log = logging.getLogger("jev_frontend")
 DEADLINE_GRACE_S = 0.25
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
+POOL = web.AppKey("pool", BackendPool)
+ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", HttpMetrics)
 
 # Text-generation APIs other stacks expose. This stack is decisions only, so they get a pointed 404
@@ -50,53 +59,141 @@ async def handle_systemone(request: web.Request) -> web.Response:
     body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
     timeout_s, note = settings.timeout_s, ""
     if is_envelope(body.payload):
-        parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker
+        envelope = parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker
+        model: str | None = envelope.model
+        images = envelope_image_keys(envelope.assets, body.parts)
+        route_key = state_route_key(render_state(envelope.state), images)
     else:
         decision = parse_model(DecisionRequest, body.payload)
         if decision.deadline_s is not None and decision.deadline_s + DEADLINE_GRACE_S < timeout_s:
             # the worker enforces deadline_s itself; the grace lets its own 504 answer arrive first
             timeout_s, note = decision.deadline_s + DEADLINE_GRACE_S, " (the request's deadline_s + grace)"
-    answer = await request.app[BACKEND].call(
-        "POST", "/v1/systemone", endpoint="systemone", timeout_s=timeout_s,
-        data=body.raw, headers=_backend_headers(request, body.content_type), timeout_note=note,
-    )
+        model, images = None, legacy_image_keys(decision.state.image)
+        route_key = state_route_key(decision.state.text or "", images)
+    call = dict(endpoint="systemone", timeout_s=timeout_s, data=body.raw,
+                headers=_backend_headers(request, body.content_type), timeout_note=note)
+    answer = await _routed(request.app, model, route_key, images, call)
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+
+
+async def _routed(app: web.Application, model: str | None, route_key: str, images: list[str], call: dict):
+    """Send the decision to a replica of its model; a replica that refuses the connection is taken out
+    and the next one tried (nothing reached it). Other failures answer 502/504 in the error shape."""
+    pool, router, client, metrics = app[POOL], app[ROUTER], app[BACKEND], app[BACKEND].metrics
+    if app[SETTINGS].single_backend:  # JEV_BACKEND_URL alone: no model routing, the worker decides
+        backend = next(iter(pool.backends.values()))
+        return await _send(client, backend, "single", call)
+    name = await pool.resolve(model)
+    tried: set[str] = set()
+    while True:
+        route = await router.choose(name, route_key, images, exclude=tried)
+        if route is None:
+            raise ApiError(502, "backend_unavailable", f"no replica of model {name!r} could be reached "
+                           f"(tried {', '.join(sorted(tried))})")
+        try:
+            return await _send(client, route.backend, route.decision, call)
+        except BackendConnectError as exc:
+            pool.mark_down(route.backend, exc.message)
+            tried.add(route.backend.url)
+            if len(tried) >= len(pool.replicas(name)):
+                raise
+        except BackendDisconnected as exc:
+            pool.mark_down(route.backend, exc.message)  # back in once its health answers 200
+            raise
+        finally:
+            metrics.routed.labels(route.backend.url, name, route.decision).inc()
+
+
+async def _send(client: Backend, backend, decision: str, call: dict):
+    backend.in_flight += 1
+    client.metrics.in_flight.labels(backend.url).set(backend.in_flight)
+    try:
+        return await client.call("POST", "/v1/systemone", url=backend.url, **call)
+    finally:
+        backend.in_flight -= 1
+        client.metrics.in_flight.labels(backend.url).set(backend.in_flight)
 
 
 async def handle_models(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
+    if not settings.single_backend:
+        pool = request.app[POOL]
+        if not pool.served_models():
+            await pool.refresh()
+        models = pool.model_infos()
+        if not models:
+            raise ApiError(503, "not_ready", "no backend is in rotation, so no model is served right now")
+        return web.json_response({"models": models})
     answer = await request.app[BACKEND].call("GET", "/v1/models", endpoint="models", timeout_s=settings.timeout_s,
                                              headers=_backend_headers(request))
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    """Healthy only when the worker is: its status and body pass through."""
+    """One backend: its health passes through (status and body, plus the backend list). Several: every
+    backend probed now; 200 while at least one is in rotation ("degraded" when any is out), else 503."""
     settings = request.app[SETTINGS]
+    pool = request.app[POOL]
+    if settings.single_backend:
+        return await _single_health(request, settings, pool)
+    await pool.refresh()
+    backends = [b.describe() for b in pool.backends.values()]
+    models = {}
+    for b in pool.backends.values():
+        entry = models.setdefault(b.model or "?", {"up": 0, "total": 0})
+        entry["total"] += 1
+        entry["up"] += int(b.up)
+    detail = {"backends": backends, "models": models, "default_model": pool.default_model() or None,
+              "routing": settings.routing}
+    if not any(b.up for b in pool.backends.values()):
+        message = "no backend is in rotation" if backends else "no backend is configured or registered yet"
+        return web.json_response({"status": "unavailable", "detail": {
+            **detail, "error_type": "not_ready", "message": message}}, status=503)
+    degraded = any(not b.up for b in pool.backends.values())
+    return web.json_response({"status": "degraded" if degraded else "ok", "detail": detail})
+
+
+async def _single_health(request: web.Request, settings: Settings, pool: BackendPool) -> web.Response:
+    backend = next(iter(pool.backends.values()))
     answer = await request.app[BACKEND].call("GET", "/health", endpoint="health", timeout_s=settings.timeout_s)
     if answer.status != 200 and answer.status < 400:
         raise ApiError(
             502, "backend_unavailable",
             f"backend {settings.backend_url} answered GET /health with unexpected status {answer.status}",
         )
+    backend.up = answer.status == 200
+    try:
+        body = json.loads(answer.body)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("detail"), dict):
+        body["detail"]["backends"] = [backend.describe()]
+        return web.json_response(body, status=answer.status)
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    """The frontend's own exposition, then the worker's appended (best effort)."""
+    """The frontend's own exposition, then its workers' (best effort): one worker's appended as is;
+    several merged, each sample labelled with its backend."""
     settings = request.app[SETTINGS]
-    worker_text = b""
-    try:
-        answer = await request.app[BACKEND].call("GET", "/metrics", endpoint="metrics", timeout_s=settings.timeout_s)
-    except ApiError as exc:
-        log.info("worker metrics not appended: %s", exc.message)
-    else:
+    pool = request.app[POOL]
+    targets = ([next(iter(pool.backends.values()))] if settings.single_backend
+               else [b for b in pool.backends.values() if b.up])
+    texts = {}
+    for backend in targets:
+        try:
+            answer = await request.app[BACKEND].call("GET", "/metrics", endpoint="metrics", url=backend.url,
+                                                     timeout_s=settings.timeout_s)
+        except ApiError as exc:
+            log.info("worker metrics not appended: %s", exc.message)
+            continue
         if answer.status == 200:
-            worker_text = answer.body
+            texts[backend.url] = answer.body
         else:
-            log.info("worker metrics not appended: GET /metrics answered %s", answer.status)
-    # Rendered after the worker call, so jev_frontend_backend_up reflects this very scrape.
+            log.info("worker metrics of %s not appended: GET /metrics answered %s", backend.url, answer.status)
+    # Rendered after the worker calls, so jev_frontend_backend_up reflects this very scrape.
     body = generate_latest(request.app[METRICS].registry)
+    worker_text = next(iter(texts.values()), b"") if settings.single_backend else merged_exposition(texts)
     if worker_text:
         if not body.endswith(b"\n"):
             body += b"\n"
@@ -115,19 +212,32 @@ async def handle_generation(request: web.Request) -> web.Response:
 def create_app(settings: Settings) -> web.Application:
     metrics = HttpMetrics("frontend")
     backend = Backend(settings, BackendMetrics(metrics.registry))
+    index = None
+    if not settings.single_backend and settings.index_url:
+        index = CacheIndex(settings.index_url, "jev-frontend", owner_id="frontend")
+    pool = BackendPool(settings, backend, backend.metrics, index)
     app = web.Application(
         middlewares=[request_id_middleware, metrics.middleware, error_middleware, auth_middleware(settings.api_keys)],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
     app[BACKEND] = backend
+    app[POOL] = pool
+    app[ROUTER] = Router(settings, pool, index)
     app[METRICS] = metrics
 
     async def backend_client(_app: web.Application):
         await backend.start()
-        log.info("frontend proxying to %s (timeout %gs, %d connections)",
-                 settings.backend_url, settings.timeout_s, settings.max_connections)
+        if not settings.single_backend:
+            await pool.start()
+        log.info("frontend proxying to %s (routing %s, timeout %gs, %d connections)",
+                 ", ".join(f"{m or '?'}={u}" for m, u in settings.static_backends()) +
+                 (" + workers in the index" if settings.discovery else ""),
+                 settings.routing, settings.timeout_s, settings.max_connections)
         yield
+        await pool.close()
+        if index is not None:
+            await index.close()
         await backend.close()
 
     app.cleanup_ctx.append(backend_client)

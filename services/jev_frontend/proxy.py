@@ -1,8 +1,9 @@
-"""The frontend's one pooled client to the worker, with its backend metrics.
+"""The frontend's one pooled HTTP client to its backends, with its backend metrics.
 
 Every backend call either returns the worker's answer (any HTTP status) or raises the error
-envelope: 502 backend_unavailable when the worker cannot be reached or breaks the connection,
-504 backend_timeout when it does not answer within the deadline.
+envelope: 502 backend_unavailable when the worker cannot be reached or breaks the connection
+(`BackendConnectError` when the connection was never made, so the request can go to another
+replica), 504 backend_timeout when it does not answer within the deadline.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ DECISION_HEADER_PREFIX = "x-jev-"
 
 class BackendMetrics:
     def __init__(self, registry: CollectorRegistry):
+        # totals over every backend (names kept from the single-backend frontend)
         self.errors = Counter(
             "jev_frontend_backend_errors_total", "Failed backend calls by endpoint and error type",
             ["endpoint", "type"], registry=registry,
@@ -37,7 +39,30 @@ class BackendMetrics:
         )
         self.up = Gauge(
             "jev_frontend_backend_up",
-            "1 when the worker answered the frontend's latest backend call, 0 when it was unreachable or timed out",
+            "1 when a backend answered the frontend's latest call to it (any backend, with several), "
+            "0 when none is reachable",
+            registry=registry,
+        )
+        # per backend
+        self.routed = Counter(
+            "jev_frontend_route_requests_total",
+            "Decision requests sent to a backend, by routing decision (warm, affinity, l2, load, cold, "
+            "round_robin, only, down, single)", ["backend", "model", "decision"], registry=registry,
+        )
+        self.backend_errors = Counter(
+            "jev_frontend_route_errors_total", "Failed calls per backend and error type", ["backend", "type"],
+            registry=registry,
+        )
+        self.backend_latency = Histogram(
+            "jev_frontend_route_request_seconds", "Decision latency per backend (answered calls, any status)",
+            ["backend"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.backend_up = Gauge(
+            "jev_frontend_route_backend_up", "1 while a backend is in rotation (healthy), 0 while taken out",
+            ["backend", "model"], registry=registry,
+        )
+        self.in_flight = Gauge(
+            "jev_frontend_route_in_flight", "Requests this frontend has in flight per backend", ["backend"],
             registry=registry,
         )
 
@@ -58,7 +83,17 @@ class BackendAnswer:
         return out
 
 
+class BackendConnectError(ApiError):
+    """The backend refused or could not be reached: nothing was sent, another replica may answer."""
+
+
+class BackendDisconnected(ApiError):
+    """The backend broke the connection during the call (it may have died)."""
+
+
 class Backend:
+    """One pooled client for every backend; `call` names the backend URL."""
+
     def __init__(self, settings: Settings, metrics: BackendMetrics):
         self.settings = settings
         self.metrics = metrics
@@ -86,37 +121,42 @@ class Backend:
         *,
         endpoint: str,
         timeout_s: float,
+        url: str | None = None,
         data: bytes | None = None,
         headers: dict[str, str] | None = None,
         timeout_note: str = "",
     ) -> BackendAnswer:
-        url = self.settings.backend_url + path
+        base = url or self.settings.backend_url
         started = time.perf_counter()
         try:
             async with self.session.request(
-                method, url, data=data, headers=headers, allow_redirects=False,
+                method, base + path, data=data, headers=headers, allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 body = await resp.read()
                 answer = BackendAnswer(resp.status, resp.headers, body)
         except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
-            self._failed(endpoint, "backend_timeout")
+            self._failed(base, endpoint, "backend_timeout")
             raise ApiError(
                 504, "backend_timeout",
-                f"backend {self.settings.backend_url} did not answer {method} {path} within {timeout_s:g}s{timeout_note}",
+                f"backend {base} did not answer {method} {path} within {timeout_s:g}s{timeout_note}",
             ) from None
         except aiohttp.ClientError as exc:
-            self._failed(endpoint, "backend_unavailable")
+            self._failed(base, endpoint, "backend_unavailable")
             detail = str(exc) or type(exc).__name__
-            raise ApiError(
-                502, "backend_unavailable",
-                f"backend {self.settings.backend_url} is unavailable for {method} {path}: {detail}",
-            ) from None
+            error = BackendConnectError if isinstance(exc, aiohttp.ClientConnectorError) else BackendDisconnected
+            raise error(502, "backend_unavailable",
+                        f"backend {base} is unavailable for {method} {path}: {detail}") from None
+        elapsed = time.perf_counter() - started
         self.metrics.up.set(1)
-        self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.latency.labels(endpoint).observe(elapsed)
+        if endpoint == "systemone":
+            self.metrics.backend_latency.labels(base).observe(elapsed)
         return answer
 
-    def _failed(self, endpoint: str, type_: str) -> None:
-        self.metrics.up.set(0)
+    def _failed(self, base: str, endpoint: str, type_: str) -> None:
+        if self.settings.single_backend:
+            self.metrics.up.set(0)
         self.metrics.errors.labels(endpoint, type_).inc()
-        log.warning("backend call %s failed: %s", endpoint, type_)
+        self.metrics.backend_errors.labels(base, type_).inc()
+        log.warning("backend call %s to %s failed: %s", endpoint, base, type_)

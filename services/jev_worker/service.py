@@ -10,6 +10,7 @@ import torch
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import ApiError, DomainError, UnsupportedRequestForm, validation_error
+from jev_common.route_key import render_state as route_state_text, state_route_key
 from jev_common.schema import (
     LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
     SystemOneUsage, Usage,
@@ -24,6 +25,7 @@ from .legacy import l1_key, prepare_legacy
 from .loader import LoadedModel, load_model
 from .metrics import WorkerMetrics
 from .prompt import PreparedRequest, PromptBuilder
+from .registration import RouteRegistry, WorkerRegistration
 from .scheduler import Scheduler
 from .serving import Serving, build_serving
 from .settings import WorkerSettings
@@ -57,6 +59,8 @@ class WorkerService:
         self.assets = None  # vision.AssetStore on vision-language recipes
         self.vision = None
         self.index: CacheIndex | None = None  # set once the model has loaded
+        self.routes = RouteRegistry()  # route keys of resident prefixes, for prefix-aware frontends
+        self.registration: WorkerRegistration | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop index calls hop to
         self.state = "loading"
         self.error: str | None = None
@@ -81,6 +85,9 @@ class WorkerService:
             self.warmup_seconds = time.perf_counter() - started
             self.reset_counters()
             self.state = "ok"
+            self.registration = WorkerRegistration(self.index, self._registration_record,
+                                                   self.settings.register_ttl_s)
+            self.registration.start()
             log.info("ready: %s on %s (warmup %.3f s)", self.recipe.name, self.loaded.device, self.warmup_seconds)
         except Exception as exc:  # noqa: BLE001 - health must say why the worker is not ready
             self.state = "unavailable"
@@ -126,9 +133,16 @@ class WorkerService:
 
     def _prefix_resident(self, key: str, state) -> None:
         self._index_call(lambda index: index.register_prefix(key, None, state.length, state.nbytes))
+        self._index_call(lambda index: self.routes.resident(index, key))
 
     def _prefix_evicted(self, key: str, _state) -> None:
         self._index_call(lambda index: index.unregister_prefix(key))
+        self._index_call(lambda index: self.routes.evicted(index, key))
+
+    def _registration_record(self) -> dict:
+        return {"worker_id": self.settings.worker_id, "url": self.settings.worker_url, "model": self.recipe.name,
+                "ns": self.index.ns if self.index else "", "state": self.state,
+                "queue_depth": self.scheduler.depth if self.scheduler else 0, "max_queue": self.settings.max_queue}
 
     def _index_call(self, call) -> None:
         """Called on the model thread; the index is async, so hop to the loop and never wait."""
@@ -142,6 +156,8 @@ class WorkerService:
         loop.call_soon_threadsafe(schedule)
 
     async def stop(self) -> None:
+        if self.registration is not None:  # frontends stop sending here first
+            await self.registration.stop()
         if self.scheduler:
             await self.scheduler.stop()
         if self.index is not None:  # no index entry may point at a stopped worker
@@ -189,6 +205,9 @@ class WorkerService:
 
     async def _image(self, key: str, levels: dict[str, str]):
         asset, l2_hit = await self.assets.get_by_key(key)
+        if self.index is not None and self.settings.cache.l2_on:  # a routing hint: where this image is warm
+            task = asyncio.get_running_loop().create_task(self.index.register_l2(key))
+            task.add_done_callback(lambda t: t.exception())
         if self.settings.cache.l2_on:
             levels["l2"] = "miss" if levels.get("l2") == "miss" or not l2_hit else "hit"
         else:
@@ -235,6 +254,8 @@ class WorkerService:
 
             prepared, levels["l1"] = await asyncio.wait_for(
                 self._prepared(envelope.l1_key(request, keys), build), timeout)
+            self.routes.note(self.index, prepared.prefix_key,
+                             state_route_key(route_state_text(request.state), [r.key for r in refs]))
             result = await self._run(EngineItem(prepared=prepared, assets=assets), started, timeout)
             levels["l3"] = result.l3
             answers = envelope.answers(prepared.plan, result.row_logits, self.builder, self.serving.readout.kinds)
@@ -284,6 +305,7 @@ class WorkerService:
                 return prepare_legacy(self.builder, request, placeholders, keys)
 
             prepared, levels["l1"] = await asyncio.wait_for(self._prepared(l1_key(request, keys), build), timeout)
+            self.routes.note(self.index, prepared.prefix_key, state_route_key(request.state.text or "", keys))
             result = await self._run(EngineItem(prepared=prepared, assets=assets), started, timeout)
             levels["l3"] = result.l3
             fields = decide(prepared.plan, result.row_logits, request.state.text)
@@ -323,7 +345,9 @@ class WorkerService:
             self.assets.reset_counters()
 
     async def health(self) -> tuple[int, dict]:
-        detail = {"recipe": self.recipe.name, "checkpoint": self.identity, "state": self.state}
+        detail = {"recipe": self.recipe.name, "checkpoint": self.identity, "state": self.state,
+                  "worker_id": self.settings.worker_id,
+                  "queue_depth": self.scheduler.depth if self.scheduler else 0}
         if self.loaded:
             detail.update(device=str(self.loaded.device), dtype=str(self.loaded.dtype).removeprefix("torch."))
         if self.serving is not None:

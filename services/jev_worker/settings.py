@@ -44,6 +44,9 @@ ENV = EnvTable("worker", [
     EnvVar("JEV_WORKER_ID", "`hostname:port`", "owner name for prefixes registered in the index"),
     EnvVar("JEV_WORKER_URL", "`http://HOST:port`", "the address registered with each resident prefix, so a router "
            "can tell where it is warm; HOST is the listen address, or the hostname when that is `0.0.0.0`"),
+    EnvVar("JEV_WORKER_REGISTER_TTL_S", "`10`", "the worker announces itself (model, URL, health, queue depth) "
+           "in the index under `jev:worker:<id>` with this TTL, refreshed every TTL/3, for frontends that "
+           "discover workers; a dead host drops out after it. `0` = do not announce"),
     EnvVar("JEV_WORKER_MAX_BODY_BYTES", "`16M`", "request body cap (413 beyond)"),
     EnvVar("JEV_TORCH_THREADS", "`0` (torch default)", "intra-op threads"),
     EnvVar("JEV_API_KEYS", "(empty: auth off)", "comma-separated API keys accepted by the worker"),
@@ -96,6 +99,7 @@ class WorkerSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     worker_id: str = "worker"
     worker_url: str = ""
+    register_ttl_s: float = 10.0
     max_body_bytes: int = 16 << 20
     threads: int = 0
     api_keys: tuple[str, ...] = ()  # empty: auth off
@@ -134,6 +138,7 @@ class WorkerSettings:
             redis_url=ENV["JEV_REDIS_URL"].get("redis://127.0.0.1:6379/0"),
             worker_id=ENV["JEV_WORKER_ID"].get(f"{socket.gethostname()}:{port}"),
             worker_url=ENV["JEV_WORKER_URL"].get(f"http://{advertised}:{port}"),
+            register_ttl_s=ENV["JEV_WORKER_REGISTER_TTL_S"].get_float(10.0),
             max_body_bytes=ENV["JEV_WORKER_MAX_BODY_BYTES"].get_bytes(16 << 20),
             threads=ENV["JEV_TORCH_THREADS"].get_int(0),
             api_keys=ENV["JEV_API_KEYS"].get_list(),

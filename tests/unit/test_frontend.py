@@ -352,7 +352,8 @@ async def test_metrics_without_worker_is_own_only_with_backend_down():
 
 def test_settings_from_env(monkeypatch):
     for name in list(os.environ):
-        if name.startswith("JEV_FRONTEND_") or name == "JEV_BACKEND_URL":
+        if name.startswith(("JEV_FRONTEND_", "JEV_ROUTING")) or name in (
+                "JEV_BACKEND_URL", "JEV_BACKENDS", "JEV_DEFAULT_MODEL", "JEV_REDIS_URL"):
             monkeypatch.delenv(name)
     assert Settings.from_env() == Settings()
     assert Settings().max_body_bytes == 16 << 20 and Settings().port == 8080

@@ -1,0 +1,62 @@
+"""The routing key of a request's state: what a frontend (no tokenizer) and a worker both compute.
+
+A worker's L3 key (`prefix_key`, jev_worker.prompt) hashes the checkpoint identity, the image keys and
+the prefix *token ids*; a frontend cannot tokenize, so it cannot compute it. Instead both sides hash
+what decides the prefix before tokenisation: the state as the worker renders it (text as sent; objects
+and arrays as JSON text, jev_worker.questions.base.render_content) and the sorted keys of its images
+(sha256 of the image bytes, jev_common.assets). The worker registers this key next to each prefix it
+holds in L3 (cache_index `route` entries), so the frontend finds where a state is warm. Same model,
+same route key -> same prefix; the namespace (checkpoint) keeps models apart.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+
+from .assets import asset_key, bytes_key
+
+
+def render_state(value: object) -> str:
+    """The state text as the worker renders it (must equal jev_worker's render_content; tested)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def state_route_key(state_text: str, image_keys: Iterable[str] = ()) -> str:
+    digest = hashlib.sha256(b"jev-route-v1|")
+    digest.update(",".join(sorted(set(image_keys))).encode())
+    digest.update(b"|")
+    digest.update(state_text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def envelope_image_keys(assets: dict | None, parts: dict[str, bytes]) -> list[str]:
+    """Keys of a System One request's assets (validated model's `assets`), as the worker names them.
+    Assets that cannot be read are skipped: the worker answers their error itself."""
+    keys = []
+    for asset in (assets or {}).values():
+        if getattr(asset, "part", None) is not None:
+            data = parts.get(asset.part)
+        else:
+            try:
+                data = base64.b64decode(re.sub(r"\s+", "", getattr(asset, "data_base64", None) or ""), validate=True)
+            except (binascii.Error, ValueError):
+                data = None
+        if data:
+            keys.append(bytes_key(data))
+    return keys
+
+
+def legacy_image_keys(image: str | None) -> list[str]:
+    """The key of the single-question form's `state.image` data URI (none when absent or unreadable)."""
+    if not image:
+        return []
+    try:
+        return [asset_key(image)]
+    except (ValueError, binascii.Error):
+        return []

@@ -1,0 +1,95 @@
+"""What a worker tells the frontends through the cache index (jev_common.cache_index):
+
+- `WorkerRegistration`: this worker's record (model, URL, namespace, health, queue depth) under
+  `jev:worker:{id}` with a short TTL, refreshed every TTL/3 and removed on a clean stop; a host that
+  dies drops out when the TTL runs out.
+- `RouteRegistry`: the route key (jev_common.route_key) of every state whose prefix is resident in
+  this worker's L3, registered when the prefix enters L3 and removed when it leaves, so a frontend
+  can send a state's next request where its prefix is warm.
+
+Every index call is best effort: a down Redis only makes routing less informed, never fails a request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Callable
+
+from jev_common.cache_index import WORKER_TTL_S, CacheIndex, IndexUnavailable
+
+log = logging.getLogger("jev.worker.registration")
+
+MAX_PENDING_PREFIXES = 8192  # prefixes noted by requests but not (or no longer) resident
+
+
+async def _quietly(call) -> None:
+    try:
+        await call
+    except IndexUnavailable:
+        pass  # logged by the index; routing falls back to load
+
+
+class WorkerRegistration:
+    def __init__(self, index: CacheIndex, record: Callable[[], dict], ttl_s: float = WORKER_TTL_S):
+        self.index = index
+        self.record = record
+        self.ttl_s = ttl_s
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.ttl_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-registration")
+
+    async def _loop(self) -> None:
+        while True:
+            await _quietly(self.index.register_worker(self.record(), self.ttl_s))
+            await asyncio.sleep(max(0.05, self.ttl_s / 3))
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+        await _quietly(self.index.unregister_worker(str(self.record()["worker_id"])))
+
+
+class RouteRegistry:
+    """prefix_key -> route keys of the states that produced it. Loop thread only."""
+
+    def __init__(self) -> None:
+        self._routes: OrderedDict[str, set[str]] = OrderedDict()
+        self._resident: set[str] = set()
+        self._registered: set[str] = set()
+
+    def note(self, index: CacheIndex | None, prefix_key: str, route_key: str) -> None:
+        """A request with this route key uses this prefix (called before it runs)."""
+        routes = self._routes.setdefault(prefix_key, set())
+        self._routes.move_to_end(prefix_key)
+        routes.add(route_key)
+        if prefix_key in self._resident and route_key not in self._registered and index is not None:
+            self._register(index, route_key)
+        if len(self._routes) > MAX_PENDING_PREFIXES:  # drop the oldest prefix that is not resident
+            oldest = next((k for k in self._routes if k not in self._resident), None)
+            if oldest is not None:
+                self._routes.pop(oldest)
+
+    def _register(self, index: CacheIndex, route_key: str) -> None:
+        self._registered.add(route_key)
+        asyncio.get_running_loop().create_task(_quietly(index.register_route(route_key)))
+
+    async def resident(self, index: CacheIndex, prefix_key: str) -> None:
+        self._resident.add(prefix_key)
+        new = [r for r in self._routes.get(prefix_key, ()) if r not in self._registered]
+        self._registered.update(new)
+        await asyncio.gather(*(_quietly(index.register_route(r)) for r in new))
+
+    async def evicted(self, index: CacheIndex, prefix_key: str) -> None:
+        self._resident.discard(prefix_key)
+        gone = [r for r in self._routes.pop(prefix_key, ()) if r in self._registered]
+        self._registered.difference_update(gone)
+        await asyncio.gather(*(_quietly(index.unregister_route(r)) for r in gone))
+
+    def resident_routes(self) -> int:
+        return len(self._registered)
