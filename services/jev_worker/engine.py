@@ -92,6 +92,7 @@ class DecisionEngine:
         self.kv_branching: bool | None = None  # can prefix state be reused? known after the first prefix forward
         self.packing = True  # rows after one prefix state run packed; checked once against a padded batch
         self._packing_checked = False
+        self._whole_packing_checked = False
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
 
     # ----- inputs -------------------------------------------------------------------------------
@@ -288,9 +289,54 @@ class DecisionEngine:
 
     def _text_full(self, sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], capture: bool
                    ) -> tuple[torch.Tensor, list[PrefixState | None]]:
-        """Whole (prefix + row) text sequences, any prefixes, in one right-padded forward. With capture,
-        each row's prefix KV is cut from the same forward (causal: positions < len(prefix) never saw
-        the row), so a miss costs one forward and still fills L3."""
+        """Whole (prefix + row) text sequences, any prefixes, in one forward. With capture, each row's
+        prefix KV is cut from the same forward (causal: positions < len(prefix) never saw the row), so
+        a miss costs one forward and still fills L3. Packed end to end when the model's cache is plain
+        attention KV (checked once against the padded batch), else right-padded."""
+        if len(sequences) > 1 and self.packing and self.prefix_mode == "kv":
+            packed = self._text_packed(sequences, capture)
+            if self._whole_packing_checked:
+                return packed
+            self._whole_packing_checked = True
+            padded, _ = self._text_padded(sequences, False)
+            error = float((packed[0] - padded).abs().max() / padded.abs().max().clamp_min(1e-6))
+            if error <= 1e-3:
+                return packed
+            log.warning("packed sequences differ from a padded batch (relative %.2e): packing disabled", error)
+            self.packing = False
+        return self._text_padded(sequences, capture)
+
+    def _text_packed(self, sequences, capture: bool) -> tuple[torch.Tensor, list[PrefixState | None]]:
+        """Sequences end to end in one row, each attending causally to itself only (a block-diagonal
+        mask), positions restarting at 0: no padding, and each sequence's KV is what it alone makes."""
+        full = [prefix + row for prefix, row in sequences]
+        total = sum(len(seq) for seq in full)
+        ids = torch.tensor([[token for seq in full for token in seq]], dtype=torch.long, device=self.device)
+        mask = torch.zeros(1, 1, total, total, dtype=torch.bool, device=self.device)
+        starts, ends, positions, start = [], [], [], 0
+        for seq in full:
+            n = len(seq)
+            mask[0, 0, start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool,
+                                                                          device=self.device).tril()
+            positions.append(self._positions(0, n, 1, 0))
+            starts.append(start)
+            start += n
+            ends.append(start - 1)
+        cache = self._new_cache() if capture else None
+        extra = {self._cache_kwarg: cache} if capture else {}
+        hidden = self._forward(input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask,
+                               use_cache=capture, **extra)
+        states: list[PrefixState | None] = [None] * len(sequences)
+        layers = self._branchable(cache) if capture else None
+        if layers is not None:
+            self.kv_branching = True
+            for i, ((prefix, _), begin) in enumerate(zip(sequences, starts)):
+                kv = [(layer.keys[:, :, begin : begin + len(prefix)].clone(),
+                       layer.values[:, :, begin : begin + len(prefix)].clone()) for layer in layers]
+                states[i] = PrefixState(kv=kv, length=len(prefix))
+        return hidden[0, torch.tensor(ends, device=hidden.device)], states
+
+    def _text_padded(self, sequences, capture: bool) -> tuple[torch.Tensor, list[PrefixState | None]]:
         ids, lengths = self._ids([prefix + row for prefix, row in sequences])
         positions = self._positions(0, ids.shape[1], ids.shape[0], 0)
         if not capture:

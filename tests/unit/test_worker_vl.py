@@ -152,7 +152,7 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
                "question": "Is there an image?", "options": ["yes", "no"]}]
     async with worker_client(_settings(vl_recipe, asset_dir, batching=False)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
-    async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=20.0)) as (client, service):
+    async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=250.0)) as (client, service):
         for body in bodies:
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Look again."))
         forwards = record_forwards(service.engine)

@@ -79,18 +79,18 @@ def assert_close(a: list[list[float]], b: list[list[float]], tol: float = 1e-5) 
 
 
 def prefixes_in_one_forward(forwards: list[dict]) -> int:
-    """The most distinct prefix states whose rows shared one forward (packed: a 4D mask whose prefix
-    columns differ by row; padded: a batch of rows, each with its own padded prefix)."""
+    """The most distinct prefixes whose rows shared one forward: packed (a 4D mask; rows after cached
+    states differ in the prefix columns they see, whole sequences in their diagonal blocks), or a
+    batch of padded rows (one per batch entry)."""
     best = 0
     for kw in forwards:
         mask = kw.get("attention_mask")
-        if mask is None:
-            continue
-        if mask.dim() == 4:
-            rows = kw["input_ids"].shape[1]
-            prefix_part = mask[0, 0, :, : mask.shape[-1] - rows]
-            starts = {int(r.nonzero()[0]) for r in prefix_part if r.any()}
-            best = max(best, len(starts))
-        else:
-            best = max(best, kw["input_ids"].shape[0])
+        ids = kw.get("input_ids")
+        if mask is not None and mask.dim() == 4:
+            rows = ids.shape[1]
+            cached = mask.shape[-1] - rows
+            region = mask[0, 0, :, :cached] if cached > 0 else mask[0, 0]
+            best = max(best, len({int(r.nonzero()[0]) for r in region if r.any()}))
+        elif ids is not None:
+            best = max(best, ids.shape[0])
     return best
