@@ -11,6 +11,7 @@ from jev_common.http import (
 )
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
+from .external_service import make_service
 from .service import WorkerService
 from .settings import WorkerSettings
 
@@ -35,7 +36,7 @@ def model_list(recipe) -> ModelList:
 
 
 def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> web.Application:
-    service = WorkerService(settings)
+    service = make_service(settings)  # ExternalWorkerService when the recipe's backend runs elsewhere
     app = web.Application(
         middlewares=[request_id_middleware, service.metrics.middleware, error_middleware,
                      auth_middleware(settings.api_keys)],
@@ -56,7 +57,8 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
     async def health(_request: web.Request) -> web.Response:
         code, body = await service.health()
         if code != 200:
-            message = f"worker is {service.state}" + (f": {service.error}" if service.error else "")
+            error = body.get("detail", {}).get("error")
+            message = f"worker is {body.get('status', service.state)}" + (f": {error}" if error else "")
             detail = {**body.get("detail", {}), **error_body("not_ready", message)["detail"]}
             return web.json_response({**body, "detail": detail}, status=code)
         return web.json_response(body)

@@ -8,6 +8,7 @@ from ..readouts.base import ServingError
 BACKENDS = {
     "causal-lm": "jev_worker.backends.causal_lm:CausalLM",
     "noncausal-lm": "jev_worker.backends.noncausal_lm:NoncausalLM",
+    "external-http": "jev_worker.backends.external:ExternalHTTP",
 }
 
 

@@ -9,6 +9,7 @@ READOUTS = {
     "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
     "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
     "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
+    "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
 }
 
 
