@@ -31,6 +31,9 @@ class ModelSpec(_Section):
     modality: Literal["text", "vision-language"] = "text"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
+    remote_code_manifest: dict[str, str] | None = Field(
+        default=None, description="sha256 of every code file of the checkpoint package (path relative to it); "
+        "trust_remote_code is honoured only with a commit revision and this manifest (jev_worker.package_gate)")
     notes: str = ""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from jev_common.recipe import Recipe
 
 from .backends.registry import build_backend
+from .package_gate import check_remote_code
 from .readouts.base import Readout, ServingError
 from .readouts.registry import build_readout
 
@@ -15,9 +16,13 @@ from .readouts.registry import build_readout
 class Serving:
     backend: object
     readout: Readout
+    recipe: Recipe | None = None
 
     def check_checkpoint(self, folder: str) -> None:
-        """Everything the readout needs is in `folder`, and the checkpoint's attention fits the backend."""
+        """Everything the readout needs is in `folder`, and the checkpoint's attention fits the backend; code
+        the checkpoint ships passes the package gate first (package_gate.py)."""
+        if self.recipe is not None:
+            check_remote_code(self.recipe, folder)
         self.readout.check(folder)
         wanted = getattr(self.readout, "backend", None)
         if wanted is not None and wanted != self.backend.name:
@@ -32,7 +37,7 @@ def build_serving(recipe: Recipe) -> Serving:
     backend = build_backend(recipe.serving.backend)
     readout = build_readout(recipe.serving.readout, recipe.serving.options)
     backend.check(recipe)
-    return Serving(backend, readout)
+    return Serving(backend, readout, recipe)
 
 
 def preflight(recipe: Recipe, model_path: str | None) -> None:
