@@ -106,8 +106,9 @@ class WorkerService:
             torch.set_num_threads(s.threads)
         self.serving = build_serving(self.recipe)
         readout = self.serving.readout
-        self.loaded = load_model(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
-                                 before_load=self.serving.check_checkpoint)
+        load = getattr(self.serving.backend, "load_model", load_model)  # a backend may own its checkpoint layout
+        self.loaded = load(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
+                           before_load=self.serving.check_checkpoint)
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -116,7 +117,8 @@ class WorkerService:
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
                                             s.cache.l2_bytes if s.cache.l2_on else 0)
-        self.builder = PromptBuilder(tokenizer, self.recipe, self.identity)
+        builder = getattr(readout, "prompt_builder", PromptBuilder)  # a readout may lay out its own sequences
+        self.builder = builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,

@@ -53,9 +53,9 @@ def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.Completed
 
 
 def test_worker_exits_naming_an_unknown_readout(tmp_path, tiny_recipe, tiny_text_dir):
-    done = run_worker(tmp_path, family_recipe(tiny_recipe, "bad", readout="laya-heads"), Path(tiny_text_dir))
+    done = run_worker(tmp_path, family_recipe(tiny_recipe, "bad", readout="no-such-readout"), Path(tiny_text_dir))
     assert done.returncode == 2, done.stderr
-    assert "unknown readout 'laya-heads'" in done.stderr and "label-tokens" in done.stderr
+    assert "unknown readout 'no-such-readout'" in done.stderr and "label-tokens" in done.stderr
 
 
 def test_worker_exits_naming_a_missing_checkpoint_file(tmp_path, tiny_recipe, code_dir):
@@ -90,8 +90,8 @@ def test_noncausal_checkpoint_needs_the_noncausal_backend(tmp_path, tiny_recipe,
 
 
 def test_unknown_backend_and_option_are_named(tiny_recipe, tiny_text_dir):
-    with pytest.raises(ServingError, match="unknown backend 'encoder'"):
-        preflight(family_recipe(tiny_recipe, "x", backend="encoder", readout="label-tokens"), tiny_text_dir)
+    with pytest.raises(ServingError, match="unknown backend 'no-such-backend'"):
+        preflight(family_recipe(tiny_recipe, "x", backend="no-such-backend", readout="label-tokens"), tiny_text_dir)
     with pytest.raises(ServingError, match="no option.*head_fil"):
         build_readout("scalar-head", {"head_fil": "x.pt"})
 

@@ -9,6 +9,7 @@ BACKENDS = {
     "causal-lm": "jev_worker.backends.causal_lm:CausalLM",
     "noncausal-lm": "jev_worker.backends.noncausal_lm:NoncausalLM",
     "external-http": "jev_worker.backends.external:ExternalHTTP",
+    "encoder": "jev_worker.backends.encoder:Encoder",
 }
 
 

@@ -10,6 +10,7 @@ READOUTS = {
     "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
     "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
     "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
+    "laya-heads": "jev_worker.readouts.laya_heads:LayaHeads",
 }
 
 

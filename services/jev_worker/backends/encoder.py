@@ -1,0 +1,107 @@
+"""encoder: a bidirectional encoder (ModernBERT and the like) run over whole sequences, no LM head.
+
+Every row is one complete sequence (the readout's sequence builder lays it out; there is no state
+prefix to reuse, since every position attends to every other): rows are right-padded into one
+batch with an attention mask that hides the padding, and the readout's head receives each row's
+final hidden states at every real position ([length, hidden], FP32), not only the last one.
+
+Checkpoint layout (Laya's): `encoder/config.json` (the encoder's architecture), `tokenizer/`, and
+the encoder's weights under the `encoder.` prefix of `model.safetensors` (beside the readout's own
+tensors). Loaded with `AutoModel.from_config` + the state dict: no checkpoint code is executed.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..caches import BudgetLRU
+from ..engine import EngineResult
+from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
+from ..readouts.base import ServingError
+
+ENCODER_CONFIG = "encoder"
+TOKENIZER = "tokenizer"
+WEIGHTS = "model.safetensors"
+PREFIX = "encoder."
+
+
+def load_encoder(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
+                 before_load=None) -> LoadedModel:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    folder = resolve_checkpoint(recipe, model_path)
+    if before_load is not None:
+        before_load(folder)
+    for needed in (os.path.join(ENCODER_CONFIG, "config.json"), os.path.join(TOKENIZER, "tokenizer_config.json"), WEIGHTS):
+        if not os.path.isfile(os.path.join(folder, needed)):
+            raise ServingError(f"backend 'encoder' needs {needed} in the checkpoint folder {folder}; it is missing")
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    config = AutoConfig.from_pretrained(os.path.join(folder, ENCODER_CONFIG))
+    model = AutoModel.from_config(config, attn_implementation="sdpa")
+    weights = load_file(os.path.join(folder, WEIGHTS))
+    state = {key[len(PREFIX):]: value for key, value in weights.items() if key.startswith(PREFIX)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ServingError(f"{WEIGHTS}: the encoder's tensors under {PREFIX!r} do not fit encoder/config.json "
+                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.to(dev, torch_dtype).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(folder, TOKENIZER))
+    return LoadedModel(model, tokenizer, None, dev, torch_dtype, folder)
+
+
+class EncoderEngine:
+    """Whole-sequence rows in padded batches; each row's hidden states go to the readout's head."""
+
+    def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int):
+        self.model = model
+        self.device = device
+        self.head = head
+        self.pad_id = pad_id
+        self.max_batch_rows = max(1, max_batch_rows)
+        self.l3 = BudgetLRU("l3", 0)  # nothing to cache: no prefix state exists
+
+    def _hidden(self, rows: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+        return [out[i, : len(row)].float() for i, row in enumerate(rows)]
+
+    @torch.inference_mode()
+    def run(self, items) -> list[EngineResult]:
+        rows = [(i, row, labels) for i, item in enumerate(items)
+                for row, labels in zip(item.prepared.rows, item.prepared.row_labels)]
+        logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(items))}
+        for start in range(0, len(rows), self.max_batch_rows):
+            chunk = rows[start : start + self.max_batch_rows]
+            for (i, _, labels), hidden in zip(chunk, self._hidden([row for _, row, _ in chunk])):
+                logits[i].append(self.head.logits(hidden, labels))
+        return [EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))]
+
+
+class Encoder:
+    name = "encoder"
+    prefix_reuse = ("none: an encoder's every position attends to the whole sequence, so each question's "
+                    "sequence runs whole (L3 off)")
+    load_model = staticmethod(load_encoder)
+    readouts = frozenset({"laya-heads"})  # readouts whose head takes a whole sequence's hidden states
+
+    def check(self, recipe) -> None:
+        if recipe.serving.readout not in self.readouts:
+            raise ServingError(f"backend {self.name!r} runs readouts over whole-sequence hidden states "
+                               f"({', '.join(sorted(self.readouts))}); {recipe.serving.readout!r} is not one")
+        if recipe.model.modality != "text":
+            raise ServingError(f"backend {self.name!r} serves text recipes only; {recipe.name} is {recipe.model.modality}")
+
+    def build(self, loaded, *, head, l3_bytes: int, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
+        return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
