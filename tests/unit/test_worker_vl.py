@@ -187,3 +187,39 @@ async def test_envelope_images_are_placed_where_the_state_names_them(vl_recipe, 
             "model": "jev-latest", "state": f"A drawing: {ref}", "assets": {ref: asset},
             "questions": {"q": {"type": "noul", "instructions": f"Is {ref} striped?"}}})
         assert in_question.status == 422 and "state only" in (await in_question.json())["detail"][0]["msg"]
+
+
+async def test_several_images_in_one_state_equal_the_models_own_forward(vl_recipe, asset_dir):
+    """JEMM-style states with several images: each reference becomes its image's placeholder in place,
+    the prefix carries all of them, and every answer equals the model's own end-to-end forward on the
+    raw images (its vision tower, its M-RoPE over both images)."""
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.envelope import question_rows
+
+    images = {f"<img{i}>": {"type": "image", "format": "png", "data_base64": png_uri(seed).split(",", 1)[1]}
+              for i, seed in enumerate(SEEDS)}
+    body = {"model": "jev-latest", "state": ["Before:", "<img0>", "After:", "<img1>"], "assets": images,
+            "questions": {"same": {"type": "noul", "instructions": "Do the two pictures show the same pattern?"},
+                          "which": {"type": "choice", "instructions": "Which picture is darker?",
+                                    "criteria": {"the first": None, "the second": None}}}}
+    async with worker_client(_settings(vl_recipe, asset_dir)) as (client, service):
+        response = await client.post("/v1/systemone", json=body)
+        assert response.status == 200, await response.text()
+        answers = (await response.json())["answers"]
+        model, processor = service.loaded.model, service.loaded.processor
+        pixels = processor.image_processor(images=[pattern_image(s) for s in SEEDS], return_tensors="pt")
+        counts = [int(g.prod()) // 4 for g in pixels["image_grid_thw"]]
+        state = '["Before:", "P0", "After:", "P1"]'
+        for i, n in enumerate(counts):
+            state = state.replace(f"P{i}", "<|vision_start|>" + "<|image_pad|>" * n + "<|vision_end|>")
+        rows, _ = question_rows(SystemOneRequest.model_validate(body), service.builder)
+        prepared = service.builder.prepare(state, rows)
+        for qid, row_index in (("same", 0), ("which", 1)):
+            ids = torch.tensor([prepared.full_ids(row_index)])
+            with torch.inference_mode():
+                logits = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0, -1].float()
+            reference = torch.softmax(logits[list(rows[row_index].labels)], dim=-1).tolist()
+            answer = answers[qid]
+            served = [answer["noul"], 1 - answer["noul"]] if qid == "same" else list(answer["probabilities"].values())
+            assert max(abs(a - b) for a, b in zip(served, reference)) < 1e-5, (qid, served, reference)
