@@ -64,3 +64,55 @@ def make_tiny_laya(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, 
         "temperature_by_options": dict(temperature_by_options or {"choice:3-5": 1.7}),
     })
     return path
+
+
+def make_tiny_omnijev(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 2, width: int = 24,
+                      ordinal_width: int = 16, temperatures=None, noul_bias: float = 0.4) -> Path:
+    """The system1-omni export's text side: a causal LM whose tokenizer has the option markers
+    `<|opt|>` / `<|/opt|>`, FP32 `heads.safetensors` (`head.*` OptionScorer, `ord.*` OrdinalScoreHead,
+    widths `width` / `ordinal_width` for the real 1024 / 512) and `omnijev_export.json` (format,
+    option_tokens, heads, calibration)."""
+    import torch
+    from safetensors.torch import save_file
+    from torch import nn
+    from transformers import AddedToken, LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    tokenizer = smollm2_tokenizer()
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|opt|>", "<|/opt|>")],
+                         special_tokens=True)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 0.5)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+    def linear(name: str, outputs: int, inputs: int, std: float | None = None) -> dict:
+        layer = nn.Linear(inputs, outputs)
+        if std is not None:
+            nn.init.normal_(layer.weight, 0.0, std)
+        return {f"{name}.weight": layer.weight.detach(), f"{name}.bias": layer.bias.detach()}
+
+    heads = {}
+    for name, out, inp, std in (("head.opt.0", width, hidden, 0.5), ("head.opt.2", width, width, 0.5),
+                                ("head.que.0", width, hidden, 0.5), ("head.que.2", width, width, 0.5),
+                                ("head.score", 1, width, 0.15), ("head.abstain", 1, width, 0.15),
+                                ("head.feat", width, 6, 0.02), ("head.feat_lin", 1, 6, 0.02),
+                                ("ord.z.0", ordinal_width, hidden, 0.5), ("ord.z.2", 1, ordinal_width, 1.0),
+                                ("ord.cut.0", ordinal_width, hidden, 0.5), ("ord.cut.2", 1, ordinal_width, 1.0)):
+        heads.update(linear(name, out, inp, std))
+    heads["head.log_tau"] = torch.tensor([0.1, -0.2, 0.3])
+    save_file({k: v.float().contiguous() for k, v in heads.items()}, str(path / "heads.safetensors"))
+    _write_json(path / "omnijev_export.json", {
+        "format": "omnijev-merged/1", "vocabulary": len(tokenizer),
+        "option_tokens": {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|opt|>", "<|/opt|>")},
+        "heads": {"norm": "softmax", "lm_features": True, "ordinal": True},
+        "calibration": {"temperatures": dict(temperatures or {"noul": 1.3, "choice": 0.8, "score": 1.5}),
+                        "noul_bias": noul_bias},
+    })
+    return path

@@ -20,10 +20,12 @@ from jev_common.recipe import Recipe
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One forward row: the text after the state block, and the label tokens read at its end."""
+    """One forward row: the text after the state block, and the label tokens read at its end; `after`
+    follows the template's tail (text the model's own answer turn starts with, e.g. option blocks)."""
 
     content: str
     labels: tuple[int, ...]
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class PromptBuilder:
                 plan: object = None) -> PreparedRequest:
         """`state_text` may already hold image placeholders (they are the model's own tokens)."""
         head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
-        texts = [head + row.content + self.layout.tail for row in rows]
+        texts = [head + row.content + self.layout.tail + row.after for row in rows]
         tokenized = self._tokenize(texts, len(head))
         cut = min(c for _, c in tokenized)
         cut = min(cut, min(len(ids) for ids, _ in tokenized) - 1)  # every row keeps at least one token
@@ -208,7 +210,8 @@ class PromptBuilder:
 
     def reference_text(self, state_text: str, row: RowSpec) -> str:
         """The whole prompt text of one row, as the model's own template renders it."""
-        return self.layout.head + self.recipe.prompt.state_block.format(state=state_text) + row.content + self.layout.tail
+        state = self.recipe.prompt.state_block.format(state=state_text)
+        return self.layout.head + state + row.content + self.layout.tail + row.after
 
 
 def _common_prefix_length(sequences: list[tuple[int, ...]]) -> int:

@@ -10,6 +10,7 @@ BACKENDS = {
     "noncausal-lm": "jev_worker.backends.noncausal_lm:NoncausalLM",
     "external-http": "jev_worker.backends.external:ExternalHTTP",
     "encoder": "jev_worker.backends.encoder:Encoder",
+    "causal-lm-rows": "jev_worker.backends.causal_rows:CausalRows",
 }
 
 

@@ -11,6 +11,7 @@ READOUTS = {
     "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
     "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
     "laya-heads": "jev_worker.readouts.laya_heads:LayaHeads",
+    "omnijev-heads": "jev_worker.readouts.omnijev:OmniJevReadout",
 }
 
 
