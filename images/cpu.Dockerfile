@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # CPU image: one image serves every service, chosen by command (docs/deploy.md):
 #   python -m jev_worker | python -m jev_frontend | python -m jev_preencoder
 # Stages: builder (venv from requirements*.txt, torch from the PyTorch CPU wheel index) -> runtime

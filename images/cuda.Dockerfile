@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # CUDA image for the GPU workers and the preencoder; same services and entry points as cpu.Dockerfile.
 # builder: the CUDA *devel* base (nvcc) builds a venv with the torch CUDA wheel and compiles
 #          causal-conv1d from source for CUDA_ARCH (the conv path of hybrid models: LFM2.5's short
@@ -6,19 +5,30 @@
 # runtime: the matching CUDA *runtime* base, the venv, the code; non-root.
 #
 #   docker build -f images/cuda.Dockerfile --build-arg CUDA_ARCH=9.0 -t jev-cuda:local .
-ARG CUDA_VERSION=12.8.1
+#
+# Versions live here, once (the stages re-declare them bare): the CUDA toolkit of the bases, the Python
+# of the venv, the GPU architectures to compile for, the compiled extensions. torch's version is the
+# `torch==` pin of requirements.txt; its CUDA variant is derived from CUDA_VERSION (13.0.x -> cu130,
+# the index https://download.pytorch.org/whl/cu130), and the build stops when the installed torch
+# was built for another CUDA major.minor than the base's nvcc (extensions would not load). PyPI's
+# default torch 2.13.0 wheel is itself a CUDA 13.0 build (it depends on cuda-toolkit==13.0.3).
+ARG CUDA_VERSION=13.0.1
 ARG UBUNTU=ubuntu24.04
-
-FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS builder
 ARG PYTHON=python3.12
-# torch's CUDA wheel variant; it must exist for the torch version requirements.txt pins and match
-# CUDA_VERSION's major.minor (cu128 <-> 12.8.x).
-ARG TORCH_CUDA=cu128
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_CUDA}
-# compute capability to compile for: 9.0 = sm_90 (H100/H200); "8.0;9.0" for several.
+# compute capability to compile for: 9.0 = sm_90 (H100/H200); "8.0;9.0" for several; "9.0+PTX" adds PTX.
 ARG CUDA_ARCH=9.0
 ARG CAUSAL_CONV1D_VERSION=1.7.0
 ARG FLA_VERSION=0.6.0
+
+FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS builder
+ARG CUDA_VERSION
+ARG PYTHON
+ARG CUDA_ARCH
+ARG CAUSAL_CONV1D_VERSION
+ARG FLA_VERSION
+# empty: derived from CUDA_VERSION (cu + major + minor) and its download.pytorch.org index
+ARG TORCH_CUDA=
+ARG TORCH_INDEX_URL=
 ARG MAX_JOBS=4
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TORCH_CUDA_ARCH_LIST=${CUDA_ARCH} MAX_JOBS=${MAX_JOBS}
@@ -32,12 +42,17 @@ COPY requirements.txt requirements-model.txt /tmp/req/
 COPY images/causal_conv1d_arch.py /tmp/req/
 RUN set -eux; \
     torch_spec="$(grep -E '^torch==' /tmp/req/requirements.txt)"; \
+    cuda_mm="$(echo "${CUDA_VERSION}" | cut -d. -f1,2)"; \
+    torch_cuda="${TORCH_CUDA:-cu$(echo "${cuda_mm}" | tr -d .)}"; \
+    index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/${torch_cuda}}"; \
     pip install --upgrade pip; \
-    pip install --index-url "${TORCH_INDEX_URL}" "${torch_spec}"; \
+    pip install --index-url "${index}" "${torch_spec}"; \
     pip install -r /tmp/req/requirements.txt; \
     pip install --no-deps -r /tmp/req/requirements-model.txt; \
-    python -c "import torch; assert torch.version.cuda, 'not a CUDA build'; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    python -c "import sys, torch; v = torch.version.cuda; print('torch', torch.__version__, 'cuda', v); \
+sys.exit(0 if v and v.split('.')[:2] == sys.argv[1].split('.') else f'torch built for CUDA {v}, base is {sys.argv[1]}')" "${cuda_mm}"
 # causal-conv1d from source (never its prebuilt-wheel download), for TORCH_CUDA_ARCH_LIST only.
+# Its extension links against torch's libraries: import torch first, always.
 RUN set -eux; \
     pip install "packaging" "wheel" "setuptools" "ninja"; \
     mkdir -p /tmp/cc /wheels; \
@@ -49,15 +64,18 @@ RUN set -eux; \
         /tmp/cc/causal_conv1d-${CAUSAL_CONV1D_VERSION}; \
     pip install --no-deps /wheels/causal_conv1d-*.whl; \
     pip install --no-deps "fla-core==${FLA_VERSION}" "flash-linear-attention==${FLA_VERSION}" "einops==0.8.2"; \
-    python -c "import causal_conv1d_cuda, causal_conv1d; print('causal-conv1d', causal_conv1d.__version__)"; \
-    rm -rf /tmp/cc
+    pip uninstall -y ninja wheel; \
+    python -c "import torch, causal_conv1d, causal_conv1d_cuda; print('causal-conv1d', causal_conv1d.__version__)"; \
+    rm -rf /tmp/cc /wheels
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS runtime
-ARG PYTHON=python3.12
+ARG PYTHON
 ENV DEBIAN_FRONTEND=noninteractive
+# gcc, libc headers and the Python headers: Triton (the fla kernels) compiles its launcher stub with the
+# system C compiler at first use. Nothing else of the builder's toolchain (nvcc, ninja, build-essential).
 RUN set -eux; \
     apt-get update; \
-    apt-get install -y --no-install-recommends ${PYTHON}; \
+    apt-get install -y --no-install-recommends ${PYTHON} ${PYTHON}-dev gcc libc6-dev; \
     rm -rf /var/lib/apt/lists/*; \
     groupadd --system --gid 10001 jev; \
     useradd --system --uid 10001 --gid jev --home-dir /home/jev --create-home --shell /usr/sbin/nologin jev; \
@@ -75,12 +93,16 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HOME=/data/hf \
     HF_HUB_OFFLINE=1 \
     TOKENIZERS_PARALLELISM=false \
+    TRITON_CACHE_DIR=/home/jev/.triton \
+    CC=gcc \
     JEV_DEVICE=cuda \
     JEV_ASSET_DIR=/var/lib/jev/assets \
     JEV_HEALTH_URL=http://127.0.0.1:8000/health \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER jev
+# fails the build if the venv's compiled extensions cannot load (torch first: they link its libraries)
+RUN python -c "import torch, causal_conv1d_cuda, fla; print('runtime imports ok')"
 EXPOSE 8000 8080 8090
 HEALTHCHECK --interval=10s --timeout=5s --start-period=900s --retries=3 CMD ["python", "-m", "tools.healthcheck"]
 CMD ["python", "-m", "jev_worker"]

@@ -206,6 +206,8 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     overrides = {k: dict(v) for k, v in (overrides or {}).items()}
     repo_root, state_dir = Path(repo_root), Path(state_dir)
     services = profile_services(compose, profile)
+    # services marked `x-local-stack: skip` (Prometheus, one-shot jobs) are compose-only
+    services = {n: s for n, s in services.items() if s.get("x-local-stack") != "skip"}
     unknown = sorted(set(overrides) - set(services))
     if unknown:
         raise KeyError(f"overrides name services not in profile {profile!r}: {unknown}")
@@ -244,13 +246,15 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     def urls(text: str) -> str:
         def sub(match: re.Match) -> str:
             host, port = match.group("host"), match.group("port")
-            if host in hosts:
-                return f"{match.group('scheme')}://{LOOPBACK}:{hosts[host]}"
+            if host in hosts:  # credentials for a host-provided service (redis: none locally) are dropped
+                user = "" if host in external else (match.group("user") or "")
+                return f"{match.group('scheme')}://{user}{LOOPBACK}:{hosts[host]}"
             if host == "host.docker.internal":
                 return f"{match.group('scheme')}://{LOOPBACK}" + (f":{port}" if port else "")
             return match.group(0)
 
-        return re.sub(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>\d+))?", sub, text)
+        return re.sub(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<user>[^@/\s]*@)?(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>\d+))?",
+                      sub, text)
 
     plan: list[LocalService] = []
     for name, (env, command, health) in raw.items():

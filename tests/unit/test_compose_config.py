@@ -1,8 +1,10 @@
 """docker-compose.yml, profile by profile: `docker compose config` when the CLI works, and structural checks.
 
 The structural checks always run (PyYAML, merge keys resolved): image/build, healthchecks on /health
-at the listening port, the env CONTRACTS.md names, depends_on inside the profile and on health, GPU
-reservations, the frontend on 8080 pointing at that profile's backend, and every JEV_RECIPE existing.
+at the listening port, the env CONTRACTS.md names, depends_on inside the profile and on health (or, for
+a one-shot job, on its successful completion), GPU reservations, the frontend on 8080 pointing at that
+profile's backend, every JEV_RECIPE existing; and the security defaults: only the frontend published
+beyond loopback, Redis behind a password that every service gets, Prometheus scraping every service.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ DATA = yaml.safe_load(COMPOSE.read_text())
 SERVICES = DATA["services"]
 PROFILES = sorted({p for svc in SERVICES.values() for p in svc.get("profiles") or []})
 ENV = {}  # interpolate with defaults only, as a fresh shell would
+PROMETHEUS = yaml.safe_load((ROOT / "images" / "prometheus.yml").read_text())
 
 REQUIRED_ENV = {
     "jev_worker": ["JEV_WORKER_HOST", "JEV_WORKER_PORT", "JEV_RECIPE", "JEV_DEVICE", "JEV_REDIS_URL",
@@ -54,6 +57,16 @@ def _listen_port(svc: dict) -> int:
         return int(_env(svc)[LISTEN_ENV[module]])
     command = [interpolate(str(c), ENV) for c in svc.get("command") or []]
     return int(command[command.index("--port") + 1])
+
+
+def _one_shot(svc: dict) -> bool:
+    return str(svc.get("restart", "no")) == "no" and (svc.get("healthcheck") or {}).get("disable") is True
+
+
+def _waits_for(services: dict, name: str, target: str, seen: frozenset = frozenset()) -> bool:
+    """name depends on target, directly or through its dependencies."""
+    deps = services[name].get("depends_on") or {}
+    return target in deps or any(d not in seen and _waits_for(services, d, target, seen | {name}) for d in deps)
 
 
 def _reserves_gpu(svc: dict) -> bool:
@@ -89,6 +102,11 @@ def test_profile_structure(profile):
     assert services
     for name, svc in services.items():
         assert svc.get("image") or svc.get("build"), f"{name}: no image or build"
+        if _one_shot(svc):  # a job: dependents wait for it to exit 0
+            dependents = [n for n, s in services.items() if name in (s.get("depends_on") or {})]
+            assert dependents, f"{name}: a one-shot job nothing waits for"
+            assert svc.get("x-local-stack") == "skip", f"{name}: tools/local_stack would run a job as a service"
+            continue
         test = (svc.get("healthcheck") or {}).get("test")
         assert test, f"{name}: no healthcheck"
         if "build" in svc:
@@ -103,15 +121,16 @@ def test_profile_structure(profile):
         deps = svc.get("depends_on") or {}
         for dep, condition in deps.items():
             assert dep in services, f"{name} depends on {dep}, which is not in profile {profile}"
-            assert condition == {"condition": "service_healthy"}, f"{name} -> {dep}: {condition}"
+            wanted = "service_completed_successfully" if _one_shot(services[dep]) else "service_healthy"
+            assert condition == {"condition": wanted}, f"{name} -> {dep}: {condition}"
         module = _module(svc)
         env = _env(svc)
         for key in REQUIRED_ENV.get(module, []):
             assert env.get(key), f"{name}: {key} not set"
         if env.get("JEV_REDIS_URL"):
-            host = re.match(r"redis://([^:/]+)", env["JEV_REDIS_URL"]).group(1)
+            host = re.match(r"redis://(?:[^@/]*@)?([^:/]+)", env["JEV_REDIS_URL"]).group(1)
             assert host in services and services[host]["image"].startswith("redis:"), f"{name}: redis {host}"
-            assert host in deps, f"{name} uses redis but does not wait for it"
+            assert _waits_for(services, name, host), f"{name} uses redis but does not wait for it"
         if env.get("JEV_RECIPE"):
             recipe = load_recipe(env["JEV_RECIPE"])
             assert recipe.name == env["JEV_RECIPE"]
@@ -159,7 +178,7 @@ def test_gpu_recipes_get_a_gpu_and_cpu_recipes_do_not(profile):
 
 def test_cpu_profile_is_the_embedded_default():
     services = profile_services(DATA, "cpu")
-    assert set(services) == {"redis", "worker-cpu", "frontend-cpu"}
+    assert set(services) == {"redis", "prometheus", "worker-cpu", "frontend-cpu"}
     assert _env(services["worker-cpu"])["JEV_RECIPE"] == "smollm2-135m-cpu"
     assert _env(services["worker-cpu"])["JEV_DEVICE"] == "cpu"
     assert not _reserves_gpu(services["worker-cpu"])
@@ -167,8 +186,79 @@ def test_cpu_profile_is_the_embedded_default():
 
 def test_jev_vl_profile_shape():
     services = profile_services(DATA, "jev-vl")
-    assert set(services) == {"redis", "worker-jev-vl", "preencoder-jev-vl", "frontend-jev-vl"}
-    assert _reserves_gpu(services["worker-jev-vl"]) and _reserves_gpu(services["preencoder-jev-vl"])
+    assert set(services) == {"redis", "prometheus", "preencode-jev-vl", "worker-jev-vl", "preencoder-jev-vl",
+                             "frontend-jev-vl"}
+    for name in ("preencode-jev-vl", "worker-jev-vl", "preencoder-jev-vl"):
+        assert _reserves_gpu(services[name]), name
+    # the worker starts only once the one-shot preencode of the manifest has exited 0
+    assert services["worker-jev-vl"]["depends_on"]["preencode-jev-vl"] == {"condition": "service_completed_successfully"}
+    command = [interpolate(c, ENV) for c in services["preencode-jev-vl"]["command"]]
+    assert command[:4] == ["python", "-m", "jev_preencoder", "encode"] and "--manifest" in command
+    assert _env(services["preencode-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""} == \
+        _env(services["preencoder-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""}
+
+
+def _published(svc: dict) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port, defaults interpolated."""
+    out = []
+    for item in svc.get("ports") or []:
+        pieces = interpolate(str(item), ENV).split(":")
+        out.append(("0.0.0.0",) + tuple(pieces) if len(pieces) == 2 else tuple(pieces))
+    return out
+
+
+@pytest.mark.parametrize("publish", ["", "127.0.0.1:18080"])
+def test_only_the_frontend_is_published_beyond_loopback(publish):
+    env = {"JEV_FRONTEND_PUBLISH": publish} if publish else {}
+    for name, svc in SERVICES.items():
+        for address, host_port, container_port in _published(svc):
+            if _module(svc) == "jev_frontend":
+                continue
+            assert address == "127.0.0.1", f"{name} publishes {host_port}:{container_port} on {address}"
+    frontend = SERVICES["frontend-cpu"]["ports"][0]
+    assert interpolate(frontend, env) == (f"{publish}:8080" if publish else "8080:8080")
+
+
+def test_redis_requires_the_password_every_service_gets():
+    redis = SERVICES["redis"]
+    command = redis["command"]
+    secret = command[command.index("--requirepass") + 1]
+    assert secret.startswith("${JEV_REDIS_PASSWORD"), secret
+    assert (redis.get("environment") or {}).get("REDISCLI_AUTH") == secret  # the healthcheck authenticates
+    assert "PONG" in " ".join(redis["healthcheck"]["test"])  # an unauthenticated ping answers NOAUTH, exit 0
+    for name, svc in SERVICES.items():
+        if _module(svc) in REQUIRED_ENV:
+            url = (svc.get("environment") or {}).get("JEV_REDIS_URL")
+            assert url == f"redis://default:{secret}@redis:6379/0", f"{name}: JEV_REDIS_URL {url}"
+    password = interpolate(secret, {"JEV_REDIS_PASSWORD": "s3cret"})
+    assert password == "s3cret"
+
+
+def test_local_processes_drop_the_password_for_the_host_redis():
+    """tools/local_stack runs the services against the host's Redis (no password, tools/ensure_redis.sh)."""
+    from tools.local_stack import plan_profile
+
+    plan = {s.name: s for s in plan_profile("cpu", environ={"JEV_REDIS_PASSWORD": "s3cret"})}
+    assert set(plan) == {"worker-cpu", "frontend-cpu"}  # Prometheus is compose-only
+    assert plan["worker-cpu"].env["JEV_REDIS_URL"] == "redis://127.0.0.1:6379/0"
+
+
+def test_prometheus_scrapes_every_service_of_every_profile():
+    prometheus = SERVICES["prometheus"]
+    assert set(prometheus["profiles"]) == set(PROFILES)
+    assert "./images/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    assert prometheus.get("x-local-stack") == "skip"
+    targets = {}
+    for job in PROMETHEUS["scrape_configs"]:
+        for group in job["static_configs"]:
+            for target in group["targets"]:
+                targets[target] = job["job_name"]
+    for name, svc in SERVICES.items():
+        module = _module(svc)
+        if module in LISTEN_ENV and not _one_shot(svc):
+            target = f"{name}:{_listen_port(svc)}"
+            assert targets.get(target) == f"jev-{module.removeprefix('jev_')}", f"{target} not scraped"
+    assert PROMETHEUS["global"]["scrape_interval"] in ("5s", "10s", "15s")
 
 
 def _compose_cli() -> list[str] | None:
