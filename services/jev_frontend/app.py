@@ -2,7 +2,6 @@
 forward the original bytes, pass the answer through."""
 from __future__ import annotations
 
-import json
 import logging
 
 from aiohttp import web
@@ -130,7 +129,7 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    """One backend: its health passes through (status and body, plus the backend list). Several: every
+    """One backend: its health passes through (status and body, unchanged). Several: every
     backend probed now; 200 while at least one is in rotation ("degraded" when any is out), else 503."""
     settings = request.app[SETTINGS]
     pool = request.app[POOL]
@@ -154,6 +153,7 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def _single_health(request: web.Request, settings: Settings, pool: BackendPool) -> web.Response:
+    """The worker's own health, status and body unchanged (the upstream contract compares them)."""
     backend = next(iter(pool.backends.values()))
     answer = await request.app[BACKEND].call("GET", "/health", endpoint="health", timeout_s=settings.timeout_s)
     if answer.status != 200 and answer.status < 400:
@@ -162,13 +162,6 @@ async def _single_health(request: web.Request, settings: Settings, pool: Backend
             f"backend {settings.backend_url} answered GET /health with unexpected status {answer.status}",
         )
     backend.up = answer.status == 200
-    try:
-        body = json.loads(answer.body)
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("detail"), dict):
-        body["detail"]["backends"] = [backend.describe()]
-        return web.json_response(body, status=answer.status)
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 

@@ -150,6 +150,8 @@ async def test_health_healthy_passes_worker_body(fake):
     async with frontend(fake.url) as client:
         resp = await client.get("/health")
         body = await resp.json()
+    async with aiohttp.ClientSession() as session, session.get(fake.url + "/health") as direct:
+        assert body == await direct.json()  # unchanged: the upstream contract compares the two
     assert resp.status == 200
     assert body["status"] == "ok" and body["detail"]["fake"] is True
 
