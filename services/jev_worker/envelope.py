@@ -113,23 +113,37 @@ def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[Image
     return refs
 
 
+def _forms(reference: str) -> tuple[str, ...]:
+    """How a reference reads in the rendered state: as sent in a text state, JSON-escaped inside an
+    object or array state (a reference with quotes or backslashes differs there)."""
+    escaped = json.dumps(reference, ensure_ascii=False)[1:-1]
+    return (reference,) if escaped == reference else (reference, escaped)
+
+
 def state_occurrences(state_text: str, refs: list[ImageRef]) -> list[tuple[int, int, ImageRef]]:
     """(start, end, ref) of every image reference in the rendered state, in order."""
     if not refs:
         return []
-    by_reference = {r.reference: r for r in refs}
-    pattern = re.compile("|".join(re.escape(r) for r in sorted(by_reference, key=len, reverse=True)))
-    return [(m.start(), m.end(), by_reference[m.group(0)]) for m in pattern.finditer(state_text)]
+    by_form = {form: r for r in refs for form in _forms(r.reference)}
+    pattern = re.compile("|".join(re.escape(f) for f in sorted(by_form, key=len, reverse=True)))
+    return [(m.start(), m.end(), by_form[m.group(0)]) for m in pattern.finditer(state_text)]
 
 
 def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef]) -> None:
+    """Images are placed in the state only; an asset the state never names is a caller's mistake
+    (it would be answered without the image), so both are refused."""
     if not refs:
         return
     questions = json.dumps(request.model_dump(mode="json", include={"questions"}), ensure_ascii=False)
+    state = render_state(request)
     for ref in refs:
-        if json.dumps(ref.reference, ensure_ascii=False)[1:-1] in questions:
+        forms = _forms(ref.reference)
+        if any(json.dumps(f, ensure_ascii=False)[1:-1] in questions for f in forms):
             raise validation_error(f"image {ref.reference!r} is used in a question; images are served in the "
                                    "state only (questions are rows after the state)", ("questions",))
+        if not any(f in state for f in forms):
+            raise validation_error(f"asset {ref.reference!r} is not placed in the state: put its reference "
+                                   "where the image belongs in the state", ("assets", ref.reference))
 
 
 def render_state(request: SystemOneRequest) -> str:
