@@ -10,7 +10,7 @@ export PYTHONPATH := $(CURDIR)/services:$(CURDIR)
 # one progress line every 5 s while pip works quietly
 PROGRESS := $(PY) tools/progress.py
 
-.PHONY: venv up down up-local test test-unit bench bench-questions compose-test clean
+.PHONY: venv up down up-local test test-unit bench bench-questions bench-peers compose-test clean
 
 venv: $(VENV)/.installed $(VENV)/bin/jev
 
@@ -52,6 +52,13 @@ bench: venv
 # One request of 8 questions vs 8 one-question requests about the same states (System One envelope).
 bench-questions: venv
 	bash tools/ensure_redis.sh -- $(VPY) -m benchmarks.questions_per_request
+
+# Side by side with jev-compatible-server (llama.cpp and transformers) and a bare llama.cpp scorer on the
+# same model and requests (benchmarks/peers.py, ~15 min; not in `make test`). The peers get their own
+# pinned venv, benchmarks/peers/.venv (first time: llama.cpp builds from source, ~8 min on 2 cores).
+bench-peers: venv
+	bash benchmarks/peers/install.sh
+	bash tools/ensure_redis.sh -- $(VPY) -m benchmarks.peers $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache benchmarks/out

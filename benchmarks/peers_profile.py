@@ -1,0 +1,120 @@
+"""Where an arm of benchmarks/peers.py spends its time: py-spy on the serving process under one cell's load.
+
+    python -m benchmarks.peers_profile --workload single --concurrency 1 [--arm ours|llama-bare]
+                                       [--seconds 20] [--native] [--out benchmarks/out/peers]
+
+Starts only that arm (as benchmarks.peers does: the same env, the same loopback ports), sends the
+cell's requests (the same corpus, fresh requests, bounded by --seconds) while
+`py-spy record --format raw` samples the serving process (ours: the worker; llama-bare: the scorer)
+at 200 Hz, idle threads excluded, so the samples say where CPU time goes. Prints the top functions by
+inclusive and by self share of samples, and writes the raw collapsed stacks (flamegraph input) and a
+summary JSON under --out. py-spy comes from the peers' venv (benchmarks/peers/install.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from . import peers
+
+
+def summarise(raw_lines: list[str], top: int = 25) -> dict:
+    """Collapsed stacks ("f1;f2;...;leaf N") -> inclusive and self sample shares per function."""
+    inclusive: Counter[str] = Counter()
+    self_: Counter[str] = Counter()
+    total = 0
+    for line in raw_lines:
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f for f in stack.split(";") if f]
+        names = [f.split(" (")[0] + (f" ({f.split(' (')[1].split(':')[0]})" if " (" in f else "") for f in frames]
+        for name in set(names):
+            inclusive[name] += n
+        if names:
+            self_[names[-1]] += n
+
+    def share(counter: Counter[str]) -> list[tuple[str, float]]:
+        return [(name, n / total) for name, n in counter.most_common(top)] if total else []
+
+    return {"samples": total, "inclusive": share(inclusive), "self": share(self_)}
+
+
+async def profile(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = peers.build_corpus(6, peers.DEFAULT_COUNTS, seed=77)  # other requests than the benchmark's
+    bodies = [b for r in range(6) for b in corpus[(args.workload, args.concurrency, r)]]
+    ref = peers.Reference() if args.arm in ("jcs-transformers", "jcs-llama") else None
+    jcs_config = out / "jcs-config-profile.json"
+    hf_folder = None
+    if ref is not None:
+        jcs_config.write_text(json.dumps(ref.jcs_config(bodies + peers.WARMUP)))
+        hf_folder = ref.save_hf_folder(out / "smollm2-135m-fp32-hf")
+    stacks, urls, pids = await peers.start_arms([args.arm], out, peers.gguf_path(), hf_folder, jcs_config,
+                                                args.bare_threads, 300.0)
+    stem = f"profile-{args.arm}-{args.workload}-c{args.concurrency}"
+    raw_path = out / f"{stem}.txt"
+    try:
+        await peers.run_cell(urls[args.arm], peers.WARMUP, 1, timeout_s=300, max_seconds=300)
+        spy = peers.PEER_VENV / "bin" / "py-spy"
+        cmd = [str(spy), "record", "--pid", str(pids[args.arm]), "--rate", "200", "--format", "raw",
+               "--output", str(raw_path), "--duration", str(int(args.seconds)), "--nonblocking"]
+        if args.native:
+            cmd.append("--native")
+        recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        await asyncio.sleep(1.0)
+        results, wall = await peers.run_cell(urls[args.arm], bodies, args.concurrency, timeout_s=300,
+                                             max_seconds=args.seconds - 1.5)
+        sent = [r for r in results if r is not None]
+        latencies = sorted(r[1] * 1000 for r in sent if r[0] == 200)
+        _, err = await asyncio.to_thread(recorder.communicate, None, args.seconds + 60)
+        if recorder.returncode != 0:
+            raise SystemExit(f"py-spy failed ({recorder.returncode}): {err.decode(errors='replace')[-2000:]}")
+    finally:
+        for stack in reversed(stacks):
+            await stack.stop_all()
+    summary = summarise(raw_path.read_text().splitlines())
+    summary.update({"arm": args.arm, "workload": args.workload, "concurrency": args.concurrency,
+                    "requests_ok": len(latencies), "requests_sent": len(sent), "wall_s": wall,
+                    "p50_ms": peers.percentile(latencies, 50), "native": args.native,
+                    "facts": peers.machine_facts(), "raw": str(raw_path)})
+    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers_profile", description=__doc__.split("\n")[0])
+    parser.add_argument("--arm", choices=peers.ARMS, default="ours")
+    parser.add_argument("--workload", choices=peers.WORKLOADS, default="single")
+    parser.add_argument("--concurrency", type=int, choices=peers.CONCURRENCY, default=1)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--native", action="store_true", help="C/C++ frames too (torch, ggml kernels)")
+    parser.add_argument("--bare-threads", type=int, default=None)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", default=str(peers.DEFAULT_OUT))
+    args = parser.parse_args(argv)
+    import os
+
+    args.bare_threads = args.bare_threads or os.cpu_count() or 1
+    summary = asyncio.run(profile(args))
+    print(f"{summary['arm']} {summary['workload']} c={summary['concurrency']}: {summary['requests_ok']}/"
+          f"{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, {summary['samples']} samples "
+          f"(load average {peers.loadavg()})")
+    for title in ("inclusive", "self"):
+        print(f"\n{title} share of samples:")
+        for name, share in summary[title][: args.top]:
+            print(f"  {share * 100:5.1f}%  {name}")
+    print(f"\nraw stacks: {summary['raw']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
