@@ -10,9 +10,11 @@ import torch
 from jev_worker.settings import CacheSettings
 from jev_worker.legacy import prepare_legacy
 
-from .worker_helpers import prefixes_in_one_forward, record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
 CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
+PILOT = {"kind": "choice", "state": {"text": "A pilot request about another state."}, "question": "q?",
+         "options": ["a", "b"]}
 
 
 @pytest.mark.parametrize("kind", list(REQUESTS))
@@ -142,7 +144,7 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=250.0)) as (client, service):
         forwards = record_forwards(service.engine)
-        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
         assert prefixes_in_one_forward(forwards) > 1, "different-prefix requests were not batched into one forward"
         assert service.engine.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
@@ -167,7 +169,7 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
         for body in bodies:  # warm L3 for every state
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " (warm-up)"))
         forwards = record_forwards(service.engine)
-        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
     assert prefixes_in_one_forward(forwards) > 2

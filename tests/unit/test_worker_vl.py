@@ -13,7 +13,7 @@ from jev_worker.settings import CacheSettings, WorkerSettings
 from jev_worker.legacy import prepare_legacy
 
 from .vl_helpers import pattern_image, png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
-from .worker_helpers import prefixes_in_one_forward, record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client
 
 SEEDS = (81, 82)
 
@@ -156,7 +156,8 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
         for body in bodies:
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Look again."))
         forwards = record_forwards(service.engine)
-        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        pilot = {"kind": "choice", "state": {"text": "A pilot request."}, "question": "q?", "options": ["a", "b"]}
+        responses = await post_as_one_batch(client, service, bodies, pilot)
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
     assert prefixes_in_one_forward(forwards) >= 3

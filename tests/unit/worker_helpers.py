@@ -94,3 +94,17 @@ def prefixes_in_one_forward(forwards: list[dict]) -> int:
         elif ids is not None:
             best = max(best, ids.shape[0])
     return best
+
+
+async def post_as_one_batch(client, service, bodies: list[dict], pilot: dict) -> list:
+    """POST `bodies` so that they reach the model as one batch, however slow the machine: a `pilot`
+    request (another state) holds the model thread for a second while they queue behind it."""
+    import asyncio
+
+    with slow_engine(service.engine, 1.0):
+        first = asyncio.ensure_future(client.post("/v1/systemone", json=pilot))
+        while service.scheduler.depth == 0:  # until the pilot is on the model thread
+            await asyncio.sleep(0.01)
+        responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
+        await first
+    return responses
