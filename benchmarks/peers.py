@@ -430,6 +430,9 @@ class Reference:
         from jev_worker.loader import load_model
         from jev_worker.prompt import PromptBuilder
 
+        # not timed, and run while the machine may be shared: one thread, so OpenMP barriers never spin
+        # against a neighbour (benchmarks/RESULTS.md, peers: that is what slows a 2-thread torch here)
+        torch.set_num_threads(1)
         self.torch = torch
         self.envelope = worker_envelope
         self.recipe = load_recipe("smollm2-135m-cpu")
@@ -545,7 +548,7 @@ async def run_cell(url: str, bodies: list[dict], concurrency: int, *, timeout_s:
 
 
 async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | None, jcs_config: Path,
-                     bare_threads: int, client_timeout_s: float):
+                     bare_threads: int, client_timeout_s: float, ours_env: dict[str, str] | None = None):
     from benchmarks.stack import Stack, free_port
 
     ours_stack = Stack(out / "logs")
@@ -561,7 +564,7 @@ async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | N
         if "ours" in arms:
             # deadlines as long as the client's timeout: every arm is cut off by the same clock (peers have none)
             deadline = str(int(client_timeout_s))
-            worker = await ours_stack.worker("ours-worker", JEV_DEADLINE_S=deadline)
+            worker = await ours_stack.worker("ours-worker", **{"JEV_DEADLINE_S": deadline, **(ours_env or {})})
             front = await ours_stack.frontend("ours-frontend", worker.url, JEV_FRONTEND_TIMEOUT_S=deadline)
             services += [worker, front]
             urls["ours"] = front.url
@@ -622,7 +625,7 @@ async def run_benchmark(args) -> dict:
     jcs_config = out / "jcs-config.json"
     jcs_config.write_text(json.dumps(ref.jcs_config(all_bodies + WARMUP), indent=1))
     stacks, urls, pids = await start_arms(arms, out, gguf, hf_folder, jcs_config, args.bare_threads,
-                                             args.timeout)
+                                             args.timeout, args.ours_env)
     stats: dict[tuple[str, int, str], CellStats] = {}
     answers: dict[tuple[str, int, int, str], list] = {}
     try:
@@ -696,7 +699,7 @@ async def run_benchmark(args) -> dict:
         totals[arm] = totals[arm].merge(agree)
     return {
         "facts": facts, "args": {"rounds": args.rounds, "arms": arms, "quick": args.quick,
-                                 "bare_threads": args.bare_threads},
+                                 "bare_threads": args.bare_threads, "ours_env": args.ours_env},
         "counts_per_round": {f"{w}@{c}": n for (w, c), n in counts.items()},
         "bench_seconds": bench_s, "rows": rows, "agreement_totals": {a: asdict(t) for a, t in totals.items()},
         "errors": {f"{k[0]}@{k[1]}:{k[2]}": s.errors for k, s in stats.items() if s.errors},
@@ -751,6 +754,16 @@ def facts_line(facts: dict) -> str:
             f"{la(facts.get('loadavg_before'))}, after {la(facts.get('loadavg_after'))}")
 
 
+def parse_env(items: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("JEV_"):
+            parser.error(f"--ours-env wants JEV_KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -761,8 +774,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=240.0, help="per cell and arm: no new request after")
     parser.add_argument("--bare-threads", type=int, default=os.cpu_count() or 1,
                         help="llama.cpp threads of llama-bare (default: every core, as torch uses)")
+    parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
+    args.ours_env = parse_env(args.ours_env, parser)
     args.arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     unknown = set(args.arms) - set(ARMS)
     if unknown or not args.arms:

@@ -1,7 +1,7 @@
 """Where an arm of benchmarks/peers.py spends its time: py-spy on the serving process under one cell's load.
 
-    python -m benchmarks.peers_profile --workload single --concurrency 1 [--arm ours|llama-bare]
-                                       [--seconds 20] [--native] [--out benchmarks/out/peers]
+    python -m benchmarks.peers_profile --workload single,8q --concurrency 1 [--arm ours|llama-bare]
+                                       [--seconds 20] [--native] [--ours-env JEV_TORCH_THREADS=1]
 
 Starts only that arm (as benchmarks.peers does: the same env, the same loopback ports), sends the
 cell's requests (the same corpus, fresh requests, bounded by --seconds) while
@@ -47,72 +47,84 @@ def summarise(raw_lines: list[str], top: int = 25) -> dict:
     return {"samples": total, "inclusive": share(inclusive), "self": share(self_)}
 
 
-async def profile(args) -> dict:
+async def profile(args) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus = peers.build_corpus(6, peers.DEFAULT_COUNTS, seed=77)  # other requests than the benchmark's
-    bodies = [b for r in range(6) for b in corpus[(args.workload, args.concurrency, r)]]
+    cells = [(w, c) for w in args.workload for c in args.concurrency]
     ref = peers.Reference() if args.arm in ("jcs-transformers", "jcs-llama") else None
     jcs_config = out / "jcs-config-profile.json"
     hf_folder = None
     if ref is not None:
-        jcs_config.write_text(json.dumps(ref.jcs_config(bodies + peers.WARMUP)))
+        every = [b for bodies in corpus.values() for b in bodies]
+        jcs_config.write_text(json.dumps(ref.jcs_config(every + peers.WARMUP)))
         hf_folder = ref.save_hf_folder(out / "smollm2-135m-fp32-hf")
     stacks, urls, pids = await peers.start_arms([args.arm], out, peers.gguf_path(), hf_folder, jcs_config,
-                                                args.bare_threads, 300.0)
-    stem = f"profile-{args.arm}-{args.workload}-c{args.concurrency}"
-    raw_path = out / f"{stem}.txt"
+                                                args.bare_threads, 300.0, args.ours_env)
+    summaries = []
     try:
         await peers.run_cell(urls[args.arm], peers.WARMUP, 1, timeout_s=300, max_seconds=300)
-        spy = peers.PEER_VENV / "bin" / "py-spy"
-        cmd = [str(spy), "record", "--pid", str(pids[args.arm]), "--rate", "200", "--format", "raw",
-               "--output", str(raw_path), "--duration", str(int(args.seconds)), "--nonblocking"]
-        if args.native:
-            cmd.append("--native")
-        recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        await asyncio.sleep(1.0)
-        results, wall = await peers.run_cell(urls[args.arm], bodies, args.concurrency, timeout_s=300,
-                                             max_seconds=args.seconds - 1.5)
-        sent = [r for r in results if r is not None]
-        latencies = sorted(r[1] * 1000 for r in sent if r[0] == 200)
-        _, err = await asyncio.to_thread(recorder.communicate, None, args.seconds + 60)
-        if recorder.returncode != 0:
-            raise SystemExit(f"py-spy failed ({recorder.returncode}): {err.decode(errors='replace')[-2000:]}")
+        for workload, conc in cells:
+            bodies = [b for r in range(6) for b in corpus[(workload, conc, r)]]
+            stem = f"profile-{args.arm}-{workload}-c{conc}"
+            raw_path = out / f"{stem}.txt"
+            cmd = [str(peers.PEER_VENV / "bin" / "py-spy"), "record", "--pid", str(pids[args.arm]), "--rate", "200",
+                   "--format", "raw", "--output", str(raw_path), "--duration", str(int(args.seconds))]
+            cmd.append("--native" if args.native else "--nonblocking")  # py-spy cannot do both
+            recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            await asyncio.sleep(1.0)
+            load_before = peers.loadavg()
+            results, wall = await peers.run_cell(urls[args.arm], bodies, conc, timeout_s=300,
+                                                 max_seconds=args.seconds - 1.5)
+            sent = [r for r in results if r is not None]
+            latencies = sorted(r[1] * 1000 for r in sent if r[0] == 200)
+            _, err = await asyncio.to_thread(recorder.communicate, None, args.seconds + 60)
+            if recorder.returncode != 0:
+                raise SystemExit(f"py-spy failed ({recorder.returncode}): {err.decode(errors='replace')[-2000:]}")
+            summary = summarise(raw_path.read_text().splitlines(), args.top)
+            summary.update({"arm": args.arm, "ours_env": args.ours_env, "workload": workload, "concurrency": conc,
+                            "requests_ok": len(latencies), "requests_sent": len(sent), "wall_s": wall,
+                            "p50_ms": peers.percentile(latencies, 50), "native": args.native,
+                            "loadavg_before": load_before, "loadavg_after": peers.loadavg(), "raw": str(raw_path)})
+            (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+            summaries.append(summary)
+            await peers.run_cell(urls[args.arm], peers.WARMUP[:1], 1, timeout_s=900, max_seconds=900)  # drain
     finally:
         for stack in reversed(stacks):
             await stack.stop_all()
-    summary = summarise(raw_path.read_text().splitlines())
-    summary.update({"arm": args.arm, "workload": args.workload, "concurrency": args.concurrency,
-                    "requests_ok": len(latencies), "requests_sent": len(sent), "wall_s": wall,
-                    "p50_ms": peers.percentile(latencies, 50), "native": args.native,
-                    "facts": peers.machine_facts(), "raw": str(raw_path)})
-    (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    return summaries
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers_profile", description=__doc__.split("\n")[0])
     parser.add_argument("--arm", choices=peers.ARMS, default="ours")
-    parser.add_argument("--workload", choices=peers.WORKLOADS, default="single")
-    parser.add_argument("--concurrency", type=int, choices=peers.CONCURRENCY, default=1)
+    parser.add_argument("--workload", default="single", help=f"comma-separated of {','.join(peers.WORKLOADS)}")
+    parser.add_argument("--concurrency", default="1", help="comma-separated of 1,8")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--native", action="store_true", help="C/C++ frames too (torch, ggml kernels)")
     parser.add_argument("--bare-threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable")
     parser.add_argument("--out", default=str(peers.DEFAULT_OUT))
     args = parser.parse_args(argv)
+    args.ours_env = peers.parse_env(args.ours_env, parser)
     import os
 
     args.bare_threads = args.bare_threads or os.cpu_count() or 1
-    summary = asyncio.run(profile(args))
-    print(f"{summary['arm']} {summary['workload']} c={summary['concurrency']}: {summary['requests_ok']}/"
-          f"{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, {summary['samples']} samples "
-          f"(load average {peers.loadavg()})")
-    for title in ("inclusive", "self"):
-        print(f"\n{title} share of samples:")
-        for name, share in summary[title][: args.top]:
-            print(f"  {share * 100:5.1f}%  {name}")
-    print(f"\nraw stacks: {summary['raw']}")
+    args.workload = [w for w in args.workload.split(",") if w]
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if not set(args.workload) <= set(peers.WORKLOADS) or not set(args.concurrency) <= set(peers.CONCURRENCY):
+        parser.error("unknown workload or concurrency")
+    for summary in asyncio.run(profile(args)):
+        print(f"\n{summary['arm']} {summary['ours_env'] or ''} {summary['workload']} c={summary['concurrency']}: "
+              f"{summary['requests_ok']}/{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, "
+              f"{summary['samples']} samples (load average {summary['loadavg_before']} -> {summary['loadavg_after']})")
+        for title in ("inclusive", "self"):
+            print(f"{title} share of samples:")
+            for name, share in summary[title][: args.top]:
+                print(f"  {share * 100:5.1f}%  {name}")
+        print(f"raw stacks: {summary['raw']}")
     return 0
 
 
