@@ -36,6 +36,8 @@ REQUIRED_ENV = {
     "jev_preencoder": ["JEV_PREENCODER_HOST", "JEV_PREENCODER_PORT", "JEV_RECIPE", "JEV_DEVICE", "JEV_ASSET_DIR",
                        "JEV_REDIS_URL"],
 }
+# profiles that run a recipe in another shape than its own profile: profile -> the recipe's profile
+REPLICA_PROFILES = {"cpu-replicas": "cpu"}
 LISTEN_ENV = {"jev_worker": "JEV_WORKER_PORT", "jev_frontend": "JEV_FRONTEND_PORT",
               "jev_preencoder": "JEV_PREENCODER_PORT"}
 
@@ -93,7 +95,7 @@ def test_profiles_cover_every_recipe_and_the_two_required_ones():
 
     recipe_profiles = {r.compose_profile for r in all_recipes()}
     assert {"cpu", "jev-vl"} <= set(PROFILES)
-    assert recipe_profiles == set(PROFILES)
+    assert recipe_profiles | set(REPLICA_PROFILES) == set(PROFILES)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -134,7 +136,8 @@ def test_profile_structure(profile):
         if env.get("JEV_RECIPE"):
             recipe = load_recipe(env["JEV_RECIPE"])
             assert recipe.name == env["JEV_RECIPE"]
-            assert recipe.compose_profile == profile, f"{name}: recipe {recipe.name} belongs to {recipe.compose_profile}"
+            assert recipe.compose_profile == REPLICA_PROFILES.get(profile, profile), \
+                f"{name}: recipe {recipe.name} belongs to {recipe.compose_profile}"
         if env.get("JEV_DEVICE") == "cuda":
             assert _reserves_gpu(svc), f"{name}: JEV_DEVICE=cuda without a GPU reservation"
             assert "cuda.Dockerfile" in svc["build"]["dockerfile"], f"{name}: GPU service on the CPU image"
@@ -277,3 +280,18 @@ def test_docker_compose_config_accepts_profile(profile):
     result = subprocess.run(cli + ["-f", str(COMPOSE), "--profile", profile, "config", "-q"],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+def test_replica_profile_routes_one_frontend_over_two_workers():
+    services = profile_services(DATA, "cpu-replicas")
+    workers = {n: s for n, s in services.items() if _module(s) == "jev_worker"}
+    assert len(workers) == 2
+    ids = {_env(s)["JEV_WORKER_ID"] for s in workers.values()}
+    assert len(ids) == 2  # each replica its own owner in the index
+    for name, svc in workers.items():
+        assert _env(svc)["JEV_WORKER_URL"] == f"http://{name}:8000"  # what the index tells a router
+    (frontend,) = [s for s in services.values() if _module(s) == "jev_frontend"]
+    backends = [item.split("=", 1) for item in _env(frontend)["JEV_BACKENDS"].split(",")]
+    assert {url for _, url in backends} == {f"http://{name}:8000" for name in workers}
+    assert {model for model, _ in backends} == {_env(frontend)["JEV_DEFAULT_MODEL"]} == {"smollm2-135m-cpu"}
+    assert set(frontend["depends_on"]) == set(workers)
