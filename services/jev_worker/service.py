@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -217,6 +218,25 @@ class WorkerService:
         placeholder = self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)
         return asset, placeholder
 
+    @contextlib.contextmanager
+    def _counted(self, kind: str, timeout: float):
+        """Counts one decision by outcome (jev_worker_decisions_total); a wait that ran past the
+        deadline becomes the API's 504. Yields a one-item list the caller sets to "ok"."""
+        outcome = ["error"]
+        try:
+            yield outcome
+        except asyncio.TimeoutError:
+            outcome[0] = "deadline_exceeded"
+            raise ApiError(504, "deadline_exceeded", f"no decision within {timeout:g} s") from None
+        except ApiError as exc:
+            outcome[0] = exc.type
+            raise
+        except DomainError as exc:
+            outcome[0] = type(exc).__name__
+            raise
+        finally:
+            self.metrics.decisions.labels(kind, outcome[0]).inc()
+
     def accepts_model(self, name: str) -> bool:
         return name in (self.recipe.name, LATEST_ALIAS)
 
@@ -229,8 +249,7 @@ class WorkerService:
                            f"{self.recipe.name!r} (also as {LATEST_ALIAS!r}); GET /v1/models lists them")
         started = time.perf_counter()
         timeout = self._timeout(None)
-        outcome = "error"
-        try:
+        with self._counted("systemone", timeout) as outcome:
             refs = envelope.image_refs(request, parts or {})
             if refs and self.assets is None:
                 raise ApiError(422, "image_not_supported", f"model {self.recipe.name} is text-only; send a text "
@@ -267,19 +286,9 @@ class WorkerService:
                 usage=SystemOneUsage(input_tokens=prepared.prompt_tokens, output_tokens=0),
                 x_cached_input_tokens=result.cached_tokens, x_elapsed_seconds=elapsed,
             )
-            outcome = "ok"
+            outcome[0] = "ok"
             self._account("systemone", prepared, result.cached_tokens, elapsed)
             return response, self._cache_header(levels)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "deadline_exceeded", f"no decision within {timeout:g} s") from None
-        except ApiError as exc:
-            outcome = exc.type
-            raise
-        except DomainError as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            self.metrics.decisions.labels("systemone", outcome).inc()
 
     async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract)."""
@@ -291,8 +300,7 @@ class WorkerService:
                 "envelope ({model, state, questions})")
         started = time.perf_counter()
         timeout = self._timeout(request.deadline_s)
-        outcome = "error"
-        try:
+        with self._counted(request.kind, timeout) as outcome:
             levels: dict[str, str] = {}
             assets, placeholders, keys = [], [], ()
             if request.state.image is not None:
@@ -317,16 +325,9 @@ class WorkerService:
                 usage=Usage(prompt_tokens=prepared.prompt_tokens, cached_tokens=result.cached_tokens),
                 elapsed_seconds=elapsed, **fields,
             )
-            outcome = "ok"
+            outcome[0] = "ok"
             self._account(request.kind, prepared, result.cached_tokens, elapsed)
             return response, self._cache_header(levels)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "deadline_exceeded", f"no decision within {timeout:g} s") from None
-        except ApiError as exc:
-            outcome = exc.type
-            raise
-        finally:
-            self.metrics.decisions.labels(request.kind, outcome).inc()
 
     # ----- caches -------------------------------------------------------------------------------
     def cache_stats(self) -> CacheStats:
