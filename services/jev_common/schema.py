@@ -268,6 +268,14 @@ def _names_valid(names) -> None:
             raise ValueError(f"option names must be at most {MAX_NAME_CHARS} characters")
 
 
+def _described_options(criteria: dict) -> dict:
+    """Option names valid, and no description nested deeper than content may be."""
+    _names_valid(criteria)
+    for name, description in criteria.items():
+        _shallow(description, f"criteria[{name!r}]")
+    return criteria
+
+
 class ChoiceQuestion(_Question):
     """One of the named options; `criteria` maps each name to its description (or null)."""
 
@@ -278,10 +286,7 @@ class ChoiceQuestion(_Question):
     @field_validator("criteria")
     @classmethod
     def _options_valid(cls, criteria: dict) -> dict:
-        _names_valid(criteria)
-        for name, description in criteria.items():
-            _shallow(description, f"criteria[{name!r}]")
-        return criteria
+        return _described_options(criteria)
 
 
 class ScoreQuestion(_Question):
@@ -325,8 +330,7 @@ class SetQuestion(_Question):
     @field_validator("criteria")
     @classmethod
     def _options_valid(cls, criteria: dict) -> dict:
-        _names_valid(criteria)
-        return criteria
+        return _described_options(criteria)
 
 
 Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion, SpanQuestion, SetQuestion],

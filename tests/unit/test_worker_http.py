@@ -37,6 +37,8 @@ BAD_BODIES = [
     ("huge integer", b'{"model": "jev-latest", "state": ' + b"9" * 5000 + b', "questions": {}}', 422, "validation_error"),
     ("deeply nested", b'{"model": "jev-latest", "state": ' + b"[" * 5000 + b"]" * 5000 + b"}", 422, "validation_error"),
     ("nested state", dict(ENVELOPE, state=_nested(40)), 422, "validation_error"),
+    ("nested set description", dict(ENVELOPE, questions={"q": {"type": "set", "criteria": {"a": _nested(40)}}}),
+     422, "validation_error"),
     ("envelope: null state", dict(ENVELOPE, state=None), 422, "validation_error"),
     ("envelope: no questions", dict(ENVELOPE, questions={}), 422, "validation_error"),
     ("envelope: missing type", dict(ENVELOPE, questions={"q": {"instructions": "x"}}), 422, "validation_error"),
