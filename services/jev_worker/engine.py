@@ -35,6 +35,10 @@ def _layer_tensors(layer):
                     yield value, key, tensor
 
 
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+
+
 @dataclass
 class PrefixState:
     """The state of a prompt prefix (batch 1), plus what positions after it need.
@@ -91,8 +95,7 @@ class DecisionEngine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.kv_branching: bool | None = None  # can prefix state be reused? known after the first prefix forward
         self.packing = True  # rows after one prefix state run packed; checked once against a padded batch
-        self._packing_checked = False
-        self._whole_packing_checked = False
+        self._packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
 
     # ----- inputs -------------------------------------------------------------------------------
@@ -170,7 +173,7 @@ class DecisionEngine:
         branched = self._rows_after_states([(state, row), (state, row)])
         whole = (self._rows_full(item, [row]) if item.assets
                  else self._text_full([(item.prepared.prefix_ids, row)], False)[0])
-        error = float((branched - whole).abs().max() / whole.abs().max().clamp_min(1e-6))
+        error = _relative_error(branched, whole)
         if error > 1e-3:
             log.warning("prefix snapshot branching differs from a whole forward (relative %.2e): disabled", error)
             return False
@@ -199,17 +202,22 @@ class DecisionEngine:
             return self._last(hidden, lengths)
         if batch > 1 and self.packing:
             packed = self._packed_rows_after(pairs)
-            if self._packing_checked:
+            if self._packing_agrees("rows", packed, lambda: self._padded_rows_after(pairs, ids, lengths)):
                 return packed
-            self._packing_checked = True  # once per model: packing must equal the padded batch
-            padded = self._padded_rows_after(pairs, ids, lengths)
-            error = float((packed - padded).abs().max() / padded.abs().max().clamp_min(1e-6))
-            if error <= 1e-3:
-                return packed
-            log.warning("packed rows differ from a padded batch (relative %.2e): packing disabled", error)
-            self.packing = False
-            return padded
         return self._padded_rows_after(pairs, ids, lengths)
+
+    def _packing_agrees(self, path: str, packed: torch.Tensor, padded) -> bool:
+        """Once per model and path: the packed hidden states must equal the padded batch's (`padded()`),
+        or the model's attention does not honour a custom mask and packing is turned off."""
+        if path in self._packing_verified:
+            return True
+        self._packing_verified.add(path)
+        error = _relative_error(packed, padded())
+        if error <= 1e-3:
+            return True
+        log.warning("packed %s differ from a padded batch (relative %.2e): packing disabled", path, error)
+        self.packing = False
+        return False
 
     def _padded_rows_after(self, pairs, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Right-padded rows after their prefix states. One shared state: its KV is expanded (a view)
@@ -295,15 +303,8 @@ class DecisionEngine:
         attention KV (checked once against the padded batch), else right-padded."""
         if len(sequences) > 1 and self.packing and self.prefix_mode == "kv":
             packed = self._text_packed(sequences, capture)
-            if self._whole_packing_checked:
+            if self._packing_agrees("whole", packed[0], lambda: self._text_padded(sequences, False)[0]):
                 return packed
-            self._whole_packing_checked = True
-            padded, _ = self._text_padded(sequences, False)
-            error = float((packed[0] - padded).abs().max() / padded.abs().max().clamp_min(1e-6))
-            if error <= 1e-3:
-                return packed
-            log.warning("packed sequences differ from a padded batch (relative %.2e): packing disabled", error)
-            self.packing = False
         return self._text_padded(sequences, capture)
 
     def _text_packed(self, sequences, capture: bool) -> tuple[torch.Tensor, list[PrefixState | None]]:

@@ -129,13 +129,12 @@ def state_occurrences(state_text: str, refs: list[ImageRef]) -> list[tuple[int, 
     return [(m.start(), m.end(), by_form[m.group(0)]) for m in pattern.finditer(state_text)]
 
 
-def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef]) -> None:
-    """Images are placed in the state only; an asset the state never names is a caller's mistake
-    (it would be answered without the image), so both are refused."""
+def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef], state: str) -> None:
+    """Images are placed in the state only (`state`: the rendered state); an asset the state never
+    names is a caller's mistake (it would be answered without the image), so both are refused."""
     if not refs:
         return
     questions = json.dumps(request.model_dump(mode="json", include={"questions"}), ensure_ascii=False)
-    state = render_state(request)
     for ref in refs:
         forms = _forms(ref.reference)
         if any(json.dumps(f, ensure_ascii=False)[1:-1] in questions for f in forms):

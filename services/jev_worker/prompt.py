@@ -192,13 +192,13 @@ class PromptBuilder:
         head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
         texts = [head + row.content + self.layout.tail + row.after for row in rows]
         tokenized = self._tokenize(texts, len(head))
-        cut = min(c for _, c in tokenized)
-        cut = min(cut, min(len(ids) for ids, _ in tokenized) - 1)  # every row keeps at least one token
+        longest_cut = min(len(ids) for ids, _ in tokenized) - 1  # every row keeps at least one token
+        cut = min(min(c for _, c in tokenized), longest_cut)
         prefix = tokenized[0][0][:cut]
-        mismatch = any(ids[:cut] != prefix for ids, _ in tokenized) or len({c for _, c in tokenized}) > 1
-        if any(ids[:cut] != prefix for ids, _ in tokenized):
-            cut = _common_prefix_length([ids for ids, _ in tokenized])
-            cut = min(cut, min(len(ids) for ids, _ in tokenized) - 1)
+        differs = any(ids[:cut] != prefix for ids, _ in tokenized)
+        mismatch = differs or len({c for _, c in tokenized}) > 1
+        if differs:  # rows disagree before the boundary: share only their common tokens
+            cut = min(_common_prefix_length([ids for ids, _ in tokenized]), longest_cut)
             prefix = tokenized[0][0][:cut]
         digest = hashlib.sha256(f"{self.identity}|{','.join(image_keys)}|".encode())
         digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))

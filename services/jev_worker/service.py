@@ -254,9 +254,9 @@ class WorkerService:
             if refs and self.assets is None:
                 raise ApiError(422, "image_not_supported", f"model {self.recipe.name} is text-only; send a text "
                                "state or use a vision-language recipe")
-            envelope.refuse_images_in_questions(request, refs)
             levels: dict[str, str] = {}
             state_text = envelope.render_state(request)
+            envelope.refuse_images_in_questions(request, refs, state_text)
             self.builder.check_user_text(state_text, "state")
             assets, pieces, keys, at = [], [], [], 0
             for start, end, ref in envelope.state_occurrences(state_text, refs):

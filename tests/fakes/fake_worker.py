@@ -247,13 +247,7 @@ class FakeWorker:
         if is_envelope(payload):
             return await self._envelope(parse_model(SystemOneRequest, payload), headers)
         decision = parse_model(DecisionRequest, payload)
-        self.requests.append(decision.model_dump(exclude_none=True))
-        if self.knobs.delay_s:
-            await asyncio.sleep(self.knobs.delay_s)
-        if self.knobs.error_status is not None:
-            status = self.knobs.error_status
-            raise ApiError(status, HTTP_ERROR_TYPES.get(status, "fake_error"),
-                           f"fake worker is configured to answer {status}", headers)
+        await self._take(decision.model_dump(exclude_none=True), headers)
         key = _cache_key(decision)
         cached = self.knobs.cache and key in self.seen
         if self.knobs.cache:
@@ -271,16 +265,20 @@ class FakeWorker:
         body.setdefault("choice", None)
         return web.json_response(body, headers=headers)
 
-    async def _envelope(self, request: SystemOneRequest, headers: dict) -> web.Response:
-        """The System One envelope: deterministic answers from a hash of (state, question), never of the
-        question id, the other questions or their order (like a real model)."""
-        self.requests.append(request.model_dump(exclude_none=True))
+    async def _take(self, request: dict, headers: dict) -> None:
+        """Record a decision request, then misbehave as the knobs say (delay, a configured error)."""
+        self.requests.append(request)
         if self.knobs.delay_s:
             await asyncio.sleep(self.knobs.delay_s)
         if self.knobs.error_status is not None:
             status = self.knobs.error_status
             raise ApiError(status, HTTP_ERROR_TYPES.get(status, "fake_error"),
                            f"fake worker is configured to answer {status}", headers)
+
+    async def _envelope(self, request: SystemOneRequest, headers: dict) -> web.Response:
+        """The System One envelope: deterministic answers from a hash of (state, question), never of the
+        question id, the other questions or their order (like a real model)."""
+        await self._take(request.model_dump(exclude_none=True), headers)
         answers = {qid: envelope_answer(request.state, question, self.knobs.logit_scale)
                    for qid, question in request.questions.items()}
         self.decisions.labels("systemone").inc()

@@ -230,7 +230,7 @@ async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings)
         "c": {"type": "choice", "criteria": {"a kettle": None, "a pan": "flat, no spout", "a pot": None}},
         "s": {"type": "score", "criteria": ["cold", "warm", "hot", "boiling"]}}}
     async with worker_client(worker_settings()) as (client, service):
-        assert service.engine.packing and service.engine._packing_checked  # the warmup checked it
+        assert service.engine.packing and "rows" in service.engine._packing_verified  # the warmup checked it
         forwards = record_forwards(service.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
         rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
