@@ -58,6 +58,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.loadgen import percentile as sorted_percentile
+
 REPO = Path(__file__).resolve().parents[1]
 PEERS_DIR = REPO / "benchmarks" / "peers"
 PEER_VENV = PEERS_DIR / ".venv"
@@ -257,13 +259,8 @@ def agreement(bodies: list[dict], answers_a: list[dict | None], answers_b: list[
 
 # ----- latency statistics and the table -------------------------------------------------------------
 def percentile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """loadgen's percentile (linear between closest ranks) of values in any order."""
+    return sorted_percentile(sorted(values), q)
 
 
 @dataclass

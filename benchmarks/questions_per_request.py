@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from .loadgen import percentile
 from .run_all import DEFAULT_OUT, model_env
 from .stack import Stack, get_json
 
@@ -46,11 +47,6 @@ STATES = [
     "Hola, ¿pueden ayudarme a cambiar la dirección de envío de mi pedido 8812?",
     "Your outage cost us a day of sales. We expect a credit on this month's bill.",
 ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def post(session: aiohttp.ClientSession, url: str, state: str, questions: dict) -> dict:
@@ -116,7 +112,7 @@ async def run(args: argparse.Namespace) -> dict:
         total = sum(times[arm])
         h, m = hits[arm]
         report[arm] = {"decisions_per_s": n * len(times[arm]) / total, "p50_ms": 1000 * statistics.median(times[arm]),
-                       "p95_ms": 1000 * percentile(times[arm], 0.95), "l3_hit_rate": h / (h + m) if h + m else None,
+                       "p95_ms": 1000 * percentile(sorted(times[arm]), 95), "l3_hit_rate": h / (h + m) if h + m else None,
                        "l3_hits": h, "l3_misses": m}
     report["ratio_decisions_per_s"] = report["one"]["decisions_per_s"] / report["many"]["decisions_per_s"]
     report["max_abs_dp_one_vs_many"] = max(
