@@ -16,6 +16,7 @@ from .errors import (
     HTTP_ERROR_TYPES, ApiError, DomainError, api_error_response, domain_api_error, error_body, error_response,
     validation_error,
 )
+from .schema import summarize_details
 
 log = logging.getLogger("jev.http")
 
@@ -33,10 +34,6 @@ def validation_details(exc: ValidationError) -> list[dict]:
         loc = [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())]
         out.append({"loc": ["body", *loc], "msg": str(err.get("msg", "invalid")), "type": str(err.get("type", "value_error"))})
     return out or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:]) or 'body'}: {d['msg']}" for d in validation_details(exc)[:5])
 
 
 def new_request_id() -> str:
@@ -148,7 +145,8 @@ def parse_model(model: type[BaseModel], payload: object):
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        raise ApiError(422, "validation_error", format_validation_error(exc), details=validation_details(exc)) from None
+        details = validation_details(exc)
+        raise ApiError(422, "validation_error", summarize_details(details), details=details) from None
     except RecursionError:
         raise validation_error("request is nested too deeply") from None
 

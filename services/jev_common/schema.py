@@ -146,6 +146,11 @@ class DecisionResponse(BaseModel):
         return self
 
 
+def summarize_details(details: list[dict], limit: int | None = 5) -> str:
+    """Validation errors on one line, 'questions.q.criteria: too short; ...' (the first `limit`)."""
+    return "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:]) or 'body'}: {d['msg']}" for d in details[:limit])
+
+
 class ErrorDetail(BaseModel):
     error_type: str
     message: str
@@ -170,7 +175,7 @@ class ErrorEnvelope(BaseModel):
     @property
     def message(self) -> str:
         if isinstance(self.detail, list):
-            return "; ".join(f"{'.'.join(str(p) for p in item.loc[1:]) or 'body'}: {item.msg}" for item in self.detail)
+            return summarize_details([item.model_dump() for item in self.detail], limit=None)
         return self.detail.message
 
 
