@@ -138,3 +138,11 @@ def test_readme_served_by_column_matches_every_recipe():
         served = recipe.serving.backend in BACKENDS and recipe.serving.readout in READOUTS
         cell = f"`{recipe.serving.backend}` + `{recipe.serving.readout}`"
         assert (cell if served else "not served") in row, (recipe.name, row)
+
+
+def test_readme_describes_every_backend_and_readout():
+    """Each registered backend and readout has its row in README's backend and readout tables."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    first_cells = {line.split("|")[1].strip() for line in readme.splitlines() if line.startswith("| `")}
+    for name in [*BACKENDS, *READOUTS]:
+        assert f"`{name}`" in first_cells, f"README has no table row for {name!r}"

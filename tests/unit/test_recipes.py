@@ -1,6 +1,7 @@
 """Every recipe folder: recipe.yaml validates, example-request.json validates, README and profile exist."""
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -12,6 +13,7 @@ import yaml
 
 from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
 from jev_common.schema import SystemOneRequest
+from jev_worker.readouts.registry import READOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
@@ -51,12 +53,21 @@ def test_recipe_validates_and_pins_honestly(folder):
     assert len(set(recipe.verbalizer.labels)) == len(recipe.verbalizer.labels)
 
 
+def readout_class(recipe):
+    module, _, name = READOUTS[recipe.serving.readout].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
 def test_example_request_validates(folder):
+    """The example is a request the recipe's readout answers: its question types, and an image where it reads them."""
     payload = json.loads((folder / "example-request.json").read_text())
     request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
-    if recipe.model.modality == "vision-language":
+    readout = readout_class(recipe) if recipe.serving.readout in READOUTS else None  # not served: README says so
+    if readout is not None:
+        assert {q.type for q in request.questions.values()} <= readout.question_types
+    if recipe.model.modality == "vision-language" and not (readout and readout.refuses_images):
         assert request.assets, "a vision-language recipe's example carries an image"
         assert all(ref in json.dumps(request.state) for ref in request.assets), "every image is placed in the state"
     else:
@@ -84,3 +95,17 @@ def test_export_wrappers_run(wrapper):
     assert result.returncode == 0, result.stderr
     assert "--base" in result.stdout and "--out" in result.stdout
     assert wrapper.parent.name in result.stdout
+
+
+def test_deploy_doc_profile_table_matches_the_recipes():
+    """docs/deploy.md's profile table gives each recipe's profile and pinned revision as recipe.yaml has them."""
+    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|[^|]*\|[^|]*\| `([^`]+)`[^|]*\|", (ROOT / "docs/deploy.md").read_text(),
+                      re.MULTILINE)
+    names = {folder.name for folder in FOLDERS}
+    rows = [row for row in rows if row[1] in names]  # the file's other tables (build args) have this shape too
+    assert {row[1] for row in rows} == names
+    for profile, name, revision in rows:
+        recipe = load_recipe(str(RECIPES_DIR / name))
+        assert recipe.compose_profile == profile, name
+        pinned = recipe.model.revision
+        assert revision == (pinned[:12] + "…" if COMMIT.match(pinned) else pinned), name

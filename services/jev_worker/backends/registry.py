@@ -11,6 +11,9 @@ BACKENDS = {
     "external-http": "jev_worker.backends.external:ExternalHTTP",
     "encoder": "jev_worker.backends.encoder:Encoder",
     "causal-lm-rows": "jev_worker.backends.causal_rows:CausalRows",
+    "vela-decoder": "jev_worker.backends.vela_decoder:VelaDecoder",
+    "causal-lm-joint": "jev_worker.backends.joint:CausalJoint",
+    "valen-lora": "jev_worker.backends.valen_lora:ValenLora",
 }
 
 

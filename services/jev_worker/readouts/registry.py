@@ -12,6 +12,9 @@ READOUTS = {
     "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
     "laya-heads": "jev_worker.readouts.laya_heads:LayaHeads",
     "omnijev-heads": "jev_worker.readouts.omnijev:OmniJevReadout",
+    "vela-heads": "jev_worker.readouts.vela_heads:VelaHeadsReadout",
+    "clef-joint-head": "jev_worker.readouts.clef:ClefJointReadout",
+    "valen-head": "jev_worker.readouts.valen:ValenHeadReadout",
 }
 
 

@@ -1,0 +1,72 @@
+"""valen-lora: the `causal-lm-rows` engine over a Valen checkpoint: its Qwen3.5 base with the checkpoint's
+trained deltas (readouts/valen_checkpoint.py) applied at load.
+
+A Valen folder holds `checkpoint.pt` + `config.json` only; the frozen base is the one `checkpoint.pt`'s
+`base_manifest` names (`repo`@`revision`), taken from the local Hugging Face cache, or from the folder
+given as the readout option `base_path`, and checked against the manifest's `weight_sha256` before a weight
+is read. The base loads as Qwen3_5ForConditionalGeneration with its own processor; the LoRA is merged into
+the language model's Linear weights in FP32 and the trained vision-tower values replace the base's. Each
+question's branch then runs whole (state + question), as Valen's compiler lays it out and its reference runs it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
+from ..readouts.base import ServingError
+from ..readouts.valen_checkpoint import CHECKPOINT, apply_deltas, read_checkpoint, verify_base
+from .causal_rows import CausalRows
+
+log = logging.getLogger("jev.worker.valen")
+
+
+def base_folder(base: dict, base_path: str | None) -> str:
+    if base_path:
+        if not os.path.isdir(base_path):
+            raise ServingError(f"readout option base_path={base_path!r} is not a folder")
+        return base_path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(base["repo"], revision=base["revision"], local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any miss is "not in the local cache"
+        raise ServingError(
+            f"the Valen base {base['repo']}@{base['revision']} ({CHECKPOINT} base_manifest) is not in the local "
+            f"Hugging Face cache; download it once with `hf download {base['repo']} --revision {base['revision']}` "
+            f"or set the readout option base_path ({type(exc).__name__})") from None
+
+
+def load_valen(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
+               before_load=None) -> LoadedModel:
+    from transformers import AutoModelForImageTextToText
+
+    from jev_common.vl import load_vl_processor
+
+    folder = resolve_checkpoint(recipe, model_path)
+    if before_load is not None:
+        before_load(folder)
+    checkpoint = read_checkpoint(folder)
+    base = base_folder(checkpoint.base, recipe.serving.options.get("base_path"))
+    verify_base(base, checkpoint)
+    dev = pick_device(device)
+    torch_dtype = pick_dtype(dtype, dev)
+    log.info("loading Valen %s on base %s@%s from %s (%s, %s)", folder, checkpoint.base["repo"],
+             checkpoint.base["revision"], base, dev, torch_dtype)
+    processor = load_vl_processor(base)
+    model, info = AutoModelForImageTextToText.from_pretrained(base, dtype=torch_dtype, output_loading_info=True)
+    if info.get("missing_keys") or info.get("mismatched_keys"):
+        raise ServingError(f"the Valen base in {base} did not load whole (missing {sorted(info['missing_keys'])[:3]}, "
+                           f"mismatched {list(info.get('mismatched_keys') or [])[:3]})")
+    apply_deltas(model, checkpoint)
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, processor.tokenizer, processor, dev, torch_dtype, folder)
+
+
+class ValenLora(CausalRows):
+    name = "valen-lora"
+    load_model = staticmethod(load_valen)
+    prefix_reuse = ("off: each question's branch runs whole (state + question), as Valen's compiler lays it out "
+                    "and its reference computes it; no prefix state is reused (L3 off)")
+

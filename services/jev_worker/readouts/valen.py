@@ -1,0 +1,193 @@
+"""valen-head: Valen-Preview-0923's learned decision head (Liuziyu77/Valen `valen/modeling/qwen/model.py`) over
+the Valen compiler's input (`valen/data/compilers/qwen.py`), on backend `valen-lora` (its checkpoint layout:
+valen_checkpoint.py).
+
+Sequence of one choice question (its "branch"), token ids laid end to end:
+  state:  the base's chat template over one user message [{"type": "text", "text": state}], no generation
+          prompt, tokenised in one pass (the state prefix);
+  then each piece tokenised alone, without special tokens:
+          "<|im_start|>user\\n", "Task: choice\\nQuestion: {instructions}\\nCandidates:\\n",
+          for every option in request order "{name}: {description}" (its last token is the option's
+          position) and "\\n", and finally "Decision:" (its last token is the decision position).
+A null description is the option's name, as the public reference worker does; missing instructions are the
+recipe's default choice question. The branch may not exceed the checkpoint's `max_length` (no truncation).
+
+Head (FP32): d = W_decision h[decision], c_k = W_candidate h[option k], logit_k = (c_k . d) / sqrt(projection_dim)
+over the backbone's final (normed) hidden states; p = softmax(logits / T) with T = 1, as Valen's inference
+does when no calibration file is given (none ships with the checkpoint); confidence is Valen's
+(max p - 1/K) / (1 - 1/K). Only `choice` is answered (the pinned reference worker's scope); images are
+refused: Valen fine-tunes the last vision blocks and the merger, and the preencoder encodes images with
+a stock checkpoint's vision tower, so its embeddings are not Valen's.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from jev_common.errors import ApiError
+from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_confidence
+
+from ..prompt import PreparedRequest
+from ..questions.base import BuildContext
+from .base import Readout, Requirement, ServingError
+from .valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
+
+TEMPERATURE = 1.0
+MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+@dataclass(frozen=True)
+class ValenRow:
+    """One choice branch: the instructions and the (name, description) pairs in request order."""
+
+    instructions: str
+    options: tuple[tuple[str, str], ...]
+
+
+class ValenPromptBuilder:
+    """Lays each question out as the Valen compiler does: the row's labels are its option positions
+    (indices into state + row); the decision position is the row's last token."""
+
+    def __init__(self, tokenizer, recipe, identity: str):
+        self.tokenizer = tokenizer
+        self.recipe = recipe
+        self.identity = identity
+        self.template = tokenizer  # the processor, once the readout has loaded (its chat template)
+        self.max_length: int | None = None
+        specials = set(getattr(tokenizer, "all_special_tokens", [])) | set(MEDIA_TOKENS)
+        specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                     if getattr(t, "special", False)}
+        self.controls = sorted((t for t in specials if t), key=len, reverse=True)
+
+    def check_user_text(self, text: str, where: str) -> None:
+        for token in self.controls:
+            if token in text:
+                raise ApiError(422, "validation_error", f"{where} contains {token!r}, a control token of this "
+                               "model; Valen's compiler refuses it in user text, remove it")
+
+    def _piece(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def state_ids(self, state_text: str) -> list[int]:
+        messages = [{"role": "user", "content": [{"type": "text", "text": state_text}]}]
+        text = self.template.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def branch(self, row: ValenRow, start: int) -> tuple[list[int], list[int]]:
+        ids = self._piece("<|im_start|>user\n")
+        ids += self._piece(f"Task: choice\nQuestion: {row.instructions}\nCandidates:\n")
+        positions = []
+        for name, description in row.options:
+            ids += self._piece(f"{name}: {description}")
+            positions.append(start + len(ids) - 1)
+            ids += self._piece("\n")
+        ids += self._piece("Decision:")
+        return ids, positions
+
+    def prepare(self, state_text: str, rows: list[ValenRow], image_keys: tuple[str, ...] = (),
+                plan: object = None) -> PreparedRequest:
+        if image_keys:  # the service refuses images first (refuses_images); never splice stock embeddings
+            raise ApiError(422, "image_not_supported", ValenHeadReadout.refuses_images)
+        prefix = self.state_ids(state_text)
+        branches, labels = [], []
+        for row in rows:
+            ids, positions = self.branch(row, len(prefix))
+            length = len(prefix) + len(ids)
+            if self.max_length is not None and length > self.max_length:
+                raise ValueError(f"a question's branch is {length} tokens; this checkpoint's max_length is "
+                                 f"{self.max_length} (Valen does not truncate)")
+            branches.append(tuple(ids))
+            labels.append(tuple(positions))
+        digest = hashlib.sha256(f"{self.identity}|valen|{','.join(image_keys)}|".encode())
+        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
+        return PreparedRequest(prefix_ids=tuple(prefix), rows=tuple(branches), row_labels=tuple(labels),
+                               image_keys=tuple(image_keys), prefix_key=digest.hexdigest(), plan=plan)
+
+
+class BilinearHead:
+    """Valen's DecisionHead in FP32 over one branch's hidden states [length, hidden]."""
+
+    def __init__(self, decision: torch.Tensor, candidate: torch.Tensor, device):
+        self.decision = decision.to(device, torch.float32)
+        self.candidate = candidate.to(device, torch.float32)
+        self.scale = math.sqrt(decision.shape[0])
+
+    def logits(self, hidden: torch.Tensor, positions: tuple[int, ...]) -> torch.Tensor:
+        d = self.decision @ hidden[-1].float()
+        c = hidden[list(positions)].float() @ self.candidate.T
+        return ((c * d).sum(-1) / self.scale).cpu()
+
+
+class ValenChoice:
+    type = "choice"
+
+    def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
+        instructions = (ctx.prompt.default_choice_question if question.instructions is None
+                        else ctx.user_text(question.instructions, f"{where}.instructions"))
+        if not instructions.strip():
+            raise ApiError(422, "validation_error", f"{where}.instructions is blank; Valen needs a question")
+        options = []
+        for name, description in question.criteria.items():
+            ctx.builder.check_user_text(name, f"{where}.criteria")
+            text = name if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")
+            if not name.strip() or not text.strip():
+                raise ApiError(422, "validation_error", f"{where}.criteria[{name!r}]: option names and "
+                               "descriptions must not be blank for Valen")
+            options.append((name, text))
+        return [ValenRow(instructions, tuple(options))]
+
+    def answer(self, question: ChoiceQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> ChoiceAnswer:
+        probs = torch.softmax(logits[0].to(torch.float32) / TEMPERATURE, -1).tolist()
+        total = sum(probs)
+        probs = [p / total for p in probs]
+        names = list(question.criteria)
+        best = max(range(len(probs)), key=probs.__getitem__)  # ties: the earliest option
+        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
+                            confidence=choice_confidence(probs))
+
+
+class ValenHeadReadout(Readout):
+    name = "valen-head"
+    question_types = frozenset({"choice"})
+    backend = "valen-lora"
+    prompt_builder = ValenPromptBuilder
+    refuses_images = ("Valen's vision blocks and merger are fine-tuned in its checkpoint.pt, and image "
+                      "embeddings come from the preencoder's stock vision tower, so image states are not "
+                      "served for this model; send a text state")
+
+    def known_options(self) -> dict:
+        return {"base_path": None}
+
+    def requirements(self) -> list[Requirement]:
+        return [Requirement(CHECKPOINT), Requirement(CONFIG)]
+
+    def check(self, folder: str) -> None:
+        super().check(folder)
+        read_checkpoint(folder)  # names whatever checkpoint.pt / config.json lack (and refuses code pickles)
+
+    def load(self, loaded, builder) -> None:
+        checkpoint = read_checkpoint(loaded.folder)
+        hidden = int(loaded.model.config.get_text_config().hidden_size)
+        decision, candidate = checkpoint.head
+        if decision.shape[1] != hidden:
+            raise ServingError(f"{CHECKPOINT}: the decision head reads {decision.shape[1]}-wide hidden states; "
+                               f"the base's are {hidden}")
+        self.head = BilinearHead(decision, candidate, loaded.device)
+        self.projection_dim = int(decision.shape[0])
+        self.stage, self.base = checkpoint.config["stage"], dict(checkpoint.base)
+        builder.template = loaded.processor or loaded.tokenizer
+        builder.max_length = checkpoint.max_length
+        self.kinds = {"choice": ValenChoice()}
+        forget_checkpoint()  # the deltas are in the model and the head holds its own copy
+
+    def describe(self) -> dict:
+        described = {"readout": self.name, "question_types": sorted(self.question_types),
+                     "calibration": {"temperature": TEMPERATURE,
+                                     "source": "none shipped: Valen's softmax at temperature 1"}}
+        if hasattr(self, "stage"):
+            described.update(stage=self.stage, projection_dim=self.projection_dim,
+                             base=f"{self.base['repo']}@{self.base['revision']}")
+        return described

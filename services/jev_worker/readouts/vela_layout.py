@@ -1,0 +1,143 @@
+"""Vela 2.0 decoder prompt layout (0.8B, and the 4B / 9B of the same release): the state prefix, then
+one isolated block per question, as the packages render it.
+
+Sources (reference only): the Vela 2.0 blog and architecture notes (vllm-project/semantic-router,
+`website/blog`, `architecture/README.md`, revisions 0.8B f21e7359e267f7e34af02502d3bc79eb7c8244c4) and
+vLLM-SR's runtime reimplementation of the packages' engine (`vela2_inference.py`: its decoder layout,
+request reader and word units). Every piece is tokenised on its own (no special tokens) and the ids are
+concatenated, as the packages do:
+
+    prefix = "Context:\\n" + '<segment role="user">\\n' + STATE + "\\n</segment>\\n"
+    block  = "\\n\\nTask type: T\\nTarget: user\\nQuestion:\\nQ\\nOptions:"
+             + ("\\n<option>\\n" + {"description":D,"key":K} + "\\n</option>") per option (+ the abstain option)
+             + SUFFIX[T]
+    span   = "...Question:\\nQ\\nLabels:" + one "<label>" block per label
+             + "\\n\\nText:\\n" + '<segment role="user">\\n' + STATE + "\\n</segment>\\n" + SUFFIX["span"]
+
+A block sees the prefix and itself only (its positions continue after the prefix). The candidate head
+reads each option's last token against the block's last token; the span head reads each label block's
+mean and each word's first token in the repeated target.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+SUFFIX = {
+    "choice": "\n\nSelect the single option best supported by the context and instructions.\nDecision:",
+    "score": "\n\nSelect the single option best supported by the context and instructions.\nDecision:",
+    "set": "\n\nSelect every option supported by the context and instructions.\nDecision:",
+    "span": "\n\nMark every span of the target text that carries one of the labels.\nSpans:",
+}
+ABSTAIN = ("[ABS]", "None of the shown options applies.")
+PARTS_HEAD = "Context:\n"
+SEGMENT_CLOSE = "\n</segment>\n"
+TEXT_HEAD = "\n\nText:\n"
+ROLE = "user"  # a text state is the packages' one `user` part
+REPEAT_LIMIT = 2048  # targets longer than this are read in windows upstream (not served here)
+
+# The packages' word units: URLs, e-mail addresses and @handles whole, CJK characters one by one,
+# word characters joined by - or _, any other non-space character alone.
+_CJK = ("\u2e80-\u2fff\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+        "\ua000-\ua4cf\uac00-\ud7af\u8c48-\ufaff\ufe30-\ufe4f\uff00-\uffef")
+_TRAIL = ".,;:!?)\\]}>\"'\u201d\u2019\u00bb"
+WORD = re.compile(
+    rf"(?:https?://|www\.)[^\s{_CJK}]+?(?=[{_TRAIL}]*(?![^\s{_CJK}]))"
+    rf"|[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{{2,}}"
+    rf"|@[a-z0-9_]+"
+    rf"|[{_CJK}]"
+    rf"|[^\W{_CJK}]+(?:[-_][^\W{_CJK}]+)*"
+    rf"|\S",
+    re.IGNORECASE,
+)
+
+
+def canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_text(value) -> str:
+    return value if isinstance(value, str) else canonical(value)
+
+
+def option_block(key: str, description: str, tag: str = "option") -> str:
+    return f"\n<{tag}>\n" + canonical({"key": key, "description": description}) + f"\n</{tag}>"
+
+
+def question_head(kind: str, text: str, span: bool = False) -> str:
+    return f"\n\nTask type: {kind}\nTarget: {ROLE}\nQuestion:\n{text}\n" + ("Labels:" if span else "Options:")
+
+
+def segment_open(role: str = ROLE) -> str:
+    return f'<segment role="{role}">\n'
+
+
+@dataclass(frozen=True)
+class Words:
+    """Word units of a text: [start, end) character offsets and each word's first overlapping token."""
+
+    offsets: tuple[tuple[int, int], ...]
+    first: tuple[int, ...]
+
+
+def words_of(text: str, token_offsets: list[tuple[int, int]]) -> Words:
+    """Every word unit of `text` with the first non-empty token whose running end passes the word's start
+    (words no token starts inside are dropped), as the packages map words to sub-word tokens."""
+    offsets, first = [], []
+    reach, token = -1, 0
+    ends = []
+    for start, end in token_offsets:
+        reach = max(reach, end if end > start else -1)
+        ends.append(reach)
+    for match in WORD.finditer(text):
+        start, end = match.span()
+        while token < len(token_offsets) and ends[token] <= start:
+            token += 1
+        index = token
+        while index < len(token_offsets) and token_offsets[index][1] <= token_offsets[index][0]:
+            index += 1
+        if index < len(token_offsets) and token_offsets[index][0] < end:
+            offsets.append((start, end))
+            first.append(index)
+    return Words(tuple(offsets), tuple(first))
+
+
+@dataclass(frozen=True)
+class Block:
+    """One question block: its ids, the option endpoints (ends) or label blocks (starts..ends) and, for a
+    span block, the positions of the target's word starts (all relative to the block's first token)."""
+
+    ids: tuple[int, ...]
+    ends: tuple[int, ...]
+    starts: tuple[int, ...] = ()
+    words: tuple[int, ...] = ()
+
+
+class VelaLayout:
+    def __init__(self, encode):
+        self.encode = encode  # text -> token ids, no special tokens
+
+    def prefix(self, state: str) -> list[int]:
+        return self.encode(PARTS_HEAD) + self.encode(segment_open()) + self.encode(state) + self.encode(SEGMENT_CLOSE)
+
+    def options_block(self, kind: str, text: str, options: list[tuple[str, str]], abstain: bool) -> Block:
+        ids = list(self.encode(question_head(kind, text)))
+        ends = []
+        for key, description in options + ([ABSTAIN] if abstain else []):
+            ids += self.encode(option_block(key, description))
+            ends.append(len(ids) - 1)
+        ids += self.encode(SUFFIX[kind])
+        return Block(tuple(ids), tuple(ends))
+
+    def span_block(self, text: str, labels: list[tuple[str, str]], state_ids: list[int], words: Words) -> Block:
+        ids = list(self.encode(question_head("span", text, span=True)))
+        starts, ends = [], []
+        for key, description in labels:
+            starts.append(len(ids))
+            ids += self.encode(option_block(key, description, "label"))
+            ends.append(len(ids) - 1)
+        ids += self.encode(TEXT_HEAD) + self.encode(segment_open())
+        positions = tuple(len(ids) + first for first in words.first)
+        ids += list(state_ids) + self.encode(SEGMENT_CLOSE) + self.encode(SUFFIX["span"])
+        return Block(tuple(ids), tuple(ends), tuple(starts), positions)
