@@ -46,11 +46,37 @@ class UnsupportedRequestForm(DomainError):
     """A request form the served readout does not answer (e.g. the single-question form)."""
 
 
+class UnreadableInput(DomainError):
+    """Text the served model cannot read as given: a control token of its tokenizer, a blank question, a
+    state or sequence past what its layout holds."""
+
+
+class ImagesNotSupported(DomainError):
+    """An image in a request to a readout that answers text states only."""
+
+
+class ExternalServerFailed(DomainError):
+    """The family's own server (external backend) refused, failed, or answered something malformed."""
+
+
+class ExternalServerTimeout(DomainError):
+    """The family's own server gave no answer within the deadline."""
+
+
 DOMAIN_ERRORS: dict[type[DomainError], tuple[int, str]] = {
     UnsupportedQuestionType: (422, "unsupported_question_type"),
     TooManyOptions: (422, "validation_error"),
     UnsupportedRequestForm: (422, "unsupported_request_form"),
+    UnreadableInput: (422, "validation_error"),
+    ImagesNotSupported: (422, "image_not_supported"),
+    ExternalServerFailed: (502, "backend_unavailable"),
+    ExternalServerTimeout: (504, "deadline_exceeded"),
 }
+
+
+def domain_error_type(exc: DomainError) -> str:
+    """The API error type a domain error is answered with (also the metrics' outcome label)."""
+    return next(v for cls, v in DOMAIN_ERRORS.items() if isinstance(exc, cls))[1]
 
 
 def domain_api_error(exc: DomainError) -> "ApiError":

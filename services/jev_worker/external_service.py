@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from jev_common.errors import ApiError, DomainError
+from jev_common.errors import ApiError, DomainError, domain_error_type
 from jev_common.schema import SystemOneRequest, SystemOneResponse
 
 from . import envelope
@@ -73,7 +73,7 @@ class ExternalWorkerService(WorkerService):
             return SystemOneResponse(model=self.recipe.name, answers=answers, usage=usage,
                                      x_elapsed_seconds=elapsed), dict(CACHE_HEADER)
         except (ApiError, DomainError) as exc:
-            outcome = exc.type if isinstance(exc, ApiError) else type(exc).__name__
+            outcome = exc.type if isinstance(exc, ApiError) else domain_error_type(exc)
             raise
         finally:
             self.metrics.decisions.labels("systemone", outcome).inc()

@@ -14,7 +14,7 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from jev_common.errors import ApiError, TooManyOptions
+from jev_common.errors import TooManyOptions, UnreadableInput
 from jev_common.recipe import Recipe
 
 
@@ -160,8 +160,7 @@ class PromptBuilder:
         if self._special_re is not None:
             match = self._special_re.search(text)
             if match:
-                raise ApiError(422, "validation_error",
-                               f"{where} contains {match.group(0)!r}, a control token of this model; {_SPECIAL_HINT}")
+                raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this model; {_SPECIAL_HINT}")
 
     # ----- tokens -------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], boundary: int) -> list[tuple[tuple[int, ...], int]]:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from jev_common.cache_index import CacheIndex
-from jev_common.errors import ApiError, DomainError, UnsupportedRequestForm, validation_error
+from jev_common.errors import ApiError, DomainError, UnsupportedRequestForm, domain_error_type, validation_error
 from jev_common.route_key import render_state as route_state_text, state_route_key
 from jev_common.schema import (
     LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
@@ -232,7 +232,7 @@ class WorkerService:
             outcome[0] = exc.type
             raise
         except DomainError as exc:
-            outcome[0] = type(exc).__name__
+            outcome[0] = domain_error_type(exc)
             raise
         finally:
             self.metrics.decisions.labels(kind, outcome[0]).inc()

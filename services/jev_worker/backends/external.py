@@ -16,7 +16,7 @@ import asyncio
 
 import aiohttp
 
-from jev_common.errors import ApiError
+from jev_common.errors import ExternalServerFailed, ExternalServerTimeout
 
 from ..readouts.base import ServingError
 
@@ -58,26 +58,22 @@ class ExternalHTTP:
             await self._session.close()
 
     async def post(self, path: str, body: dict, timeout_s: float) -> dict:
-        """The server's JSON answer to `body`, or ApiError 502/504 in the API's error shape."""
+        """The server's JSON answer to `body`, or ExternalServerFailed / ExternalServerTimeout (502 / 504)."""
         url = self.endpoint + path
         try:
             async with self._client().post(url, json=body,
                                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 text = await response.text()
                 if response.status != 200:
-                    raise ApiError(502, "backend_unavailable",
-                                   f"the external server {url} answered HTTP {response.status}: {text[:300]}")
+                    raise ExternalServerFailed(f"the external server {url} answered HTTP {response.status}: {text[:300]}")
                 try:
                     return await response.json(content_type=None)
                 except ValueError:
-                    raise ApiError(502, "backend_unavailable",
-                                   f"the external server {url} answered non-JSON: {text[:120]!r}") from None
+                    raise ExternalServerFailed(f"the external server {url} answered non-JSON: {text[:120]!r}") from None
         except asyncio.TimeoutError:
-            raise ApiError(504, "deadline_exceeded",
-                           f"the external server {url} gave no answer within {timeout_s:g} s") from None
+            raise ExternalServerTimeout(f"the external server {url} gave no answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
-            raise ApiError(502, "backend_unavailable",
-                           f"the external server {url} cannot be reached: {type(exc).__name__}: {exc}") from None
+            raise ExternalServerFailed(f"the external server {url} cannot be reached: {type(exc).__name__}: {exc}") from None
 
     async def health(self, path: str = "/health") -> tuple[bool, object]:
         """(reachable with 200, its JSON body or the reason it is not), within HEALTH_TIMEOUT_S."""

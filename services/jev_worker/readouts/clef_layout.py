@@ -19,7 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from jev_common.errors import ApiError
+from jev_common.errors import ImagesNotSupported
 
 from ..prompt import PreparedRequest, PromptBuilder
 
@@ -85,7 +85,7 @@ class ClefBuilder(PromptBuilder):
 
     def prepare(self, state_text, rows, image_keys=(), plan=None) -> PreparedRequest:
         if image_keys:
-            raise ApiError(422, "image_not_supported", "Clef's joint head is served on text states only")
+            raise ImagesNotSupported("Clef's joint head is served on text states only")
         texts = ["\n\nSCHEMA FIELDS:\n"]
         marks = []  # per question: (index of its instructions piece, indices of its option pieces)
         for number, q in enumerate(plan.questions, 1):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from jev_common.errors import ApiError, UnsupportedQuestionType
+from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import (
     ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneUsage, choice_confidence, score_confidence,
 )
@@ -57,7 +57,7 @@ class ClmCosine(Readout):
                 "temperature": float(self.option("temperature"))}
 
     def answers(self, request: SystemOneRequest, raw: object) -> tuple[dict, SystemOneUsage]:
-        """This API's answers and usage from CLM's response (ApiError 502 when it is not what was asked)."""
+        """This API's answers and usage from CLM's response (ExternalServerFailed, a 502, when it is not what was asked)."""
         raw_answers = raw.get("answers") if isinstance(raw, dict) else None
         if not isinstance(raw_answers, dict) or set(raw_answers) != set(request.questions):
             raise _bad("did not return exactly one answer per question")
@@ -96,5 +96,5 @@ def _probability(value: object, qid: str) -> float:
     return float(value)
 
 
-def _bad(what: str) -> ApiError:
-    return ApiError(502, "backend_unavailable", f"the CLM server {what}")
+def _bad(what: str) -> ExternalServerFailed:
+    return ExternalServerFailed(f"the CLM server {what}")

@@ -19,7 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from jev_common.errors import ApiError, TooManyOptions
+from jev_common.errors import TooManyOptions, UnreadableInput
 
 from ..prompt import PreparedRequest
 
@@ -53,7 +53,7 @@ class LayaSequenceBuilder:
     def check_user_text(self, text: str, where: str) -> None:
         for token in self.controls:
             if token in text:
-                raise ApiError(422, "validation_error", f"{where} contains {token!r}, a control token of this "
+                raise UnreadableInput(f"{where} contains {token!r}, a control token of this "
                                "encoder; remove it from the text")
 
     def _ids(self, text: str, **kwargs) -> list[int]:

@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from jev_common.errors import ApiError
+from jev_common.errors import UnreadableInput
 from jev_common.schema import (
     ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
     score_confidence,
@@ -83,7 +83,7 @@ class OmniJevBuilder(PromptBuilder):
         for ids, row in zip(prepared.rows, rows):
             want = (open_id, *row.labels, close_id)
             if tuple(ids[-len(want):]) != want:
-                raise ApiError(422, "validation_error", f"option text {row.after!r} does not tokenise on its own "
+                raise UnreadableInput(f"option text {row.after!r} does not tokenise on its own "
                                "between the option markers")
         return prepared
 
@@ -164,7 +164,7 @@ class OmniNoul(_OmniKind):
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         if question.criteria is not None:
-            raise ApiError(422, "validation_error", f"{where}.criteria: OmniJev's noul head reads only the "
+            raise UnreadableInput(f"{where}.criteria: OmniJev's noul head reads only the "
                            "instructions; state the condition there")
         return [self.row(question, ctx, where, "")]
 

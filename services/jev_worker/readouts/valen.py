@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jev_common.errors import ApiError
+from jev_common.errors import ImagesNotSupported, UnreadableInput
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_confidence
 
 from ..prompt import PreparedRequest
@@ -65,7 +65,7 @@ class ValenPromptBuilder:
     def check_user_text(self, text: str, where: str) -> None:
         for token in self.controls:
             if token in text:
-                raise ApiError(422, "validation_error", f"{where} contains {token!r}, a control token of this "
+                raise UnreadableInput(f"{where} contains {token!r}, a control token of this "
                                "model; Valen's compiler refuses it in user text, remove it")
 
     def _piece(self, text: str) -> list[int]:
@@ -90,7 +90,7 @@ class ValenPromptBuilder:
     def prepare(self, state_text: str, rows: list[ValenRow], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         if image_keys:  # the service refuses images first (refuses_images); never splice stock embeddings
-            raise ApiError(422, "image_not_supported", ValenHeadReadout.refuses_images)
+            raise ImagesNotSupported(ValenHeadReadout.refuses_images)
         prefix = self.state_ids(state_text)
         branches, labels = [], []
         for row in rows:
@@ -128,13 +128,13 @@ class ValenChoice:
         instructions = (ctx.prompt.default_choice_question if question.instructions is None
                         else ctx.user_text(question.instructions, f"{where}.instructions"))
         if not instructions.strip():
-            raise ApiError(422, "validation_error", f"{where}.instructions is blank; Valen needs a question")
+            raise UnreadableInput(f"{where}.instructions is blank; Valen needs a question")
         options = []
         for name, description in question.criteria.items():
             ctx.builder.check_user_text(name, f"{where}.criteria")
             text = name if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")
             if not name.strip() or not text.strip():
-                raise ApiError(422, "validation_error", f"{where}.criteria[{name!r}]: option names and "
+                raise UnreadableInput(f"{where}.criteria[{name!r}]: option names and "
                                "descriptions must not be blank for Valen")
             options.append((name, text))
         return [ValenRow(instructions, tuple(options))]

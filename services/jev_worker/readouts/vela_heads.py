@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jev_common.errors import ApiError
+from jev_common.errors import UnreadableInput
 from jev_common.schema import (
     ChoiceAnswer, NoulAnswer, ScoreAnswer, SetAnswer, Span, SpanAnswer, choice_confidence, score_confidence,
 )
@@ -80,7 +80,7 @@ class VelaBuilder:
     def check_user_text(self, text: str, where: str) -> None:
         match = self._special_re.search(text) if self._special_re is not None else None
         if match:
-            raise ApiError(422, "validation_error", f"{where} contains {match.group(0)!r}, a control token of this "
+            raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this "
                            "model; remove it from the request")
 
     def prepare(self, state_text: str, rows: list[VelaRow], image_keys=(), plan=None) -> PreparedRequest:
@@ -98,7 +98,7 @@ class VelaBuilder:
 
 def _text_state(ctx, where: str) -> str:
     if not isinstance(ctx.state, str) or not ctx.state.strip():
-        raise ApiError(422, "validation_error", f"{where}: Vela 2.0 is served here for a non-empty text state (one "
+        raise UnreadableInput(f"{where}: Vela 2.0 is served here for a non-empty text state (one "
                        "`user` part); its named-part object states are not mapped to this API")
     return ctx.state
 
@@ -111,7 +111,7 @@ def _instructions(question, ctx, where: str, default: str) -> str:
     text = content_text(question.instructions)
     ctx.builder.check_user_text(text, f"{where}.instructions")
     if not text.strip():
-        raise ApiError(422, "validation_error", f"{where}.instructions must not be blank")
+        raise UnreadableInput(f"{where}.instructions must not be blank")
     return text
 
 
@@ -182,7 +182,7 @@ class VelaScore(_Options):
             ctx.builder.check_user_text(text, f"{where}.criteria[{i}]")
             levels.append((text, ""))
         if len({name for name, _ in levels}) != len(levels):
-            raise ApiError(422, "validation_error", f"{where}.criteria: Vela 2.0 needs distinct score levels")
+            raise UnreadableInput(f"{where}.criteria: Vela 2.0 needs distinct score levels")
         text = _instructions(question, ctx, where, "default_score_question")
         return self.block_row(ctx, where, "score", text, levels, abstain=False)
 
@@ -221,7 +221,7 @@ class VelaSpan:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
         ids, offsets = ctx.builder.encode_offsets(state)
         if len(ids) > REPEAT_LIMIT:
-            raise ApiError(422, "validation_error", f"{where}: the state is {len(ids)} tokens; Vela reads longer "
+            raise UnreadableInput(f"{where}: the state is {len(ids)} tokens; Vela reads longer "
                            f"span targets than {REPEAT_LIMIT} in windows, which is not served here")
         words = words_of(state, offsets)
         block = ctx.builder.layout.span_block(text, [SPAN_LABEL], ids, words)
