@@ -1,7 +1,6 @@
 """Every recipe folder: recipe.yaml validates, example-request.json validates, README and profile exist."""
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import subprocess
@@ -13,7 +12,7 @@ import yaml
 
 from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
 from jev_common.schema import SystemOneRequest
-from jev_worker.readouts.registry import READOUTS
+from jev_worker.readouts.registry import READOUTS, readout_class
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
@@ -53,18 +52,13 @@ def test_recipe_validates_and_pins_honestly(folder):
     assert len(set(recipe.verbalizer.labels)) == len(recipe.verbalizer.labels)
 
 
-def readout_class(recipe):
-    module, _, name = READOUTS[recipe.serving.readout].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
 def test_example_request_validates(folder):
     """The example is a request the recipe's readout answers: its question types, and an image where it reads them."""
     payload = json.loads((folder / "example-request.json").read_text())
     request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
-    readout = readout_class(recipe) if recipe.serving.readout in READOUTS else None  # not served: README says so
+    readout = readout_class(recipe.serving.readout) if recipe.serving.readout in READOUTS else None  # not served: README says so
     if readout is not None:
         assert {q.type for q in request.questions.values()} <= readout.question_types
     if recipe.model.modality == "vision-language" and not (readout and readout.refuses_images):

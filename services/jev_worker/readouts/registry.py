@@ -18,9 +18,13 @@ READOUTS = {
 }
 
 
-def build_readout(name: str, options: dict) -> Readout:
+def readout_class(name: str) -> type[Readout]:
     if name not in READOUTS:
         raise ServingError(f"unknown readout {name!r} (recipe serving.readout); this worker has: "
                            f"{', '.join(sorted(READOUTS))}")
     module, _, cls = READOUTS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(options=dict(options))
+    return getattr(importlib.import_module(module), cls)
+
+
+def build_readout(name: str, options: dict) -> Readout:
+    return readout_class(name)(options=dict(options))
