@@ -15,7 +15,7 @@ import yaml
 
 from jev_common.recipe import REPO_ROOT, all_recipes
 from jev_worker.backends.registry import BACKENDS
-from jev_worker.readouts.base import ServingError
+from jev_worker.readouts.base import ServingError, load_exactly
 from jev_worker.readouts.calibration import Calibration
 from jev_worker.readouts.registry import READOUTS, build_readout
 from jev_worker.serving import preflight
@@ -146,3 +146,14 @@ def test_readme_describes_every_backend_and_readout():
     first_cells = {line.split("|")[1].strip() for line in readme.splitlines() if line.startswith("| `")}
     for name in [*BACKENDS, *READOUTS]:
         assert f"`{name}`" in first_cells, f"README has no table row for {name!r}"
+
+
+def test_load_exactly_names_a_missing_or_extra_tensor():
+    layer = torch.nn.Linear(2, 3)
+    with pytest.raises(ServingError, match=r"heads.safetensors: the tensors do not fit the head .*missing \['bias'\]"):
+        load_exactly(layer, {"weight": torch.ones(3, 2)}, source="heads.safetensors", fits="the head")
+    with pytest.raises(ServingError, match=r"unexpected \['scale'\]"):
+        load_exactly(layer, {"weight": torch.ones(3, 2), "bias": torch.zeros(3), "scale": torch.ones(1)},
+                     source="heads.safetensors", fits="the head")
+    load_exactly(layer, {"weight": torch.ones(3, 2), "bias": torch.zeros(3)}, source="h", fits="the head")
+    assert torch.equal(layer.weight, torch.ones(3, 2))

@@ -12,7 +12,7 @@ import json
 import os
 
 from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ..readouts.base import ServingError
+from ..readouts.base import ServingError, load_exactly
 from .causal_rows import CausalRows
 
 CONFIG, INDEX, TOKENIZER, PREFIX = "config.json", "model.safetensors.index.json", "tokenizer.json", "backbone."
@@ -49,10 +49,7 @@ def load_vela_decoder(recipe, model_path: str | None, device: str, dtype: str, *
             for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name.startswith(PREFIX):
                     state[name[len(PREFIX):]] = handle.get_tensor(name)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ServingError(f"{INDEX}: the tensors under {PREFIX!r} do not fit backbone_config "
-                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    load_exactly(model, state, source=f"{INDEX} ({PREFIX!r})", fits="backbone_config")
     model.to(dev, torch_dtype).eval()
     model.requires_grad_(False)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, TOKENIZER))

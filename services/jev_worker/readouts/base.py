@@ -69,6 +69,14 @@ def load_torch_state(path: str) -> dict:
     return state
 
 
+def load_exactly(module, state: dict, *, source: str, fits: str) -> None:
+    """`module` takes exactly `state`'s tensors; a missing or unexpected one stops the worker naming the file
+    (`source`) and what they should fit (`fits`)."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ServingError(f"{source}: the tensors do not fit {fits} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
 @dataclass
 class Readout:
     """Base of every readout; a subclass sets `name`, `question_types` and implements `load`."""

@@ -26,7 +26,7 @@ from jev_common.schema import (
 )
 
 from ..questions.base import BuildContext
-from .base import Readout, Requirement, ServingError, read_json
+from .base import Readout, Requirement, ServingError, load_exactly, read_json
 from .laya_sequence import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 
 CONFIG = "rl_agent_config.json"
@@ -85,10 +85,7 @@ class LayaDecisionHead(nn.Module):
                 state[key.removeprefix("head.")] = value
             elif key.startswith(("type_emb.", "scorer.")):
                 state[key] = value
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ServingError(f"{WEIGHTS}: decision layers do not fit hidden size / head_layers "
-                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        load_exactly(self, state, source=WEIGHTS, fits="the decision layers' hidden size / head_layers")
         self.float().eval().requires_grad_(False)
 
     @torch.inference_mode()
