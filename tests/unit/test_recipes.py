@@ -75,8 +75,12 @@ def test_example_request_validates(folder):
 def test_readme_documents_setup_launch_request_and_comparison(folder):
     text = (folder / "README.md").read_text()
     recipe = load_recipe(str(folder))
-    for heading in ("## Setup", "## Launch", "## Example request", "## What to compare against", "## Revision"):
+    for heading in ("## Setup", "## Launch", "## Example request", "## What to compare against", "## Revision",
+                    "## Verified on a tiny checkpoint"):
         assert heading in text, f"{folder.name}: README lacks {heading}"
+    verified = text.split("## Verified on a tiny checkpoint", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"tests/unit/test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
+    assert re.search(r"Needs the real", verified), f"{folder.name}: what needs the real weights?"
     assert recipe.model.hub_repo in text and recipe.model.revision in text
     assert f"--profile {recipe.compose_profile}" in text
     if recipe.model.revision == UNVERIFIED:

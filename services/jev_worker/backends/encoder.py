@@ -5,9 +5,11 @@ prefix to reuse, since every position attends to every other): rows are right-pa
 batch with an attention mask that hides the padding, and the readout's head receives each row's
 final hidden states at every real position ([length, hidden], FP32), not only the last one.
 
-Checkpoint layout (Laya's): `encoder/config.json` (the encoder's architecture), `tokenizer/`, and
-the encoder's weights under the `encoder.` prefix of `model.safetensors` (beside the readout's own
-tensors). Loaded with `AutoModel.from_config` + the state dict: no checkpoint code is executed.
+Checkpoint layout: `encoder/config.json` (the encoder's architecture) and `tokenizer/` (Laya's), or
+the layout the readout names as its `encoder_files` (Vela 2.0 0.3B: readouts/vela_encoder_files.py); either way the encoder's weights under the `encoder.` prefix of
+`model.safetensors` (beside the readout's own tensors). Loaded with `AutoModel.from_config` + the state
+dict: no checkpoint code is executed. A head may read several questions from one sequence: it then
+returns one logits tensor per question, in the order its readout's sequence builder planned.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import torch
 from ..caches import BudgetLRU
 from ..engine import EngineResult
 from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ..readouts.base import ServingError
+from ..readouts.base import ServingError, load_exactly
+from ..readouts.registry import readout_class
 
 ENCODER_CONFIG = "encoder"
 TOKENIZER = "tokenizer"
@@ -26,30 +29,48 @@ WEIGHTS = "model.safetensors"
 PREFIX = "encoder."
 
 
+class SplitFolders:
+    """The default layout (Laya's): the encoder's config in `encoder/`, its tokenizer in `tokenizer/`."""
+
+    needed = (os.path.join(ENCODER_CONFIG, "config.json"), os.path.join(TOKENIZER, "tokenizer_config.json"))
+    config_source = "encoder/config.json"
+
+    def config(self, folder: str):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(os.path.join(folder, ENCODER_CONFIG))
+
+    def tokenizer(self, folder: str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.path.join(folder, TOKENIZER))
+
+
+def checkpoint_files(recipe):
+    return getattr(readout_class(recipe.serving.readout), "encoder_files", None) or SplitFolders()
+
+
 def load_encoder(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
                  before_load=None) -> LoadedModel:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     folder = resolve_checkpoint(recipe, model_path)
     if before_load is not None:
         before_load(folder)
-    for needed in (os.path.join(ENCODER_CONFIG, "config.json"), os.path.join(TOKENIZER, "tokenizer_config.json"), WEIGHTS):
+    files = checkpoint_files(recipe)
+    for needed in (*files.needed, WEIGHTS):
         if not os.path.isfile(os.path.join(folder, needed)):
             raise ServingError(f"backend 'encoder' needs {needed} in the checkpoint folder {folder}; it is missing")
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
-    config = AutoConfig.from_pretrained(os.path.join(folder, ENCODER_CONFIG))
-    model = AutoModel.from_config(config, attn_implementation="sdpa")
+    model = AutoModel.from_config(files.config(folder), attn_implementation="sdpa")
     weights = load_file(os.path.join(folder, WEIGHTS))
     state = {key[len(PREFIX):]: value for key, value in weights.items() if key.startswith(PREFIX)}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ServingError(f"{WEIGHTS}: the encoder's tensors under {PREFIX!r} do not fit encoder/config.json "
-                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
     model.to(dev, torch_dtype).eval()
     model.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(folder, TOKENIZER))
+    tokenizer = files.tokenizer(folder)
     return LoadedModel(model, tokenizer, None, dev, torch_dtype, folder)
 
 
@@ -82,7 +103,11 @@ class EncoderEngine:
         for start in range(0, len(rows), self.max_batch_rows):
             chunk = rows[start : start + self.max_batch_rows]
             for (i, _, labels), hidden in zip(chunk, self._hidden([row for _, row, _ in chunk])):
-                logits[i].append(self.head.logits(hidden, labels))
+                read = self.head.logits(hidden, labels)
+                if isinstance(read, list):  # several questions read from one sequence
+                    logits[i].extend(read)
+                else:
+                    logits[i].append(read)
         return [EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))]
 
 
@@ -91,12 +116,11 @@ class Encoder:
     prefix_reuse = ("none: an encoder's every position attends to the whole sequence, so each question's "
                     "sequence runs whole (L3 off)")
     load_model = staticmethod(load_encoder)
-    readouts = frozenset({"laya-heads"})  # readouts whose head takes a whole sequence's hidden states
 
     def check(self, recipe) -> None:
-        if recipe.serving.readout not in self.readouts:
-            raise ServingError(f"backend {self.name!r} runs readouts over whole-sequence hidden states "
-                               f"({', '.join(sorted(self.readouts))}); {recipe.serving.readout!r} is not one")
+        if getattr(readout_class(recipe.serving.readout), "backend", None) != self.name:
+            raise ServingError(f"backend {self.name!r} runs readouts over whole-sequence hidden states (those whose "
+                               f"backend is {self.name!r}); {recipe.serving.readout!r} is not one")
         if recipe.model.modality != "text":
             raise ServingError(f"backend {self.name!r} serves text recipes only; {recipe.name} is {recipe.model.modality}")
 

@@ -13,6 +13,7 @@ READOUTS = {
     "laya-heads": "jev_worker.readouts.laya_heads:LayaHeads",
     "omnijev-heads": "jev_worker.readouts.omnijev:OmniJevReadout",
     "vela-heads": "jev_worker.readouts.vela_heads:VelaHeadsReadout",
+    "vela-marker-heads": "jev_worker.readouts.vela_marker:VelaMarkerHeads",
     "clef-joint-head": "jev_worker.readouts.clef:ClefJointReadout",
     "valen-head": "jev_worker.readouts.valen:ValenHeadReadout",
 }

@@ -103,7 +103,7 @@ def _text_state(ctx, where: str) -> str:
     return ctx.state
 
 
-def _instructions(question, ctx, where: str, default: str) -> str:
+def question_text(question, ctx, where: str, default: str) -> str:
     """The question text: its instructions (canonical JSON when structured), or the recipe's default
     question of that kind (Vela's own request reader requires instructions; this API does not)."""
     if question.instructions is None:
@@ -115,7 +115,29 @@ def _instructions(question, ctx, where: str, default: str) -> str:
     return text
 
 
-def _described(question, ctx, where: str) -> list[tuple[str, str]]:
+def noul_options(question, ctx, where: str) -> list[tuple[str, str]]:
+    """Noul as Vela's two-option choice: ("no", false text), ("yes", true text), the packages' defaults if unset."""
+    criteria = question.criteria
+    no = NOUL_NO if criteria is None or criteria.false is None else content_text(criteria.false)
+    yes = NOUL_YES if criteria is None or criteria.true is None else content_text(criteria.true)
+    for text, side in ((no, "false"), (yes, "true")):
+        ctx.builder.check_user_text(text, f"{where}.criteria.{side}")
+    return [("no", no), ("yes", yes)]
+
+
+def score_levels(question, ctx, where: str) -> list[tuple[str, str]]:
+    """Score levels as Vela's options (name, no description); they must be distinct."""
+    levels = []
+    for i, level in enumerate(question.criteria):
+        text = content_text(level)
+        ctx.builder.check_user_text(text, f"{where}.criteria[{i}]")
+        levels.append((text, ""))
+    if len(set(levels)) != len(levels):
+        raise UnreadableInput(f"{where}.criteria: Vela 2.0 needs distinct score levels")
+    return levels
+
+
+def described_options(question, ctx, where: str) -> list[tuple[str, str]]:
     options = []
     for name, description in question.criteria.items():
         ctx.builder.check_user_text(name, f"{where}.criteria")
@@ -145,8 +167,8 @@ class VelaChoice(_Options):
     type = "choice"
 
     def rows(self, question, ctx, where):
-        return self.block_row(ctx, where, "choice", _instructions(question, ctx, where, "default_choice_question"),
-                              _described(question, ctx, where), abstain=True)
+        return self.block_row(ctx, where, "choice", question_text(question, ctx, where, "default_choice_question"),
+                              described_options(question, ctx, where), abstain=True)
 
     def answer(self, question, logits, ctx) -> ChoiceAnswer:
         names = list(question.criteria)
@@ -160,13 +182,8 @@ class VelaNoul(_Options):
     type = "noul"
 
     def rows(self, question, ctx, where):
-        criteria = question.criteria
-        no = NOUL_NO if criteria is None or criteria.false is None else content_text(criteria.false)
-        yes = NOUL_YES if criteria is None or criteria.true is None else content_text(criteria.true)
-        for text, side in ((no, "false"), (yes, "true")):
-            ctx.builder.check_user_text(text, f"{where}.criteria.{side}")
-        return self.block_row(ctx, where, "choice", _instructions(question, ctx, where, "default_noul_question"),
-                              [("no", no), ("yes", yes)], abstain=True)
+        return self.block_row(ctx, where, "choice", question_text(question, ctx, where, "default_noul_question"),
+                              noul_options(question, ctx, where), abstain=True)
 
     def answer(self, question, logits, ctx) -> NoulAnswer:
         return NoulAnswer(noul=_softmax(logits[0][:2], self.readout.temperature("choice"))[1])
@@ -176,15 +193,8 @@ class VelaScore(_Options):
     type = "score"
 
     def rows(self, question, ctx, where):
-        levels = []
-        for i, level in enumerate(question.criteria):
-            text = content_text(level)
-            ctx.builder.check_user_text(text, f"{where}.criteria[{i}]")
-            levels.append((text, ""))
-        if len({name for name, _ in levels}) != len(levels):
-            raise UnreadableInput(f"{where}.criteria: Vela 2.0 needs distinct score levels")
-        text = _instructions(question, ctx, where, "default_score_question")
-        return self.block_row(ctx, where, "score", text, levels, abstain=False)
+        text = question_text(question, ctx, where, "default_score_question")
+        return self.block_row(ctx, where, "score", text, score_levels(question, ctx, where), abstain=False)
 
     def answer(self, question, logits, ctx) -> ScoreAnswer:
         probs = _softmax(logits[0], self.readout.temperature("score"))
@@ -197,8 +207,8 @@ class VelaSet(_Options):
     type = "set"
 
     def rows(self, question, ctx, where):
-        return self.block_row(ctx, where, "set", _instructions(question, ctx, where, "default_noul_question"),
-                              _described(question, ctx, where), abstain=False)
+        return self.block_row(ctx, where, "set", question_text(question, ctx, where, "default_noul_question"),
+                              described_options(question, ctx, where), abstain=False)
 
     def answer(self, question, logits, ctx) -> SetAnswer:
         readout = self.readout
@@ -216,7 +226,7 @@ class VelaSpan:
 
     def rows(self, question, ctx, where):
         state = _text_state(ctx, where)
-        text = _instructions(question, ctx, where, "default_choice_question")
+        text = question_text(question, ctx, where, "default_choice_question")
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
         ids, offsets = ctx.builder.encode_offsets(state)
