@@ -50,6 +50,9 @@ def test_recipe_validates_and_pins_honestly(folder):
         assert recipe.model.source.startswith("pypi:") and "==" in revision
     assert recipe.check.strip()
     assert len(set(recipe.verbalizer.labels)) == len(recipe.verbalizer.labels)
+    if recipe.model.trust_remote_code:  # else the package gate refuses it at every start
+        assert COMMIT.match(revision) and recipe.model.remote_code_manifest, \
+            "trust_remote_code needs a pinned commit and a remote_code_manifest"
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
