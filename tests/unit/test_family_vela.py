@@ -72,17 +72,21 @@ class Reference:
     def ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
 
-    def prefix(self) -> list[int]:
-        return self.ids("Context:\n") + self.ids('<segment role="user">\n') + self.ids(STATE) + self.ids("\n</segment>\n")
+    def prefix(self, parts) -> list[int]:
+        ids = self.ids("Context:\n")
+        for role, text in parts:
+            ids += self.ids(f'<segment role="{role}">\n') + self.ids(text) + self.ids("\n</segment>\n")
+        return ids
 
     @torch.inference_mode()
-    def hidden(self, block: list[int]) -> torch.Tensor:
-        prefix = self.prefix()
+    def hidden(self, block: list[int], parts=(("user", STATE),)) -> torch.Tensor:
+        prefix = self.prefix(parts)
         return self.model(input_ids=torch.tensor([prefix + block])).last_hidden_state[0, len(prefix):].float()
 
     @torch.inference_mode()
-    def option_logits(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool) -> torch.Tensor:
-        block = self.ids(f"\n\nTask type: {kind}\nTarget: user\nQuestion:\n{question}\nOptions:")
+    def option_logits(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool,
+                      parts=(("user", STATE),), target: str = "user") -> torch.Tensor:
+        block = self.ids(f"\n\nTask type: {kind}\nTarget: {target}\nQuestion:\n{question}\nOptions:")
         ends = []
         if abstain:
             options = options + [("[ABS]", "None of the shown options applies.")]
@@ -93,7 +97,7 @@ class Reference:
         suffix = ("Select every option supported by the context and instructions." if kind == "set"
                   else "Select the single option best supported by the context and instructions.")
         block += self.ids(f"\n\n{suffix}\nDecision:")
-        h = self.hidden(block)
+        h = self.hidden(block, parts)
         c, q = self.cand_norm(h[ends]), self.query_norm(h[-1])
         bilinear = (self.key(c) * self.query(q)).sum(-1) / math.sqrt(self.d)
         return bilinear + self.scalar(torch.nn.functional.gelu(self.cand_mlp(c) + self.query_mlp(q))).squeeze(-1)
@@ -194,10 +198,58 @@ async def test_vela_answers_equal_the_plain_reference(worker_settings, vela_reci
         assert "every question block runs whole" in stats["prefix_reuse"]
 
 
+OBJECT_STATE = {"request": "Please reset my account before Friday.", "ticket": 4412, "channel": {"kind": "email"},
+                "answer": "I have reset it."}
+# the packages' parts for it, written out: user, then context (keys of no known role as `key:` blocks), then answer
+OBJECT_PARTS = (("user", "Please reset my account before Friday."),
+                ("context", 'ticket:\n4412\n\nchannel:\n{"kind":"email"}'), ("answer", "I have reset it."))
+
+
+async def test_vela_object_states_are_read_as_the_packages_typed_parts(worker_settings, vela_recipe, vela_dir):
+    ref = Reference(vela_dir)
+    t = ref.cal["temperature"]
+    target = "user, context, answer"
+    questions = {k: QUESTIONS[k] for k in ("intent", "urgent", "priority", "topics")}
+    async with served(worker_settings(recipe=vela_recipe, model_path=str(vela_dir))) as (front, _, _):
+        answers = (await ask(front, OBJECT_STATE, questions))["answers"]
+        logits = ref.option_logits("choice", "What does the request ask for?",
+                                   [("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True,
+                                   OBJECT_PARTS, target)
+        assert_probs(answers["intent"]["probabilities"], softmax(logits[:3], t["choice"]), ["reset", "refund", "other"])
+        text_state = softmax(ref.option_logits("choice", "What does the request ask for?", [
+            ("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True)[:3], t["choice"])
+        assert max(abs(a - b) for a, b in zip(softmax(logits[:3], t["choice"]), text_state)) > 1e-4  # parts matter
+        logits = ref.option_logits("choice", "Is this urgent?", [
+            ("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True,
+            OBJECT_PARTS, target)
+        assert abs(answers["urgent"]["noul"] - softmax(logits[:2], t["choice"])[1]) <= TOL
+        want = softmax(ref.option_logits("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")],
+                                         False, OBJECT_PARTS, target), t["score"])
+        assert_probs(answers["priority"]["probabilities"], want, ["0", "1", "2"])
+        logits = ref.option_logits("set", "Which topics does it mention?",
+                                   [("account", "user accounts"), ("billing", ""), ("phone", "a phone number")], False,
+                                   OBJECT_PARTS, target)
+        assert_probs(answers["topics"]["probabilities"], torch.sigmoid((logits + ref.set_bias) / t["set"]).tolist(),
+                     ["account", "billing", "phone"])
+
+        # a string holding a JSON object is that object, as the packages read it
+        as_string = (await ask(front, json.dumps(OBJECT_STATE), {"x": QUESTIONS["intent"]}))["answers"]["x"]
+        assert_probs(as_string["probabilities"], list(answers["intent"]["probabilities"].values()),
+                     ["reset", "refund", "other"])
+        # a one-key object in the user role is the same single `user` part as the text
+        one = (await ask(front, {"request": STATE}, {"x": QUESTIONS["intent"]}))["answers"]["x"]
+        assert_probs(one["probabilities"], text_state, ["reset", "refund", "other"])
+
+
 async def test_vela_refuses_what_it_cannot_answer(worker_settings, vela_recipe, vela_dir):
     async with served(worker_settings(recipe=vela_recipe, model_path=str(vela_dir))) as (front, _, _):
-        body = await ask(front, {"request": "hi", "answer": "yes"}, {"q": QUESTIONS["urgent"]}, status=422)
+        body = await ask(front, OBJECT_STATE, {"q": QUESTIONS["pii"]}, status=422)
         assert "text state" in json.dumps(body)
+        span = {"type": "span", "instructions": "When?", "criteria": ["reset my account", "Friday"]}
+        body = await ask(front, json.dumps(OBJECT_STATE), {"q": span}, status=422)  # the packages read named parts
+        assert "plain text state" in json.dumps(body)
+        body = await ask(front, {"request": " ", "ticket": 1}, {"q": QUESTIONS["urgent"]}, status=422)
+        assert "user part" in json.dumps(body)
         body = await ask(front, STATE + " <|im_start|>", {"q": QUESTIONS["urgent"]}, status=422)
         assert "control token" in json.dumps(body)
 

@@ -7,8 +7,9 @@ Package files read: `config.json` (`model_type` vela2-decoder, `backbone_config`
 `broad_head` {temperature}), `tokenizer.json`, the shards of `model.safetensors.index.json` (`head.*`,
 `set_bias`, `span2.*`) and, when present, `broad_head.safetensors` (`span_broad.*`).
 
-Every question is one block after the state prefix (a text state, the packages' `user` part); the rows
-backend runs prefix + block whole, so a block sees the prefix and itself only, as the packages' tree does.
+Every question is one block after the state prefix (the state's typed parts as the packages read a System One
+state, vela_layout.state_parts) and reads every part; the rows backend runs prefix + block whole, so a block
+sees the prefix and itself only, as the packages' tree does.
 The question text is the instructions (canonical JSON when structured), or the recipe's default question
 of its kind where this API lets instructions out (Vela's own reader requires them).
 - choice: options + the abstain option; softmax over the real options' logits / T_choice.
@@ -41,7 +42,7 @@ from jev_common.schema import (
 from ..prompt import PreparedRequest, RowSpec
 from .base import Readout, Requirement, ServingError, read_json
 from .vela_heads_math import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
-from .vela_layout import REPEAT_LIMIT, VelaLayout, content_text, words_of
+from .vela_layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
     "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
@@ -84,7 +85,7 @@ class VelaBuilder:
                            "model; remove it from the request")
 
     def prepare(self, state_text: str, rows: list[VelaRow], image_keys=(), plan=None) -> PreparedRequest:
-        prefix = tuple(self.layout.prefix(state_text))
+        prefix = tuple(self.layout.prefix(state_parts(plan.state if plan is not None else state_text)))
         longest = len(prefix) + max(len(row.ids) for row in rows)
         if self.max_length is not None and longest > self.max_length:
             raise ValueError(f"the state and a question need {longest} tokens; this model reads at most "
@@ -96,11 +97,9 @@ class VelaBuilder:
                                prefix_key=digest.hexdigest(), plan=plan)
 
 
-def _text_state(ctx, where: str) -> str:
-    if not isinstance(ctx.state, str) or not ctx.state.strip():
-        raise UnreadableInput(f"{where}: Vela 2.0 is served here for a non-empty text state (one "
-                       "`user` part); its named-part object states are not mapped to this API")
-    return ctx.state
+def _roles(ctx) -> tuple[str, ...]:
+    """The parts a question reads: every part of the state (the packages' default without `over`)."""
+    return tuple(role for role, _ in state_parts(ctx.state))
 
 
 def question_text(question, ctx, where: str, default: str) -> str:
@@ -158,8 +157,7 @@ class _Options:
         self.readout = readout
 
     def block_row(self, ctx, where: str, kind: str, text: str, options, abstain: bool) -> list[VelaRow]:
-        _text_state(ctx, where)
-        block = ctx.builder.layout.options_block(kind, text, options, abstain)
+        block = ctx.builder.layout.options_block(kind, _roles(ctx), text, options, abstain)
         return [VelaRow("", (OPTIONS, len(block.ids), *block.ends), ids=block.ids)]
 
 
@@ -225,7 +223,7 @@ class VelaSpan:
         self.readout = readout
 
     def rows(self, question, ctx, where):
-        state = _text_state(ctx, where)
+        state = span_text(ctx.state, where)
         text = question_text(question, ctx, where, "default_choice_question")
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
@@ -234,7 +232,7 @@ class VelaSpan:
             raise UnreadableInput(f"{where}: the state is {len(ids)} tokens; Vela reads longer "
                            f"span targets than {REPEAT_LIMIT} in windows, which is not served here")
         words = words_of(state, offsets)
-        block = ctx.builder.layout.span_block(text, [SPAN_LABEL], ids, words)
+        block = ctx.builder.layout.span_block(SPAN_ROLE, text, [SPAN_LABEL], ids, words)
         labels = (self.readout.span_head(), len(block.ids), 1, *block.starts, *block.ends, *block.words)
         return [VelaRow("", labels, ids=block.ids)]
 

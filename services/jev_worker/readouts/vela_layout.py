@@ -7,22 +7,32 @@ vLLM-SR's runtime reimplementation of the packages' engine (`vela2_inference.py`
 request reader and word units). Every piece is tokenised on its own (no special tokens) and the ids are
 concatenated, as the packages do:
 
-    prefix = "Context:\\n" + '<segment role="user">\\n' + STATE + "\\n</segment>\\n"
-    block  = "\\n\\nTask type: T\\nTarget: user\\nQuestion:\\nQ\\nOptions:"
+    prefix = "Context:\\n" + ('<segment role="R">\\n' + PART + "\\n</segment>\\n") per part
+    block  = "\\n\\nTask type: T\\nTarget: R[, R...]\\nQuestion:\\nQ\\nOptions:"
              + ("\\n<option>\\n" + {"description":D,"key":K} + "\\n</option>") per option (+ the abstain option)
              + SUFFIX[T]
     span   = "...Question:\\nQ\\nLabels:" + one "<label>" block per label
              + "\\n\\nText:\\n" + '<segment role="user">\\n' + STATE + "\\n</segment>\\n" + SUFFIX["span"]
 
-A block sees the prefix and itself only (its positions continue after the prefix). The candidate head
-reads each option's last token against the block's last token; the span head reads each label block's
-mean and each word's first token in the repeated target.
+A block sees the prefix and itself only (its positions continue after the prefix); its target is every
+part (the packages' default without `over`), their roles joined by ", ". The candidate head reads each
+option's last token against the block's last token; the span head reads each label block's mean and each
+word's first token in the repeated target.
+
+The state as the packages read it (state_parts, both members): a string is the `user` part (a string holding
+a JSON object is that object); an object maps request / user / prompt to `user`, answer / response to
+`answer`, every other key to `context` (a part fed by several keys, or by a key of no known role, is
+`key:\\n<value>` blocks joined by a blank line); an array is canonical JSON in the `user` part. Parts come in
+user / context / answer order.
 """
 from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from dataclasses import dataclass
+
+from jev_common.errors import UnreadableInput
 
 SUFFIX = {
     "choice": "\n\nSelect the single option best supported by the context and instructions.\nDecision:",
@@ -34,7 +44,11 @@ ABSTAIN = ("[ABS]", "None of the shown options applies.")
 PARTS_HEAD = "Context:\n"
 SEGMENT_CLOSE = "\n</segment>\n"
 TEXT_HEAD = "\n\nText:\n"
-ROLE = "user"  # a text state is the packages' one `user` part
+ROLES = ("user", "context", "answer")
+STATE_KEY_ROLES = {"request": "user", "user": "user", "prompt": "user", "source": "context", "context": "context",
+                   "document": "context", "tools": "context", "previous_answer": "context", "answer": "answer",
+                   "response": "answer"}
+SPAN_ROLE = "user"  # span questions read a plain text state: its one part
 REPEAT_LIMIT = 2048  # targets longer than this are read in windows upstream (not served here)
 
 # The packages' word units: URLs, e-mail addresses and @handles whole, CJK characters one by one,
@@ -65,12 +79,57 @@ def option_block(key: str, description: str, tag: str = "option") -> str:
     return f"\n<{tag}>\n" + canonical({"key": key, "description": description}) + f"\n</{tag}>"
 
 
-def question_head(kind: str, text: str, span: bool = False) -> str:
-    return f"\n\nTask type: {kind}\nTarget: {ROLE}\nQuestion:\n{text}\n" + ("Labels:" if span else "Options:")
+def question_head(kind: str, roles: tuple[str, ...], text: str, span: bool = False) -> str:
+    return (f"\n\nTask type: {kind}\nTarget: {', '.join(roles)}\nQuestion:\n{text}\n"
+            + ("Labels:" if span else "Options:"))
 
 
-def segment_open(role: str = ROLE) -> str:
+def segment_open(role: str) -> str:
     return f'<segment role="{role}">\n'
+
+
+def state_parts(state) -> list[tuple[str, str]]:
+    """(role, text) of every part of the state, in user / context / answer order."""
+    if isinstance(state, str) and state.strip().startswith("{"):
+        try:
+            decoded = json.loads(state.strip())
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            state = decoded
+    if isinstance(state, str):
+        if not state.strip():
+            raise UnreadableInput("state: Vela 2.0 reads no empty or blank state")
+        return [("user", state)]
+    if isinstance(state, list):
+        return [("user", canonical(state))]
+    if not state:
+        raise UnreadableInput("state: Vela 2.0 reads no empty object")
+    by_role: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
+    for key, value in state.items():
+        role = STATE_KEY_ROLES.get(str(key).lower())
+        by_role[role or "context"].append((str(key), content_text(value), role is not None))
+    parts = []
+    for role in ROLES:
+        items = by_role.get(role)
+        if not items:
+            continue
+        if len(items) == 1 and items[0][2]:
+            text = items[0][1]
+        else:
+            text = "\n\n".join(f"{key}:\n{value}" for key, value, _ in items)
+        if not text.strip():
+            raise UnreadableInput(f"state: the {role} part (keys {', '.join(k for k, _, _ in items)}) is blank")
+        parts.append((role, text))
+    return parts
+
+
+def span_text(state, where: str) -> str:
+    """The text a span question reads: a plain text state (its character offsets are the answer)."""
+    if state_parts(state) != [(SPAN_ROLE, state)]:
+        raise UnreadableInput(f"{where}: span questions are served over a plain text state; Vela 2.0 reads this "
+                              "state as named parts")
+    return state
 
 
 @dataclass(frozen=True)
@@ -118,11 +177,15 @@ class VelaLayout:
     def __init__(self, encode):
         self.encode = encode  # text -> token ids, no special tokens
 
-    def prefix(self, state: str) -> list[int]:
-        return self.encode(PARTS_HEAD) + self.encode(segment_open()) + self.encode(state) + self.encode(SEGMENT_CLOSE)
+    def prefix(self, parts: list[tuple[str, str]]) -> list[int]:
+        ids = self.encode(PARTS_HEAD)
+        for role, text in parts:
+            ids += self.encode(segment_open(role)) + self.encode(text) + self.encode(SEGMENT_CLOSE)
+        return ids
 
-    def options_block(self, kind: str, text: str, options: list[tuple[str, str]], abstain: bool) -> Block:
-        ids = list(self.encode(question_head(kind, text)))
+    def options_block(self, kind: str, roles: tuple[str, ...], text: str, options: list[tuple[str, str]],
+                      abstain: bool) -> Block:
+        ids = list(self.encode(question_head(kind, roles, text)))
         ends = []
         for key, description in options + ([ABSTAIN] if abstain else []):
             ids += self.encode(option_block(key, description))
@@ -130,14 +193,15 @@ class VelaLayout:
         ids += self.encode(SUFFIX[kind])
         return Block(tuple(ids), tuple(ends))
 
-    def span_block(self, text: str, labels: list[tuple[str, str]], state_ids: list[int], words: Words) -> Block:
-        ids = list(self.encode(question_head("span", text, span=True)))
+    def span_block(self, role: str, text: str, labels: list[tuple[str, str]], state_ids: list[int],
+                   words: Words) -> Block:
+        ids = list(self.encode(question_head("span", (role,), text, span=True)))
         starts, ends = [], []
         for key, description in labels:
             starts.append(len(ids))
             ids += self.encode(option_block(key, description, "label"))
             ends.append(len(ids) - 1)
-        ids += self.encode(TEXT_HEAD) + self.encode(segment_open())
+        ids += self.encode(TEXT_HEAD) + self.encode(segment_open(role))
         positions = tuple(len(ids) + first for first in words.first)
         ids += list(state_ids) + self.encode(SEGMENT_CLOSE) + self.encode(SUFFIX["span"])
         return Block(tuple(ids), tuple(ends), tuple(starts), positions)

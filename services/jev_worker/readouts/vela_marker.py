@@ -27,7 +27,6 @@ import os
 
 import torch
 
-from jev_common.errors import UnreadableInput
 from jev_common.schema import SetAnswer
 
 from .base import Readout, Requirement, ServingError, read_json
@@ -36,7 +35,8 @@ from .vela_heads import (
     VelaChoice, VelaNoul, VelaScore, VelaSpan, described_options, noul_options, question_text, score_levels,
 )
 from .vela_marker_head import READOUTS, VelaMarkerHead, tensor_names
-from .vela_marker_layout import MARKERS, SPAN_ROLE, MarkerRow, MarkerSequenceBuilder, state_parts
+from .vela_layout import span_text
+from .vela_marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
 MEMBER, FORMAT_VERSION = "vela2-unified", 1
@@ -84,9 +84,7 @@ class MarkerSet:
 
 class MarkerSpan(VelaSpan):
     def rows(self, question, ctx, where):
-        if state_parts(ctx.state) != [(SPAN_ROLE, ctx.state)]:
-            raise UnreadableInput(f"{where}: Vela 2.0 reads this string as a JSON object of named parts; span "
-                                  "questions are served over a plain text state")
+        span_text(ctx.state, where)
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
         text = question_text(question, ctx, where, "default_choice_question")

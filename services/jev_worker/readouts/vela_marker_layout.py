@@ -14,71 +14,25 @@ question has a row of its own. A question reads every part (the packages' defaul
 runs from the first part's [SEG_role] marker to the last part's end. A span question adds only its [E] labels
 and is read at the first sub-word of every word of the user part.
 
-The state as the packages read it: a string is the `user` part (a string holding a JSON object is that object);
-an object maps request / user / prompt to `user`, answer / response to `answer`, every other key to `context`
-(a part fed by several keys, or by a key of no known role, is `key:\\n<value>` blocks joined by a blank line);
-an array is canonical JSON in the `user` part.
+The state is read into typed parts as both members read it (vela_layout.state_parts).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 
 from jev_common.errors import UnreadableInput
 
 from ..prompt import PreparedRequest
-from .vela_layout import canonical, content_text, words_of
+from .vela_layout import SPAN_ROLE, canonical, content_text, state_parts, words_of
 
 MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")
-ROLES = ("user", "context", "answer")
-STATE_KEY_ROLES = {"request": "user", "user": "user", "prompt": "user", "source": "context", "context": "context",
-                   "document": "context", "tools": "context", "previous_answer": "context", "answer": "answer",
-                   "response": "answer"}
-SPAN_ROLE = "user"  # span questions take a text state here: its one part
 
 
 def option_text(name: str, description: str) -> str:
     return f"{name}: {description}" if description else name
-
-
-def state_parts(state) -> list[tuple[str, str]]:
-    """(role, text) of every part of the state, in user / context / answer order."""
-    if isinstance(state, str) and state.strip().startswith("{"):
-        try:
-            decoded = json.loads(state.strip())
-        except ValueError:
-            decoded = None
-        if isinstance(decoded, dict):
-            state = decoded
-    if isinstance(state, str):
-        if not state.strip():
-            raise UnreadableInput("state: Vela 2.0 reads no empty or blank state")
-        return [("user", state)]
-    if isinstance(state, list):
-        return [("user", canonical(state))]
-    if not state:
-        raise UnreadableInput("state: Vela 2.0 reads no empty object")
-    by_role: dict[str, list[tuple[str, str, bool]]] = defaultdict(list)
-    for key, value in state.items():
-        role = STATE_KEY_ROLES.get(str(key).lower())
-        by_role[role or "context"].append((str(key), content_text(value), role is not None))
-    parts = []
-    for role in ROLES:
-        items = by_role.get(role)
-        if not items:
-            continue
-        if len(items) == 1 and items[0][2]:
-            text = items[0][1]
-        else:
-            text = "\n\n".join(f"{key}:\n{value}" for key, value, _ in items)
-        if not text.strip():
-            raise UnreadableInput(f"state: the {role} part (keys {', '.join(k for k, _, _ in items)}) is blank")
-        parts.append((role, text))
-    return parts
 
 
 @dataclass(frozen=True)
