@@ -1,5 +1,6 @@
 """valen-head on valen-lora (Valen-Preview-0923) on a tiny checkpoint in Valen's layout (checkpoint.pt +
-config.json over a Qwen3.5 base): every choice answer equal to a plain reference written out here after
+config.json over a Qwen3.5 base): every choice, noul and score answer equal to a plain reference written out
+here after
 Valen's `Compiler.compile`, `ValenQwen.forward` / `DecisionHead` and `inference.answer`, with the LoRA run
 unmerged as PEFT runs it."""
 from __future__ import annotations
@@ -75,32 +76,35 @@ class Reference:
         self.decision, self.candidate = weights["head.decision.weight"], weights["head.candidate.weight"]
         self.scale = math.sqrt(config["projection_dim"])
 
-    def compile(self, state: str, instructions: str, pairs: list[tuple[str, str]]):
-        """Valen's Compiler.compile for one choice question: (input_ids, candidate positions)."""
+    def compile(self, state: str, instructions: str, pairs: list[tuple[str, str]], task: str = "choice"):
+        """Valen's Compiler.compile for one branch: (input_ids, candidate positions)."""
         messages = [{"role": "user", "content": [{"type": "text", "text": state}]}]
         base = self.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=False,
                                                   return_dict=True)["input_ids"]
         base = list(base[0]) if isinstance(base[0], list) else list(base)
         suffix = self.tok.encode("<|im_start|>user\n", add_special_tokens=False)
-        suffix += self.tok.encode("Task: choice\nQuestion: " + instructions + "\nCandidates:\n",
+        suffix += self.tok.encode("Task: " + task + "\nQuestion: " + instructions + "\nCandidates:\n",
                                   add_special_tokens=False)
         positions = []
         for key, description in pairs:
-            suffix += self.tok.encode(key + ": " + description, add_special_tokens=False)
+            suffix += self.tok.encode((key + ": " if task != "score" else "") + description, add_special_tokens=False)
             positions.append(len(base) + len(suffix) - 1)
             suffix += self.tok.encode("\n", add_special_tokens=False)
         suffix += self.tok.encode("Decision:", add_special_tokens=False)
         return base + suffix, positions
 
     @torch.inference_mode()
-    def probs(self, state: str, instructions: str, pairs: list[tuple[str, str]]) -> tuple[list[float], int]:
-        ids, positions = self.compile(state, instructions, pairs)
+    def logits(self, state: str, instructions: str, pairs: list[tuple[str, str]], task: str = "choice"):
+        ids, positions = self.compile(state, instructions, pairs, task)
         hidden = self.backbone(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                use_cache=False).last_hidden_state
         d = hidden[0, len(ids) - 1].float() @ self.decision.T
         c = hidden[0, positions].float() @ self.candidate.T
-        logits = (c * d).sum(-1) / self.scale
-        return torch.softmax(logits / 1.0, -1).tolist(), len(ids)
+        return (c * d).sum(-1) / self.scale, len(ids)
+
+    def probs(self, state: str, instructions: str, pairs: list[tuple[str, str]]) -> tuple[list[float], int]:
+        logits, length = self.logits(state, instructions, pairs)
+        return torch.softmax(logits / 1.0, -1).tolist(), length
 
 
 async def test_valen_choice_answers_equal_the_plain_reference(worker_settings, tiny_valen):
@@ -150,9 +154,43 @@ def _state_tokens(ref: Reference, state: str) -> int:
     return len(ref.tok(text, add_special_tokens=False)["input_ids"])
 
 
+async def test_valen_noul_and_score_follow_its_compiler(worker_settings, tiny_valen):
+    """noul: one branch over Valen's fixed true/false candidates, P(true); score: one branch per level, each
+    with its description alone, the levels' logits in one softmax (valen/data/schema.py, compilers/qwen.py,
+    evaluation/inference.py `answer`)."""
+    valen_dir, base_dir = tiny_valen
+    ref = Reference(valen_dir, base_dir)
+    levels = ["cold", "warm", "boiling hot"]
+    async with served(worker_settings(recipe=valen_recipe(base_dir), model_path=str(valen_dir))) as (front, _, _):
+        body = await ask(front, STATE, {
+            "hot": {"type": "noul", "instructions": "Is the water hot?", "criteria": {"true": "ignored by Valen"}},
+            "how": {"type": "score", "instructions": "How hot is the water?", "criteria": levels},
+        })
+        answers = body["answers"]
+        logits, noul_len = ref.logits(STATE, "Is the water hot?", [
+            ("true", "True / 是：满足问题中的条件。"), ("false", "False / 否：不满足问题中的条件。")], "noul")
+        want = torch.softmax(logits, -1).tolist()[0]
+        assert abs(answers["hot"]["noul"] - want) <= TOL and abs(want - 0.5) > 1e-4
+
+        branches = [ref.logits(STATE, "How hot is the water?", [(str(i), level)], "score") for i, level in enumerate(levels)]
+        probs = torch.softmax(torch.cat([b[0] for b in branches]), -1).tolist()
+        assert_probs(answers["how"]["probabilities"], probs, ["0", "1", "2"])
+        assert max(probs) - min(probs) > 1e-3
+        assert abs(answers["how"]["score"] - sum(i * p for i, p in enumerate(probs))) <= TOL
+        assert answers["how"]["legend"] == {"0": "cold", "1": "warm", "2": "boiling hot"}
+        mode = max(range(3), key=probs.__getitem__)
+        uniform = sum(abs(i - 1) for i in range(3)) / 3
+        confidence = max(0.0, 1 - sum(p * abs(i - mode) for i, p in enumerate(probs)) / uniform)
+        assert abs(answers["how"]["confidence"] - confidence) <= TOL
+        state_len = _state_tokens(ref, STATE)  # Valen's usage: the state once, then every branch's suffix
+        assert body["usage"]["input_tokens"] == state_len + (noul_len - state_len) + sum(b[1] - state_len for b in branches)
+
+        body = await ask(front, STATE, {"q": {"type": "score", "instructions": "How hot?", "criteria": ["a", " "]}},
+                         status=422)
+        assert "blank" in json.dumps(body)
+
+
 @pytest.mark.parametrize("question", [
-    {"type": "noul", "instructions": "Is it hot?"},
-    {"type": "score", "instructions": "How hot?", "criteria": ["cold", "warm", "hot"]},
     {"type": "set", "criteria": {"hot": None, "cold": None}},
     {"type": "span", "criteria": ["its spout", "The kettle"]},
 ])
@@ -187,11 +225,11 @@ async def test_valen_refuses_a_branch_past_max_length(worker_settings, tiny_vale
     short = tmp_path / "short"
     shutil.copytree(valen_dir, short)
     config = json.loads((short / "config.json").read_text())
-    (short / "config.json").write_text(json.dumps({**config, "max_length": 48}))
+    (short / "config.json").write_text(json.dumps({**config, "max_length": 160}))
     async with served(worker_settings(recipe=valen_recipe(base_dir), model_path=str(short))) as (front, _, _):
-        body = await ask(front, " ".join(["word"] * 60), {"q": {"type": "choice", "instructions": "Which?",
+        body = await ask(front, " ".join(["word"] * 200), {"q": {"type": "choice", "instructions": "Which?",
                                                                  "criteria": {"a": None, "b": None}}}, status=422)
-        assert "max_length is 48" in json.dumps(body)
+        assert "max_length is 160" in json.dumps(body)
 
 
 def test_valen_needs_its_files(tmp_path, tiny_valen):

@@ -2,20 +2,30 @@
 the Valen compiler's input (`valen/data/compilers/qwen.py`), on backend `valen-lora` (its checkpoint layout:
 valen_checkpoint.py).
 
-Sequence of one choice question (its "branch"), token ids laid end to end:
+Sequence of one branch, token ids laid end to end:
   state:  the base's chat template over one user message [{"type": "text", "text": state}], no generation
           prompt, tokenised in one pass (the state prefix);
   then each piece tokenised alone, without special tokens:
-          "<|im_start|>user\\n", "Task: choice\\nQuestion: {instructions}\\nCandidates:\\n",
-          for every option in request order "{name}: {description}" (its last token is the option's
-          position) and "\\n", and finally "Decision:" (its last token is the decision position).
-A null description is the option's name, as the public reference worker does; missing instructions are the
-recipe's default choice question. The branch may not exceed the checkpoint's `max_length` (no truncation).
+          "<|im_start|>user\\n", "Task: {type}\\nQuestion: {instructions}\\nCandidates:\\n",
+          for every candidate of the branch "{name}: {description}" (score: "{description}" alone; its last
+          token is the candidate's position) and "\\n", and finally "Decision:" (its last token is the
+          decision position).
+Branches per question type, as the compiler builds them from `valen/data/schema.py` `candidates`:
+- choice: one branch, the options in request order; a null description is the option's name, as the public
+  reference worker does.
+- noul: one branch with Valen's two fixed candidates ("true", "True / 是：满足问题中的条件。") and ("false",
+  "False / 否：不满足问题中的条件。"); the request's true/false descriptions are not shown (the compiler
+  never reads them); noul = P(true).
+- score: one branch per level, each seeing only its own description (never its index nor another level);
+  the levels' logits, one per branch, form one softmax; score = sum(i p_i), legend {i: level}.
+Missing instructions are the recipe's default question of the type. A branch may not exceed the checkpoint's
+`max_length` (no truncation).
 
 Head (FP32): d = W_decision h[decision], c_k = W_candidate h[option k], logit_k = (c_k . d) / sqrt(projection_dim)
 over the backbone's final (normed) hidden states; p = softmax(logits / T) with T = 1, as Valen's inference
 does when no calibration file is given (none ships with the checkpoint); confidence is Valen's
-(max p - 1/K) / (1 - 1/K). Only `choice` is answered (the pinned reference worker's scope); images are
+(max p - 1/K) / (1 - 1/K) for choice, 1 - E|i - mode| / (the same under a uniform answer) for score. Set and
+span have no head here (422); images are
 refused: Valen fine-tunes the last vision blocks and the merger, and the preencoder encodes images with
 a stock checkpoint's vision tower, so its embeddings are not Valen's.
 """
@@ -28,7 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from jev_common.errors import ImagesNotSupported, UnreadableInput
-from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_confidence
+from jev_common.schema import (
+    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
+    score_confidence,
+)
 
 from ..prompt import PreparedRequest
 from ..questions.base import BuildContext
@@ -37,14 +50,18 @@ from .valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkp
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+NOUL_CANDIDATES = (("true", "True / 是：满足问题中的条件。"), ("false", "False / 否：不满足问题中的条件。"))
 
 
 @dataclass(frozen=True)
 class ValenRow:
-    """One choice branch: the instructions and the (name, description) pairs in request order."""
+    """One branch: its task type, the instructions and the (name, description) candidates in order; `keyed`
+    shows each candidate as "name: description" (score shows the description alone)."""
 
+    task: str
     instructions: str
     options: tuple[tuple[str, str], ...]
+    keyed: bool = True
 
 
 class ValenPromptBuilder:
@@ -78,10 +95,10 @@ class ValenPromptBuilder:
 
     def branch(self, row: ValenRow, start: int) -> tuple[list[int], list[int]]:
         ids = self._piece("<|im_start|>user\n")
-        ids += self._piece(f"Task: choice\nQuestion: {row.instructions}\nCandidates:\n")
+        ids += self._piece(f"Task: {row.task}\nQuestion: {row.instructions}\nCandidates:\n")
         positions = []
         for name, description in row.options:
-            ids += self._piece(f"{name}: {description}")
+            ids += self._piece(f"{name}: {description}" if row.keyed else description)
             positions.append(start + len(ids) - 1)
             ids += self._piece("\n")
         ids += self._piece("Decision:")
@@ -121,37 +138,78 @@ class BilinearHead:
         return ((c * d).sum(-1) / self.scale).cpu()
 
 
+def _instructions(question, ctx: BuildContext, where: str, default: str) -> str:
+    instructions = (getattr(ctx.prompt, default) if question.instructions is None
+                    else ctx.user_text(question.instructions, f"{where}.instructions"))
+    if not instructions.strip():
+        raise UnreadableInput(f"{where}.instructions is blank; Valen needs a question")
+    return instructions
+
+
+def _described(text: str, where: str) -> str:
+    if not text.strip():
+        raise UnreadableInput(f"{where}: option names and descriptions must not be blank for Valen")
+    return text
+
+
+def _softmax(logits: torch.Tensor) -> list[float]:
+    probs = torch.softmax(logits.to(torch.float32) / TEMPERATURE, -1).tolist()
+    total = sum(probs)
+    return [p / total for p in probs]
+
+
 class ValenChoice:
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
-        instructions = (ctx.prompt.default_choice_question if question.instructions is None
-                        else ctx.user_text(question.instructions, f"{where}.instructions"))
-        if not instructions.strip():
-            raise UnreadableInput(f"{where}.instructions is blank; Valen needs a question")
+        instructions = _instructions(question, ctx, where, "default_choice_question")
         options = []
         for name, description in question.criteria.items():
             ctx.builder.check_user_text(name, f"{where}.criteria")
             text = name if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")
-            if not name.strip() or not text.strip():
-                raise UnreadableInput(f"{where}.criteria[{name!r}]: option names and "
-                               "descriptions must not be blank for Valen")
-            options.append((name, text))
-        return [ValenRow(instructions, tuple(options))]
+            _described(name, f"{where}.criteria[{name!r}]")
+            options.append((name, _described(text, f"{where}.criteria[{name!r}]")))
+        return [ValenRow("choice", instructions, tuple(options))]
 
     def answer(self, question: ChoiceQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> ChoiceAnswer:
-        probs = torch.softmax(logits[0].to(torch.float32) / TEMPERATURE, -1).tolist()
-        total = sum(probs)
-        probs = [p / total for p in probs]
+        probs = _softmax(logits[0])
         names = list(question.criteria)
         best = max(range(len(probs)), key=probs.__getitem__)  # ties: the earliest option
         return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
                             confidence=choice_confidence(probs))
 
 
+class ValenNoul:
+    type = "noul"
+
+    def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
+        return [ValenRow("noul", _instructions(question, ctx, where, "default_noul_question"), NOUL_CANDIDATES)]
+
+    def answer(self, question: NoulQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> NoulAnswer:
+        return NoulAnswer(noul=_softmax(logits[0])[0])  # P("true"), the first candidate
+
+
+class ValenScore:
+    type = "score"
+
+    def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
+        instructions = _instructions(question, ctx, where, "default_score_question")
+        rows = []
+        for i, level in enumerate(question.criteria):
+            text = _described(ctx.user_text(level, f"{where}.criteria[{i}]"), f"{where}.criteria[{i}]")
+            rows.append(ValenRow("score", instructions, ((str(i), text),), keyed=False))
+        return rows
+
+    def answer(self, question: ScoreQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> ScoreAnswer:
+        probs = _softmax(torch.cat([branch.reshape(-1) for branch in logits]))
+        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
+                           legend={str(i): level for i, level in enumerate(question.criteria)},
+                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+
+
 class ValenHeadReadout(Readout):
     name = "valen-head"
-    question_types = frozenset({"choice"})
+    question_types = frozenset({"choice", "noul", "score"})
     backend = "valen-lora"
     prompt_builder = ValenPromptBuilder
     refuses_images = ("Valen's vision blocks and merger are fine-tuned in its checkpoint.pt, and image "
@@ -180,7 +238,7 @@ class ValenHeadReadout(Readout):
         self.stage, self.base = checkpoint.config["stage"], dict(checkpoint.base)
         builder.template = loaded.processor or loaded.tokenizer
         builder.max_length = checkpoint.max_length
-        self.kinds = {"choice": ValenChoice()}
+        self.kinds = {kind.type: kind for kind in (ValenChoice(), ValenNoul(), ValenScore())}
         forget_checkpoint()  # the deltas are in the model and the head holds its own copy
 
     def describe(self) -> dict:
