@@ -58,6 +58,8 @@ async def _encode(args, settings: PreencoderSettings) -> int:
 
     from jev_common.cache_index import CacheIndex
 
+    from jev_common.checkpoint_files import ServingError
+
     from .encode import Encoder, ModelNotAvailable
 
     try:
@@ -67,7 +69,7 @@ async def _encode(args, settings: PreencoderSettings) -> int:
         return 2
     try:
         encoder = Encoder(settings)
-    except (ModelNotAvailable, FileNotFoundError, OSError, ValueError) as exc:
+    except (ModelNotAvailable, ServingError, FileNotFoundError, OSError, ValueError) as exc:
         print(f"preencode: cannot load the model: {exc}", file=sys.stderr)
         return 2
     index = None

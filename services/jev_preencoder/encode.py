@@ -33,9 +33,10 @@ from jev_common.assets import (
 )
 from jev_common.cache_index import CacheIndex, IndexUnavailable
 from jev_common.recipe import Recipe, load_recipe
-from jev_common.vl import checkpoint_identity, load_vl_model, load_vl_processor, merge_size, processor_identity
+from jev_common.vl import checkpoint_identity, merge_size, processor_identity
 
 from .settings import PreencoderSettings
+from .vision_models import load_vision
 
 log = logging.getLogger("jev.preencoder")
 
@@ -171,8 +172,7 @@ class Encoder:
         self.dtype = _pick_dtype(settings.dtype or (self.recipe.model.dtype if self.recipe else "auto"), self.device)
         kwargs = {"trust_remote_code": bool(self.recipe and self.recipe.model.trust_remote_code)}
         log.info("loading %s (%s, %s)", self.folder, self.device, self.dtype)
-        self.processor = load_vl_processor(self.folder, **kwargs)
-        self.model = load_vl_model(self.folder, dtype=self.dtype, device=self.device, **kwargs)
+        self.processor, self.model = load_vision(self.recipe, self.folder, self.dtype, self.device, **kwargs)
         self.identity = checkpoint_identity(self.recipe, settings.model_path)
         self.processor_identity = processor_identity(self.processor)
         self.merge_size = merge_size(self.processor)

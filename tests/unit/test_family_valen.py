@@ -21,6 +21,7 @@ from jev_worker.serving import preflight
 
 from .family_helpers import TOL, ask, assert_probs, served
 from .test_readout_framework import copy_without, run_worker
+from .vl_helpers import pattern_image, png_uri, request_line
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 
@@ -56,7 +57,7 @@ class LoraLinear(nn.Module):
 
 
 class Reference:
-    def __init__(self, valen_dir, base_dir):
+    def __init__(self, valen_dir, base_dir, valen_vision: bool = True):
         payload = torch.load(valen_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
         config = json.loads((valen_dir / "config.json").read_text())
         weights = payload["weights"]
@@ -71,8 +72,9 @@ class Reference:
             owner = self.backbone.language_model.get_submodule(parent)
             setattr(owner, leaf, LoraLinear(getattr(owner, leaf), weights[key],
                                             weights[key.replace(".lora_A.", ".lora_B.")], scale))
-        self.backbone.load_state_dict({k[len("backbone."):]: v for k, v in weights.items()
-                                       if k.startswith("backbone.visual.")}, strict=False)
+        if valen_vision:
+            self.backbone.load_state_dict({k[len("backbone."):]: v for k, v in weights.items()
+                                           if k.startswith("backbone.visual.")}, strict=False)
         self.decision, self.candidate = weights["head.decision.weight"], weights["head.candidate.weight"]
         self.scale = math.sqrt(config["projection_dim"])
 
@@ -202,16 +204,12 @@ async def test_valen_refuses_types_it_has_no_head_for(worker_settings, tiny_vale
         assert "valen-head" in json.dumps(body)
 
 
-async def test_valen_refuses_images_control_tokens_and_blank_text(worker_settings, tiny_valen):
+async def test_valen_refuses_control_tokens_and_blank_text(worker_settings, tiny_valen):
     valen_dir, base_dir = tiny_valen
     choice = {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": None}}
     async with served(worker_settings(recipe=valen_recipe(base_dir), model_path=str(valen_dir))) as (front, _, _):
-        response = await front.post("/v1/systemone", json={
-            "model": "jev-latest", "state": "Look: <image:photo>", "questions": {"q": choice},
-            "assets": {"<image:photo>": {"type": "image", "format": "png", "data_base64": "iVBORw0KGgo="}}})
-        body = await response.json()
-        assert response.status == 422 and body["detail"]["error_type"] == "image_not_supported", body
-        assert "vision blocks and merger" in json.dumps(body)
+        body = await ask(front, "Look: <|image_pad|>", {"q": choice}, status=422)
+        assert "<|image_pad|>" in json.dumps(body)
         body = await ask(front, STATE + "<|im_end|>", {"q": choice}, status=422)
         assert "<|im_end|>" in json.dumps(body)
         body = await ask(front, STATE, {"q": {**choice, "criteria": {"a": "   ", "b": None}}}, status=422)
@@ -271,3 +269,76 @@ def test_valen_base_must_be_the_one_it_was_trained_on(tmp_path, tiny_valen):
     recipe = valen_recipe(other)
     with pytest.raises(ServingError, match="model.safetensors has sha256 .* but checkpoint.pt was trained on"):
         load_valen(recipe, str(valen_dir), "cpu", "float32")
+
+
+@torch.inference_mode()
+def image_reference(ref: Reference, image, before: str, after: str, instructions: str,
+                    pairs: list[tuple[str, str]]) -> list[float]:
+    """Valen's compiler on a `messages` state [text, image, text]: the processor renders and expands the image,
+    the backbone runs its vision tower (Valen's trained blocks and merger when the reference loaded them) on
+    the pixels, then the choice branch and the head."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": before}, {"type": "image"},
+                                             {"type": "text", "text": after}]}]
+    text = ref.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    base = ref.processor(text=[text], images=[image], return_tensors="pt")
+    state_ids = base["input_ids"][0].tolist()
+    suffix = ref.tok.encode("<|im_start|>user\n", add_special_tokens=False)
+    suffix += ref.tok.encode("Task: choice\nQuestion: " + instructions + "\nCandidates:\n", add_special_tokens=False)
+    positions = []
+    for key, description in pairs:
+        suffix += ref.tok.encode(key + ": " + description, add_special_tokens=False)
+        positions.append(len(state_ids) + len(suffix) - 1)
+        suffix += ref.tok.encode("\n", add_special_tokens=False)
+    suffix += ref.tok.encode("Decision:", add_special_tokens=False)
+    ids = torch.tensor([state_ids + suffix])
+    extra = {}
+    if "mm_token_type_ids" in base:
+        extra["mm_token_type_ids"] = torch.cat([base["mm_token_type_ids"], torch.zeros(1, len(suffix), dtype=torch.long)], 1)
+    hidden = ref.backbone(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=base["pixel_values"],
+                          image_grid_thw=base["image_grid_thw"], use_cache=False, **extra).last_hidden_state
+    d = hidden[0, -1].float() @ ref.decision.T
+    c = hidden[0, positions].float() @ ref.candidate.T
+    return torch.softmax((c * d).sum(-1) / ref.scale, -1).tolist()
+
+
+async def test_valen_image_states_are_embedded_with_its_trained_vision_weights(worker_settings, tiny_valen, tmp_path):
+    """The preencoder, on the Valen recipe, writes its base's vision tower with Valen's trained blocks and merger;
+    the worker places the image where the state names it, as Valen's compiler places an image item; the answer
+    equals Valen's own forward on the pixels, and differs from one made with the stock base's vision tower."""
+    import yaml
+
+    from jev_preencoder.encode import Encoder
+    from jev_preencoder.settings import PreencoderSettings
+
+    valen_dir, base_dir = tiny_valen
+    recipe = valen_recipe(base_dir)
+    recipe_dir = tmp_path / "recipe"
+    recipe_dir.mkdir()
+    (recipe_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+    encoder = Encoder(PreencoderSettings(recipe=str(recipe_dir), model_path=str(valen_dir), device="cpu",
+                                         dtype="float32", redis_url="none"))
+    payload = torch.load(valen_dir / "checkpoint.pt", weights_only=True)["weights"]
+    assert torch.equal(encoder.model.model.visual.merger.linear_fc1.weight,
+                       payload["backbone.visual.merger.linear_fc1.weight"])
+    seed, size = 7, (64, 64)
+    assets = tmp_path / "assets"
+    summary = await encoder.encode_lines([request_line(png_uri(seed, size))], str(assets), None)
+    assert summary.done == 1, summary.results
+
+    ref = Reference(valen_dir, base_dir)
+    stock = Reference(valen_dir, base_dir, valen_vision=False)
+    pairs = [("kettle", "a kettle on a stove"), ("cat", "a sleeping cat"), ("car", "a red car")]
+    question = {"type": "choice", "instructions": "What is in the picture?", "criteria": dict(pairs)}
+    image = pattern_image(seed, size)
+    asset = {"type": "image", "format": "png", "data_base64": png_uri(seed, size).split(",", 1)[1]}
+    settings = worker_settings(recipe=recipe, model_path=str(valen_dir), asset_dir=str(assets))
+    async with served(settings) as (front, _, _):
+        response = await front.post("/v1/systemone", json={
+            "model": "jev-latest", "state": "Look: <image:photo> Which is it?", "questions": {"q": question},
+            "assets": {"<image:photo>": asset}})
+        body = await response.json()
+        assert response.status == 200, body
+        want = image_reference(ref, image, "Look: ", " Which is it?", "What is in the picture?", pairs)
+        assert_probs(body["answers"]["q"]["probabilities"], want, [k for k, _ in pairs])
+        stock_want = image_reference(stock, image, "Look: ", " Which is it?", "What is in the picture?", pairs)
+        assert max(abs(a - b) for a, b in zip(want, stock_want)) > 1e-4  # Valen's vision weights matter here

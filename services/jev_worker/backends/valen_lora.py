@@ -1,5 +1,5 @@
 """valen-lora: the `causal-lm-rows` engine over a Valen checkpoint: its Qwen3.5 base with the checkpoint's
-trained deltas (readouts/valen_checkpoint.py) applied at load.
+trained deltas (jev_common/valen_checkpoint.py) applied at load.
 
 A Valen folder holds `checkpoint.pt` + `config.json` only; the frozen base is the one `checkpoint.pt`'s
 `base_manifest` names (`repo`@`revision`), taken from the local Hugging Face cache, or from the folder
@@ -11,30 +11,14 @@ question's branch then runs whole (state + question), as Valen's compiler lays i
 from __future__ import annotations
 
 import logging
-import os
+
+from jev_common.valen_checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
 from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
 from ..readouts.base import ServingError
-from ..readouts.valen_checkpoint import CHECKPOINT, apply_deltas, read_checkpoint, verify_base
 from .causal_rows import CausalRows
 
 log = logging.getLogger("jev.worker.valen")
-
-
-def base_folder(base: dict, base_path: str | None) -> str:
-    if base_path:
-        if not os.path.isdir(base_path):
-            raise ServingError(f"readout option base_path={base_path!r} is not a folder")
-        return base_path
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(base["repo"], revision=base["revision"], local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any miss is "not in the local cache"
-        raise ServingError(
-            f"the Valen base {base['repo']}@{base['revision']} ({CHECKPOINT} base_manifest) is not in the local "
-            f"Hugging Face cache; download it once with `hf download {base['repo']} --revision {base['revision']}` "
-            f"or set the readout option base_path ({type(exc).__name__})") from None
 
 
 def load_valen(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
@@ -47,7 +31,7 @@ def load_valen(recipe, model_path: str | None, device: str, dtype: str, *, lm_he
     if before_load is not None:
         before_load(folder)
     checkpoint = read_checkpoint(folder)
-    base = base_folder(checkpoint.base, recipe.serving.options.get("base_path"))
+    base = find_base(checkpoint.base, recipe.serving.options.get("base_path"))
     verify_base(base, checkpoint)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)

@@ -7,15 +7,12 @@ row's last hidden state) and the question types it answers (`kinds`).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
+from jev_common.checkpoint_files import ServingError, load_torch_state, read_json  # noqa: F401 - re-exported
+
 from .calibration import Calibration, CalibratedKind
-
-
-class ServingError(RuntimeError):
-    """The recipe's serving cannot start: unknown backend or readout, or the checkpoint lacks what it needs."""
 
 
 @dataclass(frozen=True)
@@ -46,27 +43,6 @@ def file_keys(path: str) -> set[str]:
         value = read_json(path)
         return set(value) if isinstance(value, dict) else set()
     return set(load_torch_state(path))
-
-
-def read_json(path: str) -> object:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def load_torch_state(path: str) -> dict:
-    """A torch pickle of tensors only (`weights_only=True`): a pickle that needs code is refused."""
-    import pickle
-
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as exc:
-        raise ServingError(f"{os.path.basename(path)} is not a plain tensor state (torch.load(weights_only=True) "
-                           f"refused it): {exc}") from None
-    if not isinstance(state, dict):
-        raise ServingError(f"{os.path.basename(path)} holds {type(state).__name__}, not a state dict of tensors")
-    return state
 
 
 def load_exactly(module, state: dict, *, source: str, fits: str) -> None:

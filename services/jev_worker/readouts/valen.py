@@ -1,10 +1,13 @@
 """valen-head: Valen-Preview-0923's learned decision head (Liuziyu77/Valen `valen/modeling/qwen/model.py`) over
 the Valen compiler's input (`valen/data/compilers/qwen.py`), on backend `valen-lora` (its checkpoint layout:
-valen_checkpoint.py).
+jev_common/valen_checkpoint.py).
 
 Sequence of one branch, token ids laid end to end:
-  state:  the base's chat template over one user message [{"type": "text", "text": state}], no generation
-          prompt, tokenised in one pass (the state prefix);
+  state:  the base's chat template over one user message, no generation prompt, tokenised in one pass
+          (the state prefix): its content is the state's text, and where the state names an image an
+          {"type": "image"} item (Valen's `messages` state form), each image then expanded to its embedding
+          rows as the processor does. Image embeddings are the preencoder's, made with Valen's trained vision
+          blocks and merger (jev_preencoder/vision_models.py);
   then each piece tokenised alone, without special tokens:
           "<|im_start|>user\\n", "Task: {type}\\nQuestion: {instructions}\\nCandidates:\\n",
           for every candidate of the branch "{name}: {description}" (score: "{description}" alone; its last
@@ -25,19 +28,18 @@ Head (FP32): d = W_decision h[decision], c_k = W_candidate h[option k], logit_k 
 over the backbone's final (normed) hidden states; p = softmax(logits / T) with T = 1, as Valen's inference
 does when no calibration file is given (none ships with the checkpoint); confidence is Valen's
 (max p - 1/K) / (1 - 1/K) for choice, 1 - E|i - mode| / (the same under a uniform answer) for score. Set and
-span have no head here (422); images are
-refused: Valen fine-tunes the last vision blocks and the merger, and the preencoder encodes images with
-a stock checkpoint's vision tower, so its embeddings are not Valen's.
+span have no head here (422).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 
-from jev_common.errors import ImagesNotSupported, UnreadableInput
+from jev_common.errors import UnreadableInput
 from jev_common.schema import (
     ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
     score_confidence,
@@ -46,10 +48,12 @@ from jev_common.schema import (
 from ..prompt import PreparedRequest
 from ..questions.base import BuildContext
 from .base import Readout, Requirement, ServingError
-from .valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
+from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+IMAGE_ITEM = "<|vision_start|><|image_pad|><|vision_end|>"  # how Qwen's chat template renders an image item
+PLACEHOLDER = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
 NOUL_CANDIDATES = (("true", "True / 是：满足问题中的条件。"), ("false", "False / 否：不满足问题中的条件。"))
 
 
@@ -89,8 +93,23 @@ class ValenPromptBuilder:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def state_ids(self, state_text: str) -> list[int]:
-        messages = [{"role": "user", "content": [{"type": "text", "text": state_text}]}]
-        text = self.template.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        """`state_text` holds each image as its expanded placeholder (the service put it there): the message
+        gets an image item in its place, and the rendered item is expanded back, in order."""
+        content, images, at = [], [], 0
+        for match in PLACEHOLDER.finditer(state_text):
+            if match.start() > at:
+                content.append({"type": "text", "text": state_text[at:match.start()]})
+            content.append({"type": "image"})
+            images.append(match.group(0))
+            at = match.end()
+        if at < len(state_text) or not content:
+            content.append({"type": "text", "text": state_text[at:]})
+        text = self.template.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                 add_generation_prompt=False)
+        pieces = text.split(IMAGE_ITEM)
+        if len(pieces) != len(images) + 1:
+            raise ValueError(f"the chat template rendered {len(pieces) - 1} image items for {len(images)} images")
+        text = pieces[0] + "".join(image + piece for image, piece in zip(images, pieces[1:]))
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def branch(self, row: ValenRow, start: int) -> tuple[list[int], list[int]]:
@@ -106,8 +125,6 @@ class ValenPromptBuilder:
 
     def prepare(self, state_text: str, rows: list[ValenRow], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
-        if image_keys:  # the service refuses images first (refuses_images); never splice stock embeddings
-            raise ImagesNotSupported(ValenHeadReadout.refuses_images)
         prefix = self.state_ids(state_text)
         branches, labels = [], []
         for row in rows:
@@ -212,9 +229,6 @@ class ValenHeadReadout(Readout):
     question_types = frozenset({"choice", "noul", "score"})
     backend = "valen-lora"
     prompt_builder = ValenPromptBuilder
-    refuses_images = ("Valen's vision blocks and merger are fine-tuned in its checkpoint.pt, and image "
-                      "embeddings come from the preencoder's stock vision tower, so image states are not "
-                      "served for this model; send a text state")
 
     def known_options(self) -> dict:
         return {"base_path": None}

@@ -13,6 +13,9 @@ is refused). It holds the *trainable deltas* of a `ValenQwen` model, not the fro
 - `base_manifest`: the base it was trained on (`repo`, `revision`, `weight_sha256` {file: sha256});
 - optimizer / RNG / training state, which serving ignores.
 
+The worker (backend valen-lora) merges the LoRA and writes the vision values; the preencoder writes the vision
+values only, so that image embeddings are Valen's, not the stock base's.
+
 `config.json` (flat, or sectioned `model` / `training` / `objective` as Valen's configs are, flattened the
 same way) gives `stage`, `projection_dim`, `lora_rank`, `lora_alpha` and `max_length`; `head_type`, when
 present, must be `bilinear` (the only head whose tensors are the two projections above).
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ServingError, load_torch_state, read_json
+from .checkpoint_files import ServingError, load_torch_state, read_json
 
 CHECKPOINT, CONFIG = "checkpoint.pt", "config.json"
 DECISION, CANDIDATE = "head.decision.weight", "head.candidate.weight"
@@ -188,12 +191,27 @@ def verify_base(folder: str, checkpoint: ValenCheckpoint) -> None:
                                f"trained on {expected}")
 
 
+def find_base(base: dict, base_path: str | None) -> str:
+    """The base's folder: `base_path` (the recipe's serving option), else the local Hugging Face cache
+    snapshot of the repo@revision that `base_manifest` names."""
+    if base_path:
+        if not os.path.isdir(base_path):
+            raise ServingError(f"readout option base_path={base_path!r} is not a folder")
+        return base_path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(base["repo"], revision=base["revision"], local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any miss is "not in the local cache"
+        raise ServingError(
+            f"the Valen base {base['repo']}@{base['revision']} ({CHECKPOINT} base_manifest) is not in the local "
+            f"Hugging Face cache; download it once with `hf download {base['repo']} --revision {base['revision']}` "
+            f"or set the readout option base_path ({type(exc).__name__})") from None
+
+
 @torch.no_grad()
-def apply_deltas(model: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
-    """Merge the LoRA into the language model's Linear weights (W + alpha/r * B @ A, in FP32) and write the
-    trained vision-tower values into the Qwen3.5 model (a Qwen3_5ForConditionalGeneration)."""
-    inner = model.model
-    language, visual = inner.language_model, inner.visual
+def merge_lora(language: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
+    """Merge the LoRA into the language model's Linear weights: W + alpha/r * B @ A, in FP32."""
     scale = checkpoint.lora_scale
     for path, (a, b) in checkpoint.lora.items():
         try:
@@ -206,6 +224,11 @@ def apply_deltas(model: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
                                f"the base's {type(linear).__name__} {tuple(weight.shape)}")
         merged = weight.float() + scale * (b.float().to(weight.device) @ a.float().to(weight.device))
         weight.copy_(merged.to(weight.dtype))
+
+
+@torch.no_grad()
+def load_visual(visual: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
+    """Write the trained vision-tower values (last blocks, merger) over the base's."""
     params = dict(visual.named_parameters())
     for name, value in checkpoint.visual.items():
         target = params.get(name)
@@ -214,3 +237,9 @@ def apply_deltas(model: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
             raise ServingError(f"{CHECKPOINT}: {VISUAL_PREFIX}{name} {tuple(value.shape)} does not fit the base's "
                                f"vision tower ({have})")
         target.copy_(value.to(target.dtype))
+
+
+def apply_deltas(model: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
+    """Both deltas into a Qwen3_5ForConditionalGeneration: the LoRA merged, the vision values written."""
+    merge_lora(model.model.language_model, checkpoint)
+    load_visual(model.model.visual, checkpoint)
