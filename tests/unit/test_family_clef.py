@@ -15,11 +15,13 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from jev_common.recipe import load_recipe
+from jev_common.vl import load_vl_processor
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import preflight
 
 from .family_helpers import TOL, ask, assert_probs, family_recipe, served
 from .test_readout_framework import copy_without
+from .vl_helpers import pattern_image, png_uri, request_line
 
 SYSTEM = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one of "
           "that field's allowed options.")
@@ -60,6 +62,7 @@ class Reference:
     def __init__(self, folder):
         from tools.tiny_clef_checkpoint import clef_head_modules
 
+        self.folder = folder
         self.tok = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
         self.config = json.loads((folder / "joint_head_config.json").read_text())
@@ -69,8 +72,9 @@ class Reference:
     def tokens(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def encode(self, state, questions: dict, max_length: int = 16384):
-        """encode_record: (ids, [(type id, question span, option spans, option ids)])."""
+    def encode(self, state, questions: dict, max_length: int = 16384, media: tuple[int, ...] = ()):
+        """encode_record: (ids, [(type id, question span, option spans, option ids)]); `media`: the images'
+        processor-expanded tokens, which go after the prefix, then a newline."""
         schema, fields = self.tokens("\n\nSCHEMA FIELDS:\n"), []
         for n, (qid, q) in enumerate(questions.items(), 1):
             schema += self.tokens(f"\nFIELD {n}\nID: {qid}\nTYPE: {q['type']}\nINSTRUCTION: ")
@@ -97,6 +101,8 @@ class Reference:
             fields.append(({"noul": 0, "choice": 1, "score": 2}[q["type"]], question_span, spans,
                            [o for o, _ in options]))
         prefix = self.tokens(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nSTATE:\n")
+        if media:
+            prefix += list(media) + self.tokens("\n")
         suffix = self.tokens("\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:")
         state_ids = self.tokens(render(state))[: max_length - len(prefix) - len(schema) - len(suffix)]
         at = len(prefix) + len(state_ids)
@@ -105,11 +111,21 @@ class Reference:
         return prefix + state_ids + schema + suffix, fields
 
     @torch.inference_mode()
-    def probabilities(self, state, questions: dict, max_length: int = 16384) -> dict[str, dict[str, float]]:
-        """{question id: {option id: probability}}: the backbone (use_cache=False), JointSchemaHead, softmax."""
-        ids, fields = self.encode(state, questions, max_length)
+    def probabilities(self, state, questions: dict, max_length: int = 16384, image=None) -> dict[str, dict[str, float]]:
+        """{question id: {option id: probability}}: the backbone (use_cache=False; with `image`, the processor's
+        pixels through the model's own vision tower), JointSchemaHead, softmax."""
+        pixels, media = {}, ()
+        if image is not None:
+            processor = load_vl_processor(self.folder)
+            text = processor(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[image], return_tensors="pt")
+            media = tuple(text["input_ids"][0].tolist())
+            pixels = {"pixel_values": text["pixel_values"], "image_grid_thw": text["image_grid_thw"]}
+        ids, fields = self.encode(state, questions, max_length, media)
         head, width = self.head, self.config["width"]
-        hidden = self.model.model(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0]
+        input_ids = torch.tensor([ids])
+        if pixels:
+            pixels["mm_token_type_ids"] = (input_ids == self.model.config.image_token_id).int()
+        hidden = self.model.model(input_ids=input_ids, use_cache=False, **pixels).last_hidden_state[0]
         h = head.hidden_norm(hidden)
         memory = head.memory_projection(h)[None]
         g = h[-1]
@@ -215,12 +231,32 @@ async def test_clef_refuses_what_it_has_no_head_for(worker_settings, clef_dir, q
     settings = worker_settings(recipe=clef_recipe(), model_path=str(clef_dir))
     async with served(settings) as (front, _, _):
         assert says in json.dumps(await ask(front, "A dented kettle.", {"q": question, "d": QUESTIONS["damaged"]}, status=422))
+
+
+async def test_clef_image_states_place_the_images_after_the_prefix(worker_settings, clef_dir, reference, tmp_path):
+    """The preencoder runs the checkpoint's own vision tower; the worker puts the image after the prefix, then a
+    newline, then the state as sent (its reference included), as `encode_record` places a record's images; the
+    answers equal the model's own forward on the pixels."""
+    from jev_preencoder.encode import Encoder
+    from jev_preencoder.settings import PreencoderSettings
+
+    seed, size = 11, (64, 64)
+    encoder = Encoder(PreencoderSettings(model_path=str(clef_dir), device="cpu", dtype="float32", redis_url="none"))
+    summary = await encoder.encode_lines([request_line(png_uri(seed, size))], str(tmp_path / "assets"), None)
+    assert summary.done == 1, summary.results
+    state = ["Photo of the parcel at delivery:", "<image:photo>"]
+    asset = {"type": "image", "format": "png", "data_base64": png_uri(seed, size).split(",", 1)[1]}
+    questions = {k: QUESTIONS[k] for k in ("damaged", "action")}
+    settings = worker_settings(recipe=clef_recipe(), model_path=str(clef_dir), asset_dir=str(tmp_path / "assets"))
+    async with served(settings) as (front, _, _):
         response = await front.post("/v1/systemone", json={
-            "model": "jev-latest", "state": ["A parcel.", "<image:photo>"], "questions": {"d": QUESTIONS["damaged"]},
-            "assets": {"<image:photo>": {"type": "image", "format": "png", "data_base64": "iVBORw0KGgo="}}})
+            "model": "jev-latest", "state": state, "questions": questions, "assets": {"<image:photo>": asset}})
         body = await response.json()
-        assert response.status == 422 and body["detail"]["error_type"] == "image_not_supported", body
-        assert "text states only" in body["detail"]["message"]
+        assert response.status == 200, body
+        want = reference.probabilities(state, questions, image=pattern_image(seed, size))
+        assert_answers(body["answers"], want, questions)
+        text_only = reference.probabilities(state, questions)
+        assert abs(want["damaged"]["true"] - text_only["damaged"]["true"]) > 1e-4  # the image is read
 
 
 def test_clef_needs_its_files_keys_and_backend(tmp_path, clef_dir):

@@ -28,11 +28,14 @@ class JointEngine(DecisionEngine):
     def run(self, items) -> list[EngineResult]:
         results = []
         for item in items:  # one request at a time: each is one sequence, read whole by the head
-            if item.assets:
-                raise ServingError("backend 'causal-lm-joint' serves text states only")
             prepared = item.prepared
             ids, _ = self._ids([prepared.prefix_ids + prepared.rows[0]])
-            hidden = self._forward(input_ids=ids, position_ids=self._positions(0, ids.shape[1], 1, 0), use_cache=False)
+            if item.assets:  # the preencoded images at their pad positions, M-RoPE over their grids
+                embeds, positions, _ = self.vision.splice_image_embeds(self.model, ids, item.assets)
+                hidden = self._forward(inputs_embeds=embeds, position_ids=positions, use_cache=False)
+            else:
+                hidden = self._forward(input_ids=ids, position_ids=self._positions(0, ids.shape[1], 1, 0),
+                                       use_cache=False)
             logits = self.head.request_logits(hidden[0], prepared)
             results.append(EngineResult(row_logits=logits, cached_tokens=0, l3="off"))
         return results

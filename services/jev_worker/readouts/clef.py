@@ -9,7 +9,8 @@ the head's tensors are read with safetensors into our own FP32 computation (clef
 The request is one sequence (clef_layout.py); the backbone runs once over it (no cache) and the head
 gives each question one logit per option; a softmax over a question's options is its answer: noul =
 P(`true`), choice = its options' probabilities (reported in the request's order), score = over the
-levels, score = sum(i * p_i). span and set have no head here: 422. Images: not served yet (422).
+levels, score = sum(i * p_i). span and set have no head here: 422. Images: preencoded by the checkpoint's own
+vision tower, placed after the prefix as `encode_record` places them (clef_layout.py).
 Options (recipe `serving.options`): `max_length` (16384, encode_record's default), `max_state_tokens`.
 """
 from __future__ import annotations
@@ -100,8 +101,6 @@ class ClefJointReadout(Readout):
     backend = "causal-lm-joint"
     attention_mode = "one sequence per request, read whole by the joint head"
     prompt_builder = ClefBuilder
-    refuses_images = ("Clef's joint head is served on text states only: the original reads images through "
-                      "the Qwen processor, which this worker does not lay out for Clef yet; send a text state")
 
     def known_options(self) -> dict:
         return {"max_length": ClefBuilder.max_length, "max_state_tokens": None}

@@ -2,6 +2,7 @@
 `joint_schema_model.py` does, with the token spans its joint head pools.
 
     <|im_start|>system\\n{SYSTEM}<|im_end|>\\n<|im_start|>user\\nSTATE:\\n   (prefix)
+    <|vision_start|><|image_pad|>*n<|vision_end|> per image, then \\n     (media: only with images)
     {state}                                                              (text as is, else compact sorted JSON)
     \\n\\nSCHEMA FIELDS:\\n
     per question n:  \\nFIELD n\\nID: {id}\\nTYPE: {type}\\nINSTRUCTION: [instructions]\\nALLOWED OPTIONS:\\n
@@ -12,14 +13,17 @@ Each piece is tokenised on its own (no special tokens added) and the ids are con
 pooled spans. Options: noul `true`, `false` (Clef's default descriptions unless the criteria give one),
 choice by sorted option id, score "0".."n-1" described by its levels. The state is cut to what the schema
 leaves of `max_length` (the schema itself never is: over the limit it is a 422).
+
+Images: Clef's record carries them beside the state, and `encode_record` puts them, processor-expanded, after
+the prefix, then a newline. Here they are the images the state names, in the order it names them; the state
+is rendered as sent, its references included (they are what names each image for the model).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
-
-from jev_common.errors import ImagesNotSupported
 
 from ..prompt import PreparedRequest, PromptBuilder
 
@@ -28,6 +32,7 @@ SYSTEM_PROMPT = ("Read the complete state and schema. Decide every field jointly
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+PLACEHOLDER = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")  # one expanded image
 TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
 NOUL_DEFAULTS = {"true": "The proposition is true or the answer is yes.",
                  "false": "The proposition is false or the answer is no."}
@@ -84,8 +89,9 @@ class ClefBuilder(PromptBuilder):
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def prepare(self, state_text, rows, image_keys=(), plan=None) -> PreparedRequest:
-        if image_keys:
-            raise ImagesNotSupported("Clef's joint head is served on text states only")
+        images = PLACEHOLDER.findall(state_text)  # the service put each named image there, in order
+        if len(images) != len(image_keys):
+            raise ValueError(f"{len(images)} image placeholders for {len(image_keys)} images")
         texts = ["\n\nSCHEMA FIELDS:\n"]
         marks = []  # per question: (index of its instructions piece, indices of its option pieces)
         for number, q in enumerate(plan.questions, 1):
@@ -105,6 +111,8 @@ class ClefBuilder(PromptBuilder):
             texts.append("END FIELD\n")
             marks.append((at, option_at))
         prefix, suffix, state, *schema_pieces = self._pieces([PREFIX, SUFFIX, render(plan.state)] + texts)
+        if images:
+            prefix = prefix + [i for piece in self._pieces(images + ["\n"]) for i in piece]
         starts, schema = [], []
         for piece in schema_pieces:
             starts.append(len(schema))
@@ -130,8 +138,8 @@ class ClefBuilder(PromptBuilder):
             if any(end <= start for start, end in (fields[-1].question, *fields[-1].options)):
                 raise ValueError(f"questions[{q.qid!r}]: an instruction or option renders to no tokens")
         ids = tuple(prefix + state + schema + suffix)
-        digest = hashlib.sha256(f"{self.identity}|clef|".encode())
+        digest = hashlib.sha256(f"{self.identity}|clef|{','.join(image_keys)}|".encode())
         digest.update(b"".join(i.to_bytes(4, "little") for i in ids))
         joint = JointPlan(plan.questions, plan.state, tuple(fields), len(state))
-        return PreparedRequest(prefix_ids=(), rows=(ids,), row_labels=((),), image_keys=(),
+        return PreparedRequest(prefix_ids=(), rows=(ids,), row_labels=((),), image_keys=tuple(image_keys),
                                prefix_key=digest.hexdigest(), plan=joint)
