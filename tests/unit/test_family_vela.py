@@ -83,9 +83,8 @@ class Reference:
         prefix = self.prefix(parts)
         return self.model(input_ids=torch.tensor([prefix + block])).last_hidden_state[0, len(prefix):].float()
 
-    @torch.inference_mode()
-    def option_logits(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool,
-                      parts=(("user", STATE),), target: str = "user") -> torch.Tensor:
+    def block(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool, target: str = "user"):
+        """An options block's ids and each option's last position (the abstain option last)."""
         block = self.ids(f"\n\nTask type: {kind}\nTarget: {target}\nQuestion:\n{question}\nOptions:")
         ends = []
         if abstain:
@@ -97,6 +96,12 @@ class Reference:
         suffix = ("Select every option supported by the context and instructions." if kind == "set"
                   else "Select the single option best supported by the context and instructions.")
         block += self.ids(f"\n\n{suffix}\nDecision:")
+        return block, ends
+
+    @torch.inference_mode()
+    def option_logits(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool,
+                      parts=(("user", STATE),), target: str = "user") -> torch.Tensor:
+        block, ends = self.block(kind, question, options, abstain, target)
         h = self.hidden(block, parts)
         c, q = self.cand_norm(h[ends]), self.query_norm(h[-1])
         bilinear = (self.key(c) * self.query(q)).sum(-1) / math.sqrt(self.d)
@@ -252,6 +257,31 @@ async def test_vela_refuses_what_it_cannot_answer(worker_settings, vela_recipe, 
         assert "user part" in json.dumps(body)
         body = await ask(front, STATE + " <|im_start|>", {"q": QUESTIONS["urgent"]}, status=422)
         assert "control token" in json.dumps(body)
+
+
+async def test_vela_refuses_a_request_the_package_would_cut(worker_settings, vela_recipe, tmp_path):
+    """The packages count every block of a tree against max_length (their `fit`), so a state can be cut even
+    when each block alone fits after it; such a request is refused, one the budget holds is answered."""
+    from tools.tiny_vela_checkpoint import make_tiny_vela
+
+    ref = Reference(make_tiny_vela(tmp_path / "probe", seed=5))
+    blocks = [ref.block("choice", "What does the request ask for?",
+                        [("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True),
+              ref.block("choice", "Is this urgent?",
+                        [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True),
+              ref.block("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")], False)]
+    overhead = len(ref.ids("Context:\n") + ref.ids('<segment role="user">\n') + ref.ids("\n</segment>\n"))
+    need = 3 + 1 + sum(1 + len(ids) + len(ends) for ids, ends in blocks) + len(ref.ids(STATE))
+    questions = {k: QUESTIONS[k] for k in ("intent", "urgent", "priority")}
+    for max_length, status in ((overhead + need - 1, 422), (overhead + need, 200)):
+        folder = make_tiny_vela(tmp_path / str(max_length), seed=5, max_length=max_length)
+        assert overhead + len(ref.ids(STATE)) + max(len(ids) for ids, _ in blocks) < max_length  # each block fits
+        async with served(worker_settings(recipe=vela_recipe, model_path=str(folder))) as (front, _, _):
+            body = await ask(front, STATE, questions, status=status)
+            if status == 422:
+                assert "cuts the state" in json.dumps(body)
+            else:
+                assert (await ask(front, STATE, {"q": QUESTIONS["intent"]}))["answers"]["q"]["choice"]
 
 
 def test_vela_needs_its_files_and_tensors(tmp_path, vela_recipe, vela_dir):

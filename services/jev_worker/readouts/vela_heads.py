@@ -42,7 +42,10 @@ from jev_common.schema import (
 from ..prompt import PreparedRequest, RowSpec
 from .base import Readout, Requirement, ServingError, read_json
 from .vela_heads_math import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
-from .vela_layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
+from .vela_layout import (
+    PARTS_HEAD, REPEAT_LIMIT, SEGMENT_CLOSE, SPAN_ROLE, VelaLayout, content_text, segment_open, span_text, state_parts,
+    words_of,
+)
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
     "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
@@ -50,6 +53,7 @@ MEMBER = "vela2-decoder"
 NOUL_NO = "No. The statement or question is not satisfied."
 NOUL_YES = "Yes. The statement or question is satisfied."
 SPAN_LABEL = ("answer", "")
+MIN_PART_BUDGET = 64  # the packages' floor on what the parts may keep
 
 
 @dataclass(frozen=True)
@@ -85,16 +89,44 @@ class VelaBuilder:
                            "model; remove it from the request")
 
     def prepare(self, state_text: str, rows: list[VelaRow], image_keys=(), plan=None) -> PreparedRequest:
-        prefix = tuple(self.layout.prefix(state_parts(plan.state if plan is not None else state_text)))
-        longest = len(prefix) + max(len(row.ids) for row in rows)
-        if self.max_length is not None and longest > self.max_length:
-            raise ValueError(f"the state and a question need {longest} tokens; this model reads at most "
-                             f"{self.max_length} (state cutting is not served)")
+        parts = state_parts(plan.state if plan is not None else state_text)
+        prefix = tuple(self.layout.prefix(parts))
+        if self.max_length is not None:
+            self._within_budget(parts, rows)
         digest = hashlib.sha256(f"{self.identity}|vela|".encode())
         digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(prefix_ids=prefix, rows=tuple(row.ids for row in rows),
                                row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
                                prefix_key=digest.hexdigest(), plan=plan)
+
+    def _within_budget(self, parts: list[tuple[str, str]], rows: list[VelaRow]) -> None:
+        """The packages' budget (their decoder render, then `fit`): every option question and the first span
+        question share one tree, each further span question has its own. Where it says the state must be cut,
+        the cut is not served, so the request is refused rather than answered on a state the package would
+        not read whole."""
+        encode = self.encode
+        tokens = {role: len(encode(text)) for role, text in parts}
+        overhead = len(encode(PARTS_HEAD)) + sum(len(encode(segment_open(role))) + len(encode(SEGMENT_CLOSE))
+                                                 for role, _ in parts)
+        options = [row for row in rows if row.labels[0] == OPTIONS]
+        spans = [row for row in rows if row.labels[0] != OPTIONS]
+        for tree in [options + spans[:1]] + [[span] for span in spans[1:]]:
+            extra, schema = overhead, 0
+            for row in tree:
+                if row.labels[0] == OPTIONS:  # 1 + the block + one per option (abstain included)
+                    schema += 1 + len(row.ids) + len(row.labels) - 2
+                    continue
+                label = row.labels[4] - row.labels[3] + 1
+                target = tokens[SPAN_ROLE]
+                extra += len(row.ids) - label - target  # span head, text head, segment tags, suffix
+                extra += min(target, max(0, self.max_length - extra) // 2)  # the repeat's allowance
+                schema += 1 + label
+            need = 3 + len(parts) + schema + sum(tokens.values())
+            limit = max(MIN_PART_BUDGET, self.max_length - extra)
+            if need > limit:
+                raise ValueError(f"the state and questions count {need} tokens against this model's budget of "
+                                 f"{limit} (max_length {self.max_length}); Vela 2.0 cuts the state to fit, which "
+                                 "is not served here: send a shorter state or fewer questions")
 
 
 def _roles(ctx) -> tuple[str, ...]:
