@@ -40,6 +40,8 @@ class ModelSpec(_Section):
 class PromptSpec(_Section):
     system: str | None = None
     use_chat_template: bool = True
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}")
     state_block: str = "State:\n{state}\n\n"
     question_block: str = "Question: {question}\n"
     choice_instruction: str = "Options:\n{options}\nAnswer with the letter of the correct option only."

@@ -455,6 +455,21 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
+def choice_answer(names: list[str], probabilities: list[float]) -> "ChoiceAnswer":
+    """A choice answer from the options' probabilities in request order (ties: the earliest option)."""
+    best = max(range(len(probabilities)), key=probabilities.__getitem__)
+    return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probabilities)),
+                        confidence=choice_confidence(probabilities))
+
+
+def score_answer(levels: list, probabilities: list[float]) -> "ScoreAnswer":
+    """A score answer from the levels' probabilities: score = sum(i * p_i), the legend the levels."""
+    return ScoreAnswer(score=sum(i * p for i, p in enumerate(probabilities)),
+                       legend={str(i): level for i, level in enumerate(levels)},
+                       probabilities={str(i): p for i, p in enumerate(probabilities)},
+                       confidence=score_confidence(probabilities))
+
+
 def choice_confidence(probabilities: list[float]) -> float:
     """The reference formula: (p_max - 1/n) / (1 - 1/n), 0 for a uniform answer, 1 for a certain one."""
     n = len(probabilities)

@@ -60,7 +60,7 @@ def question_rows(request: SystemOneRequest, builder: PromptBuilder, kinds: dict
 def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptBuilder,
             kinds: dict | None = None) -> dict:
     kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, plan.state)
+    ctx = BuildContext(builder, plan.state, plan)
     out = {}
     for q in plan.questions:
         kind = kinds[q.question.type]

@@ -70,7 +70,8 @@ class PromptLayout:
 
         def render(content: str) -> str:
             return tokenizer.apply_chat_template(system + [{"role": "user", "content": content}],
-                                                 tokenize=False, add_generation_prompt=True)
+                                                 tokenize=False, add_generation_prompt=True,
+                                                 **prompt.chat_template_kwargs)
 
         probe = "\u2063jev-layout-probe\u2063"
         text = render(probe)

@@ -28,6 +28,7 @@ def render_content(value: object) -> str:
 class BuildContext:
     builder: PromptBuilder
     state: object  # the request's state as sent (span questions locate candidates in it)
+    plan: object = None  # when answering: the prepared request's plan (a readout's own, e.g. its image count)
 
     @property
     def prompt(self) -> PromptSpec:

@@ -1,7 +1,7 @@
 """choice: one row listing the options under codes (A..Z, then two-letter codes); softmax over the codes."""
 from __future__ import annotations
 
-from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_confidence
+from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ..prompt import RowSpec
 from .base import BuildContext, probabilities
@@ -35,6 +35,4 @@ class Choice:
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs = probabilities(logits[0])
         names = list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                            confidence=choice_confidence(probs))
+        return choice_answer(names, probs)

@@ -2,7 +2,7 @@
 token each); score = sum(i * p_i)."""
 from __future__ import annotations
 
-from jev_common.schema import ScoreAnswer, ScoreQuestion, score_confidence
+from jev_common.schema import ScoreAnswer, ScoreQuestion, score_answer
 
 from ..prompt import RowSpec
 from .base import BuildContext, probabilities
@@ -28,12 +28,7 @@ class Score:
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = probabilities(logits[0])
-        return ScoreAnswer(
-            score=sum(i * p for i, p in enumerate(probs)),
-            legend={str(i): level for i, level in enumerate(question.criteria)},
-            probabilities={str(i): p for i, p in enumerate(probs)},
-            confidence=score_confidence(probs),
-        )
+        return score_answer(question.criteria, probs)
 
 
 __all__ = ["Score", "option_lines"]

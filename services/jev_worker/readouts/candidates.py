@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
-    score_confidence,
+    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    score_answer,
 )
 
 from ..prompt import RowSpec
@@ -49,8 +49,7 @@ class CandidateChoice(_Candidates):
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs = _softmax(logits)
         names = list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class CandidateScore(_Candidates):
@@ -62,9 +61,7 @@ class CandidateScore(_Candidates):
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(logits)
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class CandidateNoul:

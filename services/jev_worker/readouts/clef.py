@@ -19,9 +19,7 @@ import os
 
 import torch
 
-from jev_common.schema import (
-    ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_confidence, score_confidence,
-)
+from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ..prompt import RowSpec
 from ..questions.base import BuildContext
@@ -76,9 +74,7 @@ class ClefChoice(_ClefKind):
         by_name = dict(zip(sorted(question.criteria), self.probabilities(logits)))
         names = list(question.criteria)
         probs = [by_name[name] for name in names]
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                            confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class ClefScore(_ClefKind):
@@ -89,9 +85,7 @@ class ClefScore(_ClefKind):
 
     def answer(self, question, logits, ctx) -> ScoreAnswer:
         probs = self.probabilities(logits)
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class ClefJointReadout(Readout):

@@ -17,9 +17,7 @@ from __future__ import annotations
 import math
 
 from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
-from jev_common.schema import (
-    ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneUsage, choice_confidence, score_confidence,
-)
+from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
 from .base import Readout, ServingError
 from .calibration import Calibration
@@ -82,12 +80,8 @@ class ClmCosine(Readout):
         if not math.isclose(sum(probs), 1.0, abs_tol=1e-5):
             raise _bad(f"returned probabilities for {qid!r} that sum to {sum(probs)!r}")
         if question.type == "choice":
-            best = max(range(len(probs)), key=probs.__getitem__)
-            return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                                confidence=choice_confidence(probs))
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities=dict(zip(names, probs)), confidence=score_confidence(probs))
+            return choice_answer(names, probs)
+        return score_answer(question.criteria, probs)
 
 
 def _probability(value: object, qid: str) -> float:

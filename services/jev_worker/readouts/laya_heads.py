@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
-    score_confidence,
+    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    score_answer,
 )
 
 from ..questions.base import BuildContext
@@ -127,8 +127,7 @@ class LayaChoice(_LayaKind):
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs, names = _softmax(logits), list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class LayaScore(_LayaKind):
@@ -143,9 +142,7 @@ class LayaScore(_LayaKind):
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(logits)
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class LayaNoul(_LayaKind):

@@ -24,8 +24,8 @@ import torch
 
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
-    score_confidence,
+    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    score_answer,
 )
 
 from ..prompt import PromptBuilder, RowSpec
@@ -133,8 +133,7 @@ class OmniChoice(_OmniKind):
         mu = torch.softmax(self.readout.heads.option_logits(u, zq, TYPE_IDS["choice"], feats), 0)[:-1].tolist()
         probs = self.finish(mu + [max(0.0, 1.0 - sum(mu))], "choice")
         names = list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class OmniScore(_OmniKind):
@@ -151,9 +150,7 @@ class OmniScore(_OmniKind):
         u, zq, _ = self.readouts(logits)
         mu = self.readout.heads.ordinal(zq, u)
         probs = self.finish((mu / mu.sum().clamp(min=1e-6)).tolist() + [0.0], "score")
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class OmniNoul(_OmniKind):

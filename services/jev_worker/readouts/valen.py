@@ -41,8 +41,8 @@ import torch
 
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_confidence,
-    score_confidence,
+    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    score_answer,
 )
 
 from ..prompt import PreparedRequest
@@ -191,9 +191,7 @@ class ValenChoice:
     def answer(self, question: ChoiceQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> ChoiceAnswer:
         probs = _softmax(logits[0])
         names = list(question.criteria)
-        best = max(range(len(probs)), key=probs.__getitem__)  # ties: the earliest option
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                            confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class ValenNoul:
@@ -219,9 +217,7 @@ class ValenScore:
 
     def answer(self, question: ScoreQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(torch.cat([branch.reshape(-1) for branch in logits]))
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class ValenHeadReadout(Readout):

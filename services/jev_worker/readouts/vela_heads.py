@@ -36,7 +36,8 @@ import torch
 
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, NoulAnswer, ScoreAnswer, SetAnswer, Span, SpanAnswer, choice_confidence, score_confidence,
+    ChoiceAnswer, NoulAnswer, ScoreAnswer, SetAnswer, Span, SpanAnswer, choice_answer, choice_confidence,
+    score_answer,
 )
 
 from ..prompt import PreparedRequest, RowSpec
@@ -203,9 +204,7 @@ class VelaChoice(_Options):
     def answer(self, question, logits, ctx) -> ChoiceAnswer:
         names = list(question.criteria)
         probs = _softmax(logits[0][: len(names)], self.readout.temperature("choice"))
-        best = max(range(len(probs)), key=probs.__getitem__)
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)),
-                            confidence=choice_confidence(probs))
+        return choice_answer(names, probs)
 
 
 class VelaNoul(_Options):
@@ -228,9 +227,7 @@ class VelaScore(_Options):
 
     def answer(self, question, logits, ctx) -> ScoreAnswer:
         probs = _softmax(logits[0], self.readout.temperature("score"))
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return score_answer(question.criteria, probs)
 
 
 class VelaSet(_Options):
