@@ -8,6 +8,7 @@ from .base import Readout, ServingError
 READOUTS = {
     "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
     "jemm-labels": "jev_worker.readouts.jemm:JemmLabels",
+    "cua-s1-labels": "jev_worker.readouts.cua_s1:CuaS1Labels",
     "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
     "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
     "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
