@@ -57,7 +57,6 @@ async def _encode(args, settings: PreencoderSettings) -> int:
     from tqdm import tqdm
 
     from jev_common.cache_index import CacheIndex
-
     from jev_common.checkpoint_files import ServingError
 
     from .encode import Encoder, ModelNotAvailable

@@ -254,8 +254,6 @@ class WorkerService:
             if refs and self.assets is None:
                 raise ApiError(422, "image_not_supported", f"model {self.recipe.name} is text-only; send a text "
                                "state or use a vision-language recipe")
-            if refs and self.serving.readout.refuses_images:
-                raise ApiError(422, "image_not_supported", self.serving.readout.refuses_images)
             levels: dict[str, str] = {}
             state_text = envelope.render_state(request)
             envelope.refuse_images_in_questions(request, refs, state_text)

@@ -31,6 +31,8 @@ log = logging.getLogger("jev.worker.vision")
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
 IMAGE_PAD = "<|image_pad|>"
+IMAGE_ITEM = VISION_START + IMAGE_PAD + VISION_END  # how a Qwen chat template renders one image item
+PLACED_IMAGE = re.compile(re.escape(VISION_START) + f"(?:{re.escape(IMAGE_PAD)})+" + re.escape(VISION_END))
 _URI_HEAD_RE = re.compile(r"^data:image/[A-Za-z0-9.+-]+(;[^;,]*)*;base64,")
 
 
@@ -64,6 +66,14 @@ def image_placeholder(processor_or_tokenizer, asset: ImageAsset) -> str:
             if token_id is None or token_id == unk:
                 raise ValueError(f"tokenizer has no {token} token: not a Qwen2-VL style vision-language checkpoint")
     return start + image_token * image_token_count(asset) + end
+
+
+def placed_images(state_text: str, image_keys) -> list[str]:
+    """The expanded placeholders the service put into `state_text`, in order, one per image key."""
+    images = PLACED_IMAGE.findall(state_text)
+    if len(images) != len(image_keys):
+        raise ValueError(f"{len(images)} image placeholders for {len(image_keys)} images")
+    return images
 
 
 def _rope_owner(model):

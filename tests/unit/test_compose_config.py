@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from jev_common.recipe import load_recipe
-from jev_worker.readouts.registry import readout_class
 from tools.local_stack import interpolate, profile_services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +174,7 @@ def test_gpu_recipes_get_a_gpu_and_cpu_recipes_do_not(profile):
             continue
         recipe = load_recipe(recipe_name)
         assert _reserves_gpu(svc) == recipe.gpu, f"{name}: recipe gpu={recipe.gpu}"
-        reads_images = recipe.model.modality == "vision-language" and not readout_class(recipe.serving.readout).refuses_images
+        reads_images = recipe.model.modality == "vision-language"
         has_preencoder = any(_module(s) == "jev_preencoder" and _env(s)["JEV_RECIPE"] == recipe_name
                              for s in services.values())
         assert has_preencoder == reads_images, f"{profile}: a preencoder iff the readout reads images"

@@ -62,7 +62,6 @@ class Readout:
     question_types = frozenset()
     needs_lm_head = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
     single_question_form = False   # answers the JEV-VL `kind` form too (label-token rows only)
-    refuses_images = None          # or why this readout answers text states only (a 422 before assets are fetched)
     head: object = None
     calibration: Calibration = field(default_factory=Calibration)
     kinds: dict = field(default_factory=dict)

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 
 from ..prompt import PreparedRequest, PromptBuilder
+from ..vision import placed_images
 
 SYSTEM_PROMPT = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one "
                  "of that field's allowed options.")
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
-PLACEHOLDER = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")  # one expanded image
 TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
 NOUL_DEFAULTS = {"true": "The proposition is true or the answer is yes.",
                  "false": "The proposition is false or the answer is no."}
@@ -89,9 +88,7 @@ class ClefBuilder(PromptBuilder):
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def prepare(self, state_text, rows, image_keys=(), plan=None) -> PreparedRequest:
-        images = PLACEHOLDER.findall(state_text)  # the service put each named image there, in order
-        if len(images) != len(image_keys):
-            raise ValueError(f"{len(images)} image placeholders for {len(image_keys)} images")
+        images = placed_images(state_text, image_keys)
         texts = ["\n\nSCHEMA FIELDS:\n"]
         marks = []  # per question: (index of its instructions piece, indices of its option pieces)
         for number, q in enumerate(plan.questions, 1):

@@ -37,8 +37,8 @@ def text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def user_message(state, goal: str, labels: list[str]) -> str:
-    options = "\n".join(f'{letter}. Decision "{label}" -> select' for letter, label in zip(LETTERS, labels))
+def user_message(state, goal: str, codes: list[str], labels: list[str]) -> str:
+    options = "\n".join(f'{code}. Decision "{label}" -> select' for code, label in zip(codes, labels))
     return ((f"Goal: {goal}\n\n" if goal else "") + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
             + f"Accessibility tree:\n{text(state)}\n\nOptions:\n{options}\n\nAnswer with a single letter.")
 
@@ -53,7 +53,7 @@ class CuaChoice:
         goal = "" if question.instructions is None else text(question.instructions)
         labels = [json.dumps(name if value is None else text(value), ensure_ascii=False)[1:-1]
                   for name, value in question.criteria.items()]
-        content = user_message(ctx.state, goal, labels)
+        content = user_message(ctx.state, goal, codes, labels)
         ctx.builder.check_user_text(content, where)
         return [RowSpec(content, ids)]
 

@@ -31,6 +31,7 @@ from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answ
 from ..head import DecisionHead
 from ..prompt import PreparedRequest, PromptBuilder, RowSpec
 from ..questions.base import BuildContext
+from ..vision import placed_images
 from .base import Readout, ServingError, read_json
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
@@ -38,7 +39,6 @@ ANSWER = "Answer with exactly one candidate label."
 TEMPERATURE = 1.3480874159655591  # jemm/model.py, used when decision_config.json has none
 CONFIG = "decision_config.json"
 MAX_IMAGES, MAX_TOKENS, MAX_IMAGE_TOKENS = 4, 8192, 3072  # JEMM refuses more (systemone.py, contract.py)
-PLACEHOLDER = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
 _WS = re.compile(r"\s+")
 
 
@@ -109,9 +109,7 @@ class JemmPlan:
 class JemmBuilder(PromptBuilder):
     def prepare(self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
-        images = PLACEHOLDER.findall(state)  # the service put each named image there, in order
-        if len(images) != len(image_keys):
-            raise ValueError(f"{len(images)} image placeholders for {len(image_keys)} images")
+        images = placed_images(state, image_keys)
         if len(images) > MAX_IMAGES:
             raise ValueError(f"the state names {len(images)} images; JEMM reads at most {MAX_IMAGES}")
         raw = plan.state if plan is not None else state
@@ -195,7 +193,7 @@ class JemmLabels(Readout):
     prompt_builder = JemmBuilder
 
     def load(self, loaded, builder) -> None:
-        if builder.codes[: len(LABELS)] != list(LABELS) or len(builder.codes) != len(LABELS):
+        if builder.codes != list(LABELS):
             raise ServingError(f"readout {self.name!r} needs the recipe's verbalizer labels {LABELS!r} without "
                                "two-letter codes (JEMM's candidate labels)")
         path = os.path.join(loaded.folder, CONFIG)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 
 import torch
@@ -47,13 +46,12 @@ from jev_common.schema import (
 
 from ..prompt import PreparedRequest
 from ..questions.base import BuildContext
+from ..vision import IMAGE_ITEM, PLACED_IMAGE
 from .base import Readout, Requirement, ServingError
 from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-IMAGE_ITEM = "<|vision_start|><|image_pad|><|vision_end|>"  # how Qwen's chat template renders an image item
-PLACEHOLDER = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)+<\|vision_end\|>")
 NOUL_CANDIDATES = (("true", "True / 是：满足问题中的条件。"), ("false", "False / 否：不满足问题中的条件。"))
 
 
@@ -96,7 +94,7 @@ class ValenPromptBuilder:
         """`state_text` holds each image as its expanded placeholder (the service put it there): the message
         gets an image item in its place, and the rendered item is expanded back, in order."""
         content, images, at = [], [], 0
-        for match in PLACEHOLDER.finditer(state_text):
+        for match in PLACED_IMAGE.finditer(state_text):
             if match.start() > at:
                 content.append({"type": "text", "text": state_text[at:match.start()]})
             content.append({"type": "image"})

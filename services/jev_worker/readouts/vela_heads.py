@@ -43,10 +43,7 @@ from jev_common.schema import (
 from ..prompt import PreparedRequest, RowSpec
 from .base import Readout, Requirement, ServingError, read_json
 from .vela_heads_math import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
-from .vela_layout import (
-    PARTS_HEAD, REPEAT_LIMIT, SEGMENT_CLOSE, SPAN_ROLE, VelaLayout, content_text, segment_open, span_text, state_parts,
-    words_of,
-)
+from .vela_layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
     "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
@@ -90,25 +87,24 @@ class VelaBuilder:
                            "model; remove it from the request")
 
     def prepare(self, state_text: str, rows: list[VelaRow], image_keys=(), plan=None) -> PreparedRequest:
-        parts = state_parts(plan.state if plan is not None else state_text)
+        state = plan.state if plan is not None else state_text
+        parts = [(role, self.encode(text)) for role, text in state_parts(state)]  # each part tokenised once
         prefix = tuple(self.layout.prefix(parts))
         if self.max_length is not None:
-            self._within_budget(parts, rows)
+            self._within_budget(parts, len(prefix), rows)
         digest = hashlib.sha256(f"{self.identity}|vela|".encode())
         digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(prefix_ids=prefix, rows=tuple(row.ids for row in rows),
                                row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
                                prefix_key=digest.hexdigest(), plan=plan)
 
-    def _within_budget(self, parts: list[tuple[str, str]], rows: list[VelaRow]) -> None:
+    def _within_budget(self, parts: list[tuple[str, list[int]]], prefix_length: int, rows: list[VelaRow]) -> None:
         """The packages' budget (their decoder render, then `fit`): every option question and the first span
         question share one tree, each further span question has its own. Where it says the state must be cut,
         the cut is not served, so the request is refused rather than answered on a state the package would
         not read whole."""
-        encode = self.encode
-        tokens = {role: len(encode(text)) for role, text in parts}
-        overhead = len(encode(PARTS_HEAD)) + sum(len(encode(segment_open(role))) + len(encode(SEGMENT_CLOSE))
-                                                 for role, _ in parts)
+        tokens = {role: len(ids) for role, ids in parts}
+        overhead = prefix_length - sum(tokens.values())  # the parts' head and segment tags
         options = [row for row in rows if row.labels[0] == OPTIONS]
         spans = [row for row in rows if row.labels[0] != OPTIONS]
         for tree in [options + spans[:1]] + [[span] for span in spans[1:]]:

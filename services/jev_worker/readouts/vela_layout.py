@@ -177,10 +177,11 @@ class VelaLayout:
     def __init__(self, encode):
         self.encode = encode  # text -> token ids, no special tokens
 
-    def prefix(self, parts: list[tuple[str, str]]) -> list[int]:
+    def prefix(self, parts: list[tuple[str, list[int]]]) -> list[int]:
+        """The parts' prefix from each part's own ids (role, ids), as `encode`d once by the caller."""
         ids = self.encode(PARTS_HEAD)
-        for role, text in parts:
-            ids += self.encode(segment_open(role)) + self.encode(text) + self.encode(SEGMENT_CLOSE)
+        for role, part in parts:
+            ids += self.encode(segment_open(role)) + list(part) + self.encode(SEGMENT_CLOSE)
         return ids
 
     def options_block(self, kind: str, roles: tuple[str, ...], text: str, options: list[tuple[str, str]],
