@@ -108,6 +108,29 @@ def test_split_tokenisation_would_differ(tiny_recipe):
     assert glued != list(prepared.full_ids(0))
 
 
+def test_chat_template_kwargs_reach_the_template(tiny_recipe):
+    """A recipe's prompt.chat_template_kwargs (e.g. enable_thinking: false) are the template's variables, so the
+    answer turn the rows end with is the one the model's own template renders with them."""
+    from tools.tiny_checkpoints import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+        "{%- if enable_thinking is defined and not enable_thinking -%}<think>\n\n</think>\n\n{%- endif -%}"
+        "{%- endif -%}")
+    tails = {}
+    for kwargs in ({}, {"enable_thinking": False}):
+        prompt = tiny_recipe.prompt.model_copy(update={"chat_template_kwargs": kwargs})
+        builder = PromptBuilder(tokenizer, tiny_recipe.model_copy(update={"prompt": prompt}), "test")
+        tails[bool(kwargs)] = builder.layout.tail
+        want = tokenizer.apply_chat_template(
+            [{"role": "system", "content": prompt.system}, {"role": "user", "content": "x"}],
+            tokenize=False, add_generation_prompt=True, **kwargs)
+        assert builder.layout.head + "x" + builder.layout.tail == want
+    assert tails[True].endswith("</think>") and "</think>" not in tails[False]
+
+
 @pytest.fixture(scope="module")
 def builders(tiny_recipe):
     from tools.tiny_checkpoints import smollm2_tokenizer
