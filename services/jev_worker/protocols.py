@@ -1,0 +1,224 @@
+"""The worker's declared protocols: what a backend, an engine, a head, a prompt builder, a question type
+and a readout are. Every implementation subclasses one of these, so what a piece is is stated where it is
+written (no duck typing, no `getattr` plug points), and the pipeline calls only what is declared here.
+
+    recipe.serving.family ──▶ Readout (families/registry.py)
+                                 ├─ make_backend() ──▶ Backend ── load() ──▶ LoadedModel
+                                 │                         └──── build() ──▶ Engine (runs batches of EngineItems)
+                                 ├─ prompt_builder() ──▶ PromptBuilder (state + rows ──▶ PreparedRequest)
+                                 ├─ kinds: {type: QuestionKind} (rows of a question, its answer from logits)
+                                 └─ head: Head (a row's hidden state ──▶ FP32 logits)
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+from jev_common.checkpoint_files import ServingError
+
+from .readouts.calibration import Calibration, CalibratedKind
+
+if TYPE_CHECKING:  # imported for annotations only: these modules import torch and transformers
+    import torch
+    from pydantic import BaseModel
+
+    from jev_common.recipe import Recipe
+
+    from .caches import BudgetLRU
+    from .engine import EngineItem, EngineResult
+    from .loader import LoadedModel
+    from .prompt import PreparedRequest, RowSpec
+    from .questions.base import BuildContext
+
+
+# ----- the network ------------------------------------------------------------------------------
+class Engine(ABC):
+    """Runs batches on the one model thread; owns the L3 prefix cache (a zero-budget one when it has none)."""
+
+    l3: "BudgetLRU"
+
+    @abstractmethod
+    def run(self, items: list["EngineItem"]) -> list["EngineResult"]:
+        """One result per item, in order: the FP32 logits of each of its rows (or answer rows)."""
+
+
+class Backend(ABC):
+    """What runs the network: loads the checkpoint and builds the engine that runs batches of rows."""
+
+    name: ClassVar[str]
+    prefix_reuse: ClassVar[str]  # whether rows reuse the state prefix's KV (L3), or why not (stats, /health)
+    external: ClassVar[bool] = False  # the network runs in another server (ExternalBackend)
+
+    def check(self, recipe: "Recipe") -> None:
+        """Refuse a recipe this backend cannot run (raise ServingError)."""
+
+    def load(self, recipe: "Recipe", folder: str, device: str, dtype: str, *, lm_head: bool) -> "LoadedModel":
+        """The checkpoint in `folder` on `device` (already checked by the readout)."""
+        from .loader import load_model
+
+        return load_model(recipe, folder, device, dtype, lm_head=lm_head)
+
+    def l3_bytes(self, configured: int) -> int:
+        """The L3 budget this backend can use of the configured one (0: it reuses no prefix state)."""
+        return configured
+
+    @abstractmethod
+    def build(self, loaded: "LoadedModel", *, head: "Head", l3_bytes: int, batching: bool, max_batch_rows: int,
+              pad_id: int, vision=None, on_l3_insert: Callable | None = None,
+              on_l3_evict: Callable | None = None) -> Engine:
+        """The engine that runs this checkpoint's batches."""
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
+
+
+class ExternalBackend(Backend):
+    """A backend whose network runs in another server: requests are posted there, nothing is loaded here."""
+
+    external: ClassVar[bool] = True
+
+    def load(self, recipe, folder, device, dtype, *, lm_head):
+        raise ServingError(f"backend {self.name!r} loads no local model")
+
+    def build(self, loaded, **kwargs) -> Engine:
+        raise ServingError(f"backend {self.name!r} runs no local model")
+
+    @abstractmethod
+    async def post(self, path: str, body: dict, timeout_s: float) -> dict:
+        """The server's JSON answer (raise ExternalServerFailed / ExternalServerTimeout)."""
+
+    @abstractmethod
+    async def health(self) -> tuple[bool, object]:
+        """(answering, its health body or why not)."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+# ----- heads ------------------------------------------------------------------------------------
+class Head(ABC):
+    """A row's final hidden state(s) -> FP32 logits over that row's labels (a list when one sequence answers
+    several questions)."""
+
+    @abstractmethod
+    def logits(self, hidden: "torch.Tensor", labels: tuple[int, ...]) -> "torch.Tensor | list[torch.Tensor]": ...
+
+
+class RequestHead(ABC):
+    """A head that answers a whole request from its one sequence (every position): one logits tensor per
+    answer row, in the order the readout's prompt builder planned."""
+
+    @abstractmethod
+    def request_logits(self, hidden: "torch.Tensor", prepared: "PreparedRequest") -> list["torch.Tensor"]: ...
+
+
+# ----- prompts ----------------------------------------------------------------------------------
+class PromptBuilder(ABC):
+    """A state and its question rows -> the exact token ids the model sees (a PreparedRequest)."""
+
+    tokenizer: object
+    recipe: "Recipe"
+
+    @abstractmethod
+    def check_user_text(self, text: str, where: str) -> None:
+        """Refuse text the model's layout cannot carry (raise UnreadableInput naming `where`)."""
+
+    @abstractmethod
+    def prepare(self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (),
+                plan: object = None) -> "PreparedRequest":
+        """The prefix (what L3 caches) and rows; `state_text` may hold image placeholders already."""
+
+
+class QuestionKind(ABC):
+    """One System One question type: its rows after the state prefix, and its answer from their logits."""
+
+    type: ClassVar[str]
+
+    @abstractmethod
+    def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...
+
+    @abstractmethod
+    def answer(self, question, logits: list["torch.Tensor"], ctx: "BuildContext") -> "BaseModel": ...
+
+
+# ----- readouts ---------------------------------------------------------------------------------
+@dataclass
+class Readout(ABC):
+    """What a family reads: its checkpoint requirements, backend, prompt builder, head and question types.
+
+    A family's readout is one class registered under the family's name (families/registry.py); the recipe
+    names the family (`serving.family`) and the readout says which backend runs it (`make_backend`).
+    """
+
+    options: dict = field(default_factory=dict)
+    name: ClassVar[str] = "readout"
+    question_types: ClassVar[frozenset[str]] = frozenset()
+    needs_lm_head: ClassVar[bool] = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
+    single_question_form: ClassVar[bool] = False   # answers the JEV-VL `kind` form too (label-token rows only)
+    head: object = None
+    calibration: Calibration = field(default_factory=Calibration)
+    kinds: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.options) - set(self.known_options()))
+        if unknown:
+            raise ServingError(f"readout {self.name!r} has no option(s) {', '.join(unknown)}; "
+                               f"known: {', '.join(sorted(self.known_options())) or 'none'}")
+
+    def known_options(self) -> dict:
+        """Option name -> default, for the recipe's `serving.options`."""
+        return {}
+
+    def option(self, key: str):
+        return self.options.get(key, self.known_options()[key])
+
+    # what runs it
+    def make_backend(self) -> Backend:
+        """The backend that runs this readout's checkpoint; called after `check` (it may depend on it)."""
+        from .backends.registry import build_backend
+
+        return build_backend("causal-lm")
+
+    def prompt_builder(self, tokenizer, recipe: "Recipe", identity: str) -> PromptBuilder:
+        from .prompt import ChatPromptBuilder
+
+        return ChatPromptBuilder(tokenizer, recipe, identity)
+
+    # the checkpoint
+    def requirements(self) -> list:
+        """Files (and keys in them) the checkpoint folder must hold (readouts.base.Requirement)."""
+        return []
+
+    def check(self, folder: str) -> None:
+        for requirement in self.requirements():
+            requirement.check(folder, self.name)
+
+    @abstractmethod
+    def load(self, loaded: "LoadedModel", builder: PromptBuilder) -> None:
+        """Build the head and the question types answered (`serve`)."""
+
+    def serve(self, kinds: list, calibration: Calibration) -> None:
+        """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
+        self.calibration = calibration
+        self.kinds = {kind.type: CalibratedKind(kind, calibration) for kind in kinds}
+        assert set(self.kinds) == set(self.question_types), (self.name, sorted(self.kinds))
+
+    def describe(self) -> dict:
+        return {"readout": self.name, "question_types": sorted(self.question_types),
+                "calibration": self.calibration.describe()}
+
+
+class ExternalReadout(Readout):
+    """A readout for an external backend: translates a System One request to the server's body and its
+    answer back; nothing is loaded here."""
+
+    def load(self, loaded, builder) -> None:
+        raise ServingError(f"readout {self.name!r} loads no local model")
+
+    @abstractmethod
+    def request_body(self, request) -> dict: ...
+
+    @abstractmethod
+    def answers(self, request, raw: dict) -> tuple[dict, object]:
+        """(answers by question id, usage) from the server's JSON answer."""
