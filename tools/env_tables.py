@@ -1,10 +1,12 @@
-"""The env tables in README.md and docs/, rendered from each service's settings module (`ENV`).
+"""The env tables in README.md and docs/, rendered from each service's settings module (`ENV`), and the error
+table of docs/CONTRACTS.md, rendered from jev_common.errors (`ERRORS`).
 
     python -m tools.env_tables --check    # exit 1 and name the table when a doc differs from the code
     python -m tools.env_tables --write    # rewrite the tables in place
 
 A table in a markdown file sits between `<!-- env-table: SERVICE -->` and `<!-- /env-table -->`;
-what is between the markers is generated, so names, defaults and meanings live only in the code.
+what is between the markers is generated, so names, defaults and meanings live only in the code. The error
+table sits between `<!-- error-table -->` and `<!-- /error-table -->`.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/frontend.md", "docs/images.md")
+DOCS = ("README.md", "docs/frontend.md", "docs/images.md", "docs/CONTRACTS.md")
 _BLOCK = re.compile(r"(<!-- env-table: (?P<service>[a-z]+) -->\n)(?P<body>.*?)(<!-- /env-table -->)", re.S)
+_ERRORS = re.compile(r"(<!-- error-table -->\n)(?P<body>.*?)(\n<!-- /error-table -->)", re.S)
 
 
 def tables() -> dict:
@@ -33,11 +36,14 @@ def render(text: str, known: dict) -> str:
             raise KeyError(f"env-table marker names an unknown service {service!r}; known: {sorted(known)}")
         return match.group(1) + known[service].markdown() + "\n" + match.group(4)
 
-    return _BLOCK.sub(sub, text)
+    from jev_common.errors import markdown_table
+
+    text = _BLOCK.sub(sub, text)
+    return _ERRORS.sub(lambda m: m.group(1) + markdown_table() + m.group(3), text)
 
 
 def blocks(text: str) -> list[str]:
-    return [m.group("service") for m in _BLOCK.finditer(text)]
+    return [m.group("service") for m in _BLOCK.finditer(text)] + ["errors"] * len(_ERRORS.findall(text))
 
 
 def main(argv: list[str] | None = None) -> int:

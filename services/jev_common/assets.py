@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .errors import ApiError
+from .errors import BodyTooLarge, ImageInvalid, ImageNotPrepared, InvalidRequest, validation_error
 
 ASSET_FORMAT = 1
 EMB_FILE = "emb.safetensors"
@@ -58,6 +58,35 @@ def bytes_key(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def decode_base64(text: str) -> bytes:
+    """Standard base64 with whitespace ignored (how every service reads an inline image); ValueError when it
+    is not valid base64."""
+    try:
+        return base64.b64decode(_WS_RE.sub("", text or ""), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64") from None
+
+
+def asset_bytes(reference: str, asset, parts: dict[str, bytes], *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> bytes:
+    """The image bytes of one System One asset (`assets[reference]`: a multipart part, or inline base64)."""
+    if asset.part is not None:
+        if asset.part not in parts:
+            raise validation_error(f"asset {reference!r} names multipart part {asset.part!r}, which is not in the "
+                                   "request", ("assets", reference, "part"), "missing")
+        data = parts[asset.part]
+    else:
+        try:
+            data = decode_base64(asset.data_base64 or "")
+        except ValueError:
+            raise validation_error(f"asset {reference!r}: data_base64 is not valid base64",
+                                   ("assets", reference, "data_base64")) from None
+    if not data:
+        raise validation_error(f"asset {reference!r} is empty", ("assets", reference))
+    if len(data) > max_bytes:
+        raise BodyTooLarge(f"asset {reference!r} is {len(data)} bytes; the limit is {max_bytes}")
+    return data
+
+
 def asset_key(data_uri: str) -> str:
     """The key of a data URI's image: sha256 of its base64-decoded bytes (the pixels are never decoded)."""
     return bytes_key(split_data_uri(data_uri)[1])
@@ -67,13 +96,13 @@ def short_key(key: str) -> str:
     return f"sha256:{key}"
 
 
-class ImageRejected(ApiError):
+class ImageRejected(InvalidRequest):
     """A state.image that is not a usable base64 image data URI. `reason` is a stable code:
     not_a_string, url, not_data_uri, not_image_type, not_base64, malformed_base64, too_large,
     too_many_pixels, not_image."""
 
     def __init__(self, reason: str, message: str):
-        super().__init__(422, "validation_error", message)
+        super().__init__(message)
         self.reason = reason
 
 
@@ -336,24 +365,23 @@ def write_asset(out_dir: str | os.PathLike, key: str, embeds, grid_thw, meta: di
     return root / key
 
 
-def not_prepared(key: str, detail: str = "") -> ApiError:
+def not_prepared(key: str, detail: str = "") -> ImageNotPrepared:
     extra = f" ({detail})" if detail else ""
-    return ApiError(422, "asset_not_prepared",
-                    f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
+    return ImageNotPrepared(f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
                     '[{"image": "data:image/png;base64,..."}] to the preencoder\'s /v1/preencode, or put that '
                     "line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
                     "$JEV_ASSET_DIR (the asset is named sha256 of the image bytes)")
 
 
-def invalid(key: str, detail: str) -> ApiError:
-    return ApiError(422, "asset_invalid", f"image asset {short_key(key)} is unusable: {detail}; "
+def invalid(key: str, detail: str) -> ImageInvalid:
+    return ImageInvalid(f"image asset {short_key(key)} is unusable: {detail}; "
                                           "re-run the preencoder on it")
 
 
 def read_asset(asset_dir: str | os.PathLike, key: str, *, identity: str | None = None,
                processor_identity: str | None = None, folder: str | os.PathLike | None = None) -> ImageAsset:
     """Load and check one asset. `identity` / `processor_identity`, when given, must match what the
-    asset was made with (ApiError asset_invalid otherwise: never silently used). `folder` overrides
+    asset was made with (ImageInvalid, 422 asset_invalid, otherwise: never silently used). `folder` overrides
     `<asset_dir>/<key>` (a path from the cache index)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -13,7 +13,8 @@ from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
-    HTTP_ERROR_TYPES, ApiError, DomainError, api_error_response, domain_api_error, error_body, error_response,
+    HTTP_ERROR_TYPES, ApiError, ApiKeyInvalid, ApiKeyMissing, BodyTooLarge, DomainError, InvalidRequest,
+    MalformedBody, UndecodableBody, UnsupportedEncoding, api_error_response, error_body, error_response,
     validation_error,
 )
 from .schema import summarize_details
@@ -59,10 +60,8 @@ async def error_middleware(request: web.Request, handler):
     """Every failure leaves in the API's error shape; never a stack trace."""
     try:
         return await handler(request)
-    except ApiError as exc:
+    except (DomainError, ApiError) as exc:
         return api_error_response(exc)
-    except DomainError as exc:
-        return api_error_response(domain_api_error(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -87,10 +86,9 @@ def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not given.strip():
-                raise ApiError(403, "authentication_error",
-                               "an API key is required: send Authorization: Bearer <key>")
+                raise ApiKeyMissing("an API key is required: send Authorization: Bearer <key>")
             if not any(hmac.compare_digest(given.strip().encode(), key) for key in encoded):
-                raise ApiError(401, "authentication_error", "the API key is not valid")
+                raise ApiKeyInvalid("the API key is not valid")
         return await handler(request)
 
     return middleware
@@ -104,21 +102,21 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     if encoding == "identity":
         encoding = ""
     if encoding and encoding not in DECODED_ENCODINGS:
-        raise ApiError(415, "unsupported_media_type", f"Content-Encoding {encoding!r} is not supported; "
+        raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported; "
                        f"send {', '.join(DECODED_ENCODINGS)} or an uncompressed body")
     if not encoding and request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, "body_too_large", f"body is {request.content_length} bytes; the limit is {max_bytes}")
+        raise BodyTooLarge(f"body is {request.content_length} bytes; the limit is {max_bytes}")
     body = bytearray()
     try:
         async for chunk in request.content.iter_chunked(1 << 16):
             body += chunk
             if len(body) > max_bytes:
-                raise ApiError(413, "body_too_large", f"body exceeds the limit of {max_bytes} bytes")
-    except ApiError:
+                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
+    except DomainError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
         if encoding:
-            raise ApiError(400, "invalid_encoding", f"body could not be decoded as {encoding}: {exc}") from None
+            raise UndecodableBody(f"body could not be decoded as {encoding}: {exc}") from None
         raise
     return bytes(body)
 
@@ -146,7 +144,7 @@ def parse_model(model: type[BaseModel], payload: object):
         return model.model_validate(payload)
     except ValidationError as exc:
         details = validation_details(exc)
-        raise ApiError(422, "validation_error", summarize_details(details), details=details) from None
+        raise InvalidRequest(summarize_details(details), details=details) from None
     except RecursionError:
         raise validation_error("request is nested too deeply") from None
 
@@ -185,22 +183,22 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
     from email.policy import HTTP
 
     if "boundary=" not in content_type:
-        raise ApiError(400, "bad_request", "multipart body without a boundary")
+        raise MalformedBody("multipart body without a boundary")
     try:
         message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
     except Exception as exc:  # noqa: BLE001
-        raise ApiError(400, "bad_request", f"malformed multipart body: {exc}") from None
+        raise MalformedBody(f"malformed multipart body: {exc}") from None
     if not message.is_multipart():
-        raise ApiError(400, "bad_request", "malformed multipart body")
+        raise MalformedBody("malformed multipart body")
     parts: dict[str, bytes] = {}
     for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
         if not name:
-            raise ApiError(400, "bad_request", "a multipart part has no name")
+            raise MalformedBody("a multipart part has no name")
         if name in parts:
             raise validation_error(f"multipart part {name!r} appears twice", (name,))
         if len(parts) >= MAX_MULTIPART_PARTS:
-            raise ApiError(413, "body_too_large", f"at most {MAX_MULTIPART_PARTS} multipart parts")
+            raise BodyTooLarge(f"at most {MAX_MULTIPART_PARTS} multipart parts")
         parts[name] = part.get_payload(decode=True) or b""
     return parts
 

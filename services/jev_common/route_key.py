@@ -10,14 +10,13 @@ same route key -> same prefix; the namespace (checkpoint) keeps models apart.
 """
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import json
-import re
 from collections.abc import Iterable
 
-from .assets import asset_key, bytes_key
+from .assets import asset_bytes, asset_key, bytes_key
+from .errors import DomainError
 
 
 def render_state(value: object) -> str:
@@ -39,16 +38,11 @@ def envelope_image_keys(assets: dict | None, parts: dict[str, bytes]) -> list[st
     """Keys of a System One request's assets (validated model's `assets`), as the worker names them.
     Assets that cannot be read are skipped: the worker answers their error itself."""
     keys = []
-    for asset in (assets or {}).values():
-        if getattr(asset, "part", None) is not None:
-            data = parts.get(asset.part)
-        else:
-            try:
-                data = base64.b64decode(re.sub(r"\s+", "", getattr(asset, "data_base64", None) or ""), validate=True)
-            except (binascii.Error, ValueError):
-                data = None
-        if data:
-            keys.append(bytes_key(data))
+    for reference, asset in (assets or {}).items():
+        try:
+            keys.append(bytes_key(asset_bytes(reference, asset, parts)))
+        except DomainError:
+            continue
     return keys
 
 

@@ -8,7 +8,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from jev_common.cache_index import CacheIndex
-from jev_common.errors import ApiError
+from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
 from jev_common.http import (
     REQUEST_ID, REQUEST_ID_HEADER, auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
 )
@@ -87,7 +87,7 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
     while True:
         route = await router.choose(name, route_key, images, exclude=tried)
         if route is None:
-            raise ApiError(502, "backend_unavailable", f"no replica of model {name!r} could be reached "
+            raise BackendUnavailable(f"no replica of model {name!r} could be reached "
                            f"(tried {', '.join(sorted(tried))})")
         try:
             return await _send(client, route.backend, route.decision, call)
@@ -121,7 +121,7 @@ async def handle_models(request: web.Request) -> web.Response:
             await pool.refresh()
         models = pool.model_infos()
         if not models:
-            raise ApiError(503, "not_ready", "no backend is in rotation, so no model is served right now")
+            raise NotReady("no backend is in rotation, so no model is served right now")
         return web.json_response({"models": models})
     answer = await request.app[BACKEND].call("GET", "/v1/models", endpoint="models", timeout_s=settings.timeout_s,
                                              headers=_backend_headers(request))
@@ -157,8 +157,7 @@ async def _single_health(request: web.Request, settings: Settings, pool: Backend
     backend = next(iter(pool.backends.values()))
     answer = await request.app[BACKEND].call("GET", "/health", endpoint="health", timeout_s=settings.timeout_s)
     if answer.status != 200 and answer.status < 400:
-        raise ApiError(
-            502, "backend_unavailable",
+        raise BackendUnavailable(
             f"backend {settings.backend_url} answered GET /health with unexpected status {answer.status}",
         )
     backend.up = answer.status == 200
@@ -177,7 +176,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
         try:
             answer = await request.app[BACKEND].call("GET", "/metrics", endpoint="metrics", url=backend.url,
                                                      timeout_s=settings.timeout_s)
-        except ApiError as exc:
+        except DomainError as exc:
             log.info("worker metrics not appended: %s", exc.message)
             continue
         if answer.status == 200:
@@ -195,8 +194,7 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_generation(request: web.Request) -> web.Response:
-    raise ApiError(
-        404, "not_found",
+    raise RouteNotServed(
         f"{request.path} is not served: this stack serves only POST /v1/systemone decisions "
         "(no text generation or OpenAI-compatible API)",
     )

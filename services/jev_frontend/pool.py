@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from jev_common.cache_index import CacheIndex, IndexUnavailable, namespace
-from jev_common.errors import ApiError
+from jev_common.errors import DomainError, ModelNotServed
 from jev_common.schema import LATEST_ALIAS
 
 from .proxy import Backend, BackendMetrics
@@ -128,7 +128,7 @@ class BackendPool:
         timeout = min(self.settings.timeout_s, max(0.5, self.settings.health_interval_s))
         try:
             answer = await self.client.call("GET", "/health", endpoint="health", timeout_s=timeout, url=backend.url)
-        except ApiError as exc:
+        except DomainError as exc:
             self._set_up(backend, False, exc.message)
             return None
         detail = {}
@@ -154,7 +154,7 @@ class BackendPool:
             answer = await self.client.call("GET", "/v1/models", endpoint="models", url=backend.url,
                                             timeout_s=min(self.settings.timeout_s, 5.0))
             models = json.loads(answer.body).get("models") if answer.status == 200 else None
-        except (ApiError, ValueError, AttributeError):
+        except (DomainError, ValueError, AttributeError):
             return
         if not isinstance(models, list):
             return
@@ -204,7 +204,7 @@ class BackendPool:
         if wanted and wanted in self.known_models():
             return wanted
         served = sorted(self.known_models())
-        raise ApiError(400, "api_usage_error", f"model {name!r} is not served here; served: "
+        raise ModelNotServed(f"model {name!r} is not served here; served: "
                        f"{', '.join(map(repr, served)) or 'none yet'} (and {LATEST_ALIAS!r} = {self.default_model()!r}); "
                        "GET /v1/models lists them")
 

@@ -16,7 +16,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from jev_common.errors import ApiError
+from jev_common.errors import BackendTimeout, BackendUnavailable
 from jev_common.metrics import LATENCY_BUCKETS
 
 from .settings import Settings
@@ -83,11 +83,11 @@ class BackendAnswer:
         return out
 
 
-class BackendConnectError(ApiError):
+class BackendConnectError(BackendUnavailable):
     """The backend refused or could not be reached: nothing was sent, another replica may answer."""
 
 
-class BackendDisconnected(ApiError):
+class BackendDisconnected(BackendUnavailable):
     """The backend broke the connection during the call (it may have died)."""
 
 
@@ -137,16 +137,14 @@ class Backend:
                 answer = BackendAnswer(resp.status, resp.headers, body)
         except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
             self._failed(base, endpoint, "backend_timeout")
-            raise ApiError(
-                504, "backend_timeout",
+            raise BackendTimeout(
                 f"backend {base} did not answer {method} {path} within {timeout_s:g}s{timeout_note}",
             ) from None
         except aiohttp.ClientError as exc:
             self._failed(base, endpoint, "backend_unavailable")
             detail = str(exc) or type(exc).__name__
             error = BackendConnectError if isinstance(exc, aiohttp.ClientConnectorError) else BackendDisconnected
-            raise error(502, "backend_unavailable",
-                        f"backend {base} is unavailable for {method} {path}: {detail}") from None
+            raise error(f"backend {base} is unavailable for {method} {path}: {detail}") from None
         elapsed = time.perf_counter() - started
         self.metrics.up.set(1)
         self.metrics.latency.labels(endpoint).observe(elapsed)

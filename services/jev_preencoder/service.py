@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from jev_common.cache_index import CacheIndex
-from jev_common.errors import ApiError, error_response
+from jev_common.errors import DomainError, NotJson, NotReady, api_error_response, validation_error
 from jev_common.http import error_middleware, read_body, run_app
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import HealthResponse
@@ -29,9 +29,9 @@ def parse_manifest_body(body: bytes) -> list:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"body is not UTF-8: {exc}") from None
+        raise NotJson(f"body is not UTF-8: {exc}") from None
     if not text.strip():
-        raise ApiError(422, "validation_error", "no manifest lines in the body")
+        raise validation_error("no manifest lines in the body")
     try:
         payload = json.loads(text)
     except json.JSONDecodeError:
@@ -82,8 +82,8 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     def ready_encoder():
         if state["encoder"] is None or (state["task"] is not None and not state["task"].done()):
             if state["error"]:
-                raise ApiError(503, "not_ready", f"model failed to load: {state['error']}")
-            raise ApiError(503, "not_ready", "model is loading")
+                raise NotReady(f"model failed to load: {state['error']}")
+            raise NotReady("model is loading")
         return state["encoder"]
 
     async def health(_request):
@@ -92,8 +92,8 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
             return web.json_response(body.model_dump(), status=503)
         try:
             encoder_ = ready_encoder()
-        except ApiError as exc:
-            return error_response(exc.status, exc.type, exc.message)
+        except DomainError as exc:
+            return api_error_response(exc)
         detail = {"identity": encoder_.identity, "processor_identity": encoder_.processor_identity,
                   "asset_dir": settings.asset_dir, "device": str(encoder_.device), "dtype": str(encoder_.dtype)}
         if state["index"] is not None:

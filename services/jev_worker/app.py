@@ -11,7 +11,6 @@ from jev_common.http import (
 )
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
-from .external_service import make_service
 from .service import WorkerService
 from .settings import WorkerSettings
 
@@ -36,7 +35,7 @@ def model_list(recipe) -> ModelList:
 
 
 def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> web.Application:
-    service = make_service(settings)  # ExternalWorkerService when the recipe's backend runs elsewhere
+    service = WorkerService(settings)
     app = web.Application(
         middlewares=[request_id_middleware, service.metrics.middleware, error_middleware,
                      auth_middleware(settings.api_keys)],

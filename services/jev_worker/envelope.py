@@ -1,13 +1,10 @@
-"""The System One envelope on the worker: questions -> rows after one shared state prefix -> answers.
-
-The state (with its images) is the prefix, computed once per request and kept in L3; every question
-is its own row(s) after it, and all rows of a request run in one batched forward. A question's row
-never sees the other questions, its id or its position, so its answer does not depend on them.
+"""The System One envelope as a Job (pipeline.py): the state (with its images) is the prefix, computed once
+per request and kept in L3; every question is its own row(s) after it, and all rows of a request run in one
+batched forward. A question's row never sees the other questions, its id or its position, so its answer does
+not depend on them.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import re
@@ -15,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from jev_common.assets import DEFAULT_MAX_IMAGE_BYTES, bytes_key
-from jev_common.errors import ApiError, UnsupportedQuestionType, validation_error
+from jev_common.assets import asset_bytes, bytes_key
+from jev_common.errors import UnsupportedQuestionType, validation_error
 from jev_common.schema import SystemOneRequest
 
-from .prompt import PreparedRequest, PromptBuilder, RowSpec
+from .pipeline import ImageSlot, Job
+from .prompt import RowSpec
 from .questions.base import BuildContext, render_content
 from .questions.registry import QUESTION_KINDS
 
@@ -38,14 +36,19 @@ class EnvelopePlan:
     state: object
 
 
-def question_rows(request: SystemOneRequest, builder: PromptBuilder, kinds: dict | None = None,
+def question_rows(request: SystemOneRequest, builder, kinds: dict | None = None,
                   served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
-    """Rows of every question, by the served readout's question types (`kinds`)."""
+    return rows_for(request.questions, request.state, builder, kinds, served_by)
+
+
+def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
+             served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
+    """Rows of every question (id -> question), by the served readout's question types (`kinds`)."""
     kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, request.state)
+    ctx = BuildContext(builder, state)
     rows: list[RowSpec] = []
     plans = []
-    for qid, question in request.questions.items():
+    for qid, question in questions.items():
         kind = kinds.get(question.type)
         if kind is None:
             raise UnsupportedQuestionType(
@@ -54,11 +57,10 @@ def question_rows(request: SystemOneRequest, builder: PromptBuilder, kinds: dict
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)
-    return rows, EnvelopePlan(tuple(plans), request.state)
+    return rows, EnvelopePlan(tuple(plans), state)
 
 
-def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptBuilder,
-            kinds: dict | None = None) -> dict:
+def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder, kinds: dict | None = None) -> dict:
     kinds = QUESTION_KINDS if kinds is None else kinds
     ctx = BuildContext(builder, plan.state, plan)
     out = {}
@@ -71,6 +73,22 @@ def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder: PromptB
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
     payload = request.model_dump_json(include={"state", "questions", "assets"})
     return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
+
+
+def job(request: SystemOneRequest, parts: dict[str, bytes]) -> Job:
+    refs = image_refs(request, parts)
+    state_text = render_state(request)
+    refuse_images_in_questions(request, refs, state_text)
+    pieces: list = []
+    at = 0
+    for start, end, ref in state_occurrences(state_text, refs):
+        pieces += [state_text[at:start], ImageSlot(ref.key)]
+        at = end
+    pieces.append(state_text[at:])
+    keys = tuple(p.key for p in pieces if isinstance(p, ImageSlot))
+    return Job(questions=dict(request.questions), state=request.state, pieces=tuple(pieces),
+               where="state", route_text=render_state(request), route_images=tuple(r.key for r in refs),
+               l1_key=l1_key(request, keys), request=request, has_images=bool(refs))
 
 
 # ----- images -----------------------------------------------------------------------------------
@@ -86,26 +104,11 @@ def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[Image
     claimed = set()
     for reference, asset in (request.assets or {}).items():
         if asset.part is not None:
-            if asset.part not in parts:
-                raise validation_error(f"asset {reference!r} names multipart part {asset.part!r}, which is not in "
-                                       "the request", ("assets", reference, "part"), "missing")
             if asset.part in claimed:
                 raise validation_error(f"multipart part {asset.part!r} is claimed by two assets",
                                        ("assets", reference, "part"))
             claimed.add(asset.part)
-            data = parts[asset.part]
-        else:
-            try:
-                data = base64.b64decode(re.sub(r"\s+", "", asset.data_base64 or ""), validate=True)
-            except (binascii.Error, ValueError):
-                raise validation_error(f"asset {reference!r}: data_base64 is not valid base64",
-                                       ("assets", reference, "data_base64")) from None
-        if not data:
-            raise validation_error(f"asset {reference!r} is empty", ("assets", reference))
-        if len(data) > DEFAULT_MAX_IMAGE_BYTES:
-            raise ApiError(413, "body_too_large", f"asset {reference!r} is {len(data)} bytes; the limit is "
-                                                  f"{DEFAULT_MAX_IMAGE_BYTES}")
-        refs.append(ImageRef(reference, bytes_key(data)))
+        refs.append(ImageRef(reference, bytes_key(asset_bytes(reference, asset, parts))))
     unclaimed = sorted(set(parts) - claimed)
     if unclaimed:
         raise validation_error(f"multipart part(s) {', '.join(map(repr, unclaimed))} are not named by any asset",

@@ -3,6 +3,8 @@
 - `WorkerRegistration`: this worker's record (model, URL, namespace, health, queue depth) under
   `jev:worker:{id}` with a short TTL, refreshed every TTL/3 and removed on a clean stop; a host that
   dies drops out when the TTL runs out.
+- `IndexLink`: the calls the request path and the model thread make (prefixes in and out of L3, images warm
+  in L2), each scheduled on the event loop without waiting;
 - `RouteRegistry`: the route key (jev_common.route_key) of every state whose prefix is resident in
   this worker's L3, registered when the prefix enters L3 and removed when it leaves, so a frontend
   can send a state's next request where its prefix is warm.
@@ -93,3 +95,45 @@ class RouteRegistry:
 
     def resident_routes(self) -> int:
         return len(self._registered)
+
+
+class IndexLink:
+    """The worker's best-effort calls to the cache index, from the event loop or the model thread: prefixes
+    entering and leaving L3 (with their route keys), images warm in L2. A down index only degrades routing."""
+
+    def __init__(self) -> None:
+        self.index: CacheIndex | None = None
+        self.routes = RouteRegistry()  # route keys of resident prefixes, for prefix-aware frontends
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def connect(self, index: CacheIndex, loop: asyncio.AbstractEventLoop) -> None:
+        self.index, self._loop = index, loop
+
+    def _call(self, call) -> None:
+        """Schedule `call(index)` on the loop (safe from any thread) and never wait for it."""
+        index, loop = self.index, self._loop
+        if index is None or loop is None:
+            return
+
+        def schedule() -> None:
+            task = loop.create_task(call(index))
+            task.add_done_callback(lambda t: t.exception())  # a down index only degrades, never fails
+        loop.call_soon_threadsafe(schedule)
+
+    # on the model thread (engine callbacks)
+    def prefix_resident(self, key: str, state) -> None:
+        self._call(lambda index: index.register_prefix(key, None, state.length, state.nbytes))
+        self._call(lambda index: self.routes.resident(index, key))
+
+    def prefix_evicted(self, key: str, _state) -> None:
+        self._call(lambda index: index.unregister_prefix(key))
+        self._call(lambda index: self.routes.evicted(index, key))
+
+    # on the loop
+    def note_route(self, prefix_key: str, route_key: str) -> None:
+        self.routes.note(self.index, prefix_key, route_key)
+
+    def register_l2(self, key: str) -> None:
+        if self.index is not None:
+            task = asyncio.get_running_loop().create_task(self.index.register_l2(key))
+            task.add_done_callback(lambda t: t.exception())

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from jev_common.errors import ApiError
+from jev_common.errors import DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
 from .engine import DecisionEngine, EngineItem, EngineResult
 
@@ -64,13 +64,12 @@ class Scheduler:
             await asyncio.gather(self._task, return_exceptions=True)
         for job in self._pending:
             if not job.future.done():
-                job.future.set_exception(ApiError(503, "unavailable", "worker is shutting down"))
+                job.future.set_exception(ShuttingDown("worker is shutting down"))
         self._pending.clear()
 
     async def submit(self, item: EngineItem, timeout_s: float) -> EngineResult:
         if self.depth >= self.max_queue:
-            raise ApiError(429, "overloaded", f"worker queue is full ({self.max_queue} requests); retry shortly",
-                           headers={"Retry-After": "1"})
+            raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
         loop = asyncio.get_running_loop()
         job = Job(item=item, deadline=loop.time() + timeout_s, future=loop.create_future())
         self._pending.append(job)
@@ -80,7 +79,7 @@ class Scheduler:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout_s)
         except asyncio.TimeoutError:
             job.abandoned = True
-            raise ApiError(504, "deadline_exceeded", f"no decision within the deadline of {timeout_s:g} s") from None
+            raise DeadlineExceeded(f"no decision within the deadline of {timeout_s:g} s") from None
         except asyncio.CancelledError:
             job.abandoned = True  # the client went away: don't spend the model on it
             raise
@@ -96,7 +95,7 @@ class Scheduler:
             if job.abandoned or job.future.done():
                 continue
             if job.deadline <= now:
-                job.future.set_exception(ApiError(504, "deadline_exceeded", "deadline passed while queued"))
+                job.future.set_exception(DeadlineExceeded("deadline passed while queued"))
                 continue
             live.append(job)
         self._pending = live
@@ -131,7 +130,7 @@ class Scheduler:
                     results = await loop.run_in_executor(self.executor, self.engine.run, [j.item for j in batch])
                 except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the worker
                     log.exception("model forward failed for a batch of %d", len(batch))
-                    error = ApiError(500, "model_error", f"model forward failed: {type(exc).__name__}: {exc}")
+                    error = ForwardFailed(f"model forward failed: {type(exc).__name__}: {exc}")
                     for job in batch:
                         if not job.future.done():
                             job.future.set_exception(error)

@@ -21,7 +21,7 @@ import torch
 
 from jev_common.assets import ImageAsset, asset_key, asset_state, invalid, not_prepared, read_asset
 from jev_common.cache_index import IndexUnavailable
-from jev_common.errors import ApiError
+from jev_common.errors import validation_error
 from jev_common.schema import CacheLevelStats
 
 from .caches import BudgetLRU
@@ -141,8 +141,7 @@ class AssetStore:
     @staticmethod
     def key_for(data_uri: str) -> str:
         if not isinstance(data_uri, str) or not _URI_HEAD_RE.match(data_uri[:256]):
-            raise ApiError(422, "validation_error",
-                           "state.image must be a base64 image data URI (data:image/png;base64,...)")
+            raise validation_error("state.image must be a base64 image data URI (data:image/png;base64,...)")
         return asset_key(data_uri)
 
     async def get(self, data_uri: str) -> tuple[ImageAsset, bool]:

@@ -20,7 +20,7 @@ from jev_common.assets import (
     remove_incomplete,
     write_asset,
 )
-from jev_common.errors import ApiError
+from jev_common.errors import DomainError
 
 from .vl_helpers import data_uri, pattern_image, png_uri
 
@@ -128,7 +128,7 @@ def test_bfloat16_embeddings_keep_their_dtype(tmp_path):
 
 def test_missing_asset_names_the_hash(tmp_path):
     key = asset_key(png_uri(9))
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, key)
     assert (info.value.status, info.value.type) == (422, "asset_not_prepared")
     assert f"sha256:{key}" in info.value.message and "preencoder" in info.value.message
@@ -138,7 +138,7 @@ def test_incomplete_asset_is_not_prepared_and_removable(tmp_path):
     folder, _ = _write(tmp_path)
     (folder / "emb.safetensors").unlink()
     assert asset_state(tmp_path, "a" * 64) == "incomplete"
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64)
     assert info.value.type == "asset_not_prepared" and "emb.safetensors missing" in info.value.message
     leftover = tmp_path / f".tmp-{'c' * 64}-dead"
@@ -154,29 +154,29 @@ def test_corrupt_assets_are_invalid(tmp_path):
     folder, _ = _write(tmp_path)
     (folder / "grid.json").write_text("{not json")
     assert asset_state(tmp_path, "a" * 64) == "incomplete"  # unparseable grid.json: redo it
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64)
     assert info.value.type == "asset_invalid" and "a" * 64 in info.value.message
     folder, _ = _write(tmp_path)
     (folder / "emb.safetensors").write_bytes(b"\x00" * 20)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64)
     assert info.value.type == "asset_invalid" and "emb.safetensors" in info.value.message
     folder, _ = _write(tmp_path)
     grid = json.loads((folder / "grid.json").read_text())
     grid["grid"] = [1, 8, 8]  # says 16 tokens, the file has 4
     (folder / "grid.json").write_text(json.dumps(grid))
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64)
     assert info.value.type == "asset_invalid" and "needs 16 rows" in info.value.message
 
 
 def test_identity_mismatch_is_an_error_not_a_silent_reuse(tmp_path):
     _write(tmp_path)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64, identity="another/ckpt@2")
     assert info.value.type == "asset_invalid" and "test/ckpt@1" in info.value.message
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         read_asset(tmp_path, "a" * 64, identity=META["identity"], processor_identity="proc:other")
     assert info.value.type == "asset_invalid" and "image processor" in info.value.message
 

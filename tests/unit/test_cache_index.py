@@ -14,7 +14,7 @@ import pytest
 
 from jev_common.assets import asset_key
 from jev_common.cache_index import CacheIndex, IndexUnavailable, namespace
-from jev_common.errors import ApiError
+from jev_common.errors import DomainError
 from jev_preencoder.settings import PreencoderSettings
 from jev_worker.vision import AssetStore
 
@@ -134,7 +134,7 @@ async def test_asset_store_falls_back_to_files_when_redis_is_down(prepared, inde
     counters = store.counters()
     assert counters["hits"] == 1 and counters["misses"] == 1 and counters["index_unavailable"] == 1
     assert counters["resident_bytes"] == asset.nbytes and counters["disk_reads"] == 1
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         await store.get(png_uri(63))
     assert info.value.type == "asset_not_prepared" and asset_key(png_uri(63)) in info.value.message
 
@@ -154,7 +154,7 @@ async def test_asset_store_uses_the_index_and_drops_stale_entries(prepared, inde
     assert not hit and asset.n_tokens == 4 and store.counters()["index_hits"] == 1
     # the file behind the entry is deleted: not prepared, and the stale entry is gone
     shutil.rmtree(elsewhere / key0)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         await store.get(uris[0])
     assert info.value.type == "asset_not_prepared" and key0 in info.value.message
     assert await index.lookup_asset(key0) is None and store.counters()["stale_removed"] == 1
@@ -183,7 +183,7 @@ async def test_preencoder_registers_assets_in_the_index(tmp_path, capsys, monkey
     assert entry["nbytes"] == 4 * 64 * 4 and entry["identity"] == identity
     # an identity mismatch between the index's namespace and the file is still caught by the file
     store = AssetStore(str(out), index, "some/other@1", 1 << 20)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         await store.get(uri)
     assert info.value.type == "asset_invalid"
 

@@ -167,14 +167,14 @@ def test_splice_rejects_mismatched_prompts(encoder):
     three_pads = torch.tensor([[1, pad, pad, pad, 2]])
     with pytest.raises(ValueError, match="3 image-pad tokens"):
         vision.splice_image_embeds(model, three_pads, [asset])
-    from jev_common.errors import ApiError
+    from jev_common.errors import DomainError
 
     wide = _fake_asset(hidden=65)
     ids = torch.tensor([[1] + [pad] * 4 + [2]])
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         vision.splice_image_embeds(model, ids, [wide])
     assert info.value.type == "asset_invalid"
     bad_grid = ImageAsset(key="1" * 64, embeds=torch.zeros(5, 64), grid_thw=(1, 4, 4), meta={"merge_size": 2})
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(DomainError) as info:
         vision.image_placeholder(encoder.processor, bad_grid)
     assert info.value.type == "asset_invalid" and "1" * 64 in info.value.message

@@ -6,6 +6,7 @@ from ..engine import DecisionEngine
 
 class CausalLM:
     name = "causal-lm"
+    external = False
     engine_class = DecisionEngine
     prefix_reuse = "on: rows continue the state prefix's KV (L3)"
 

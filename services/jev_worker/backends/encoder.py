@@ -113,6 +113,7 @@ class EncoderEngine:
 
 class Encoder:
     name = "encoder"
+    external = False
     prefix_reuse = ("none: an encoder's every position attends to the whole sequence, so each question's "
                     "sequence runs whole (L3 off)")
     load_model = staticmethod(load_encoder)

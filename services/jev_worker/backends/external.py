@@ -25,7 +25,7 @@ HEALTH_TIMEOUT_S = 2.0
 
 class ExternalHTTP:
     name = "external-http"
-    external = True  # jev_worker.external_service serves it: no local model, engine or scheduler
+    external = True  # the worker answers through pipeline.ExternalPipeline: no local model, engine or scheduler
     prefix_reuse = "n/a: the network runs in the external server (serving.options.endpoint); no local prefix state"
 
     def __init__(self) -> None:
@@ -43,7 +43,7 @@ class ExternalHTTP:
         return 0
 
     def build(self, loaded, **kwargs):
-        raise ServingError(f"backend {self.name!r} runs no local model (jev_worker.external_service serves it)")
+        raise ServingError(f"backend {self.name!r} runs no local model (the worker answers through pipeline.ExternalPipeline)")
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse, "endpoint": self.endpoint}

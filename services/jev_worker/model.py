@@ -1,0 +1,89 @@
+"""A recipe's model in this process: its readout and backend (serving.py), the checkpoint loaded on the one
+model thread, the prompt builder, the engine that runs batches (with L3), the scheduler in front of it, and
+the image assets (L2) of vision-language recipes."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from .loader import LoadedModel, load_model
+from .scheduler import Scheduler
+from .serving import Serving
+
+log = logging.getLogger("jev.worker.model")
+
+
+class LocalModel:
+    def __init__(self, serving: Serving, settings, identity: str, metrics, index_link):
+        self.serving = serving
+        self.settings = settings
+        self.recipe = settings.recipe
+        self.identity = identity
+        self.metrics = metrics
+        self.index_link = index_link
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="jev-model")  # the one model thread
+        self.loaded: LoadedModel | None = None
+        self.builder = None
+        self.engine = None
+        self.scheduler: Scheduler | None = None
+        self.assets = None  # vision.AssetStore on vision-language recipes (L2)
+        self.vision = None
+
+    @property
+    def readout(self):
+        return self.serving.readout
+
+    async def start(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._load)
+        s = self.settings
+        self.scheduler = Scheduler(
+            self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
+            max_wait_ms=s.max_wait_ms, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set)
+        self.scheduler.start()
+
+    def _load(self) -> None:
+        s = self.settings
+        if s.threads > 0:
+            torch.set_num_threads(s.threads)
+        readout = self.readout
+        load = getattr(self.serving.backend, "load_model", load_model)  # a backend may own its checkpoint layout
+        self.loaded = load(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
+                           before_load=self.serving.check_checkpoint)
+        tokenizer = self.loaded.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        if self.recipe.model.modality == "vision-language":
+            from . import vision
+
+            self.vision = vision
+            self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
+                                            s.cache.l2_bytes if s.cache.l2_on else 0)
+        from .prompt import PromptBuilder
+
+        builder = getattr(readout, "prompt_builder", PromptBuilder)  # a readout may lay out its own sequences
+        self.builder = builder(tokenizer, self.recipe, self.identity)
+        readout.load(self.loaded, self.builder)
+        self.engine = self.serving.backend.build(
+            self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,
+            batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
+            on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted,
+        )
+
+    def image_placeholder(self, asset) -> str:
+        return self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)
+
+    @property
+    def depth(self) -> int:
+        return self.scheduler.depth if self.scheduler else 0
+
+    async def stop(self) -> None:
+        if self.scheduler:
+            await self.scheduler.stop()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def describe(self) -> dict:
+        if self.loaded is None:
+            return {}
+        return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch.")}

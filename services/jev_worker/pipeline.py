@@ -1,0 +1,171 @@
+"""The one request path. Both request forms (envelope.py, legacy.py) become a `Job`; `WorkerService.run` checks
+it against what is served and hands it to the worker's strategy:
+
+- `LocalPipeline` (a model in this process): L1 (prepared prompt records) -> L2 (image assets) ->
+  scheduler (batches on the one model thread; L3 prefix state inside the engine) -> readout -> answers;
+- `ExternalPipeline` (the family's own server runs the network, e.g. CLM): the readout translates the request,
+  the backend posts it, the readout translates the answer back.
+
+Nothing here speaks HTTP: what goes wrong is a domain error (jev_common.errors).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidRequest, validation_error
+from jev_common.route_key import state_route_key
+
+from .caches import BudgetLRU
+from .engine import EngineItem
+
+log = logging.getLogger("jev.worker.pipeline")
+
+
+@dataclass(frozen=True)
+class ImageSlot:
+    key: str  # sha256 of the image bytes: the preencoder's asset name
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request, whatever its form: what the pipeline needs to answer it."""
+
+    questions: dict                   # question id -> question (System One types, or the form's own kinds)
+    state: object                     # the state as sent (span candidates are located in it)
+    pieces: tuple                     # the rendered state: text pieces and ImageSlots, in prompt order
+    where: str                        # where the state's text is in the request (error messages)
+    route_text: str                   # the rendered state as sent, for the route key (jev_common.route_key)
+    route_images: tuple[str, ...]     # its image keys, for the route key
+    l1_key: str                       # identifies the prompt (the request minus id and deadline)
+    extra_kinds: dict = field(default_factory=dict)  # question kinds the form asks beyond the readout's
+    request: object = None            # the parsed request, for strategies that translate it whole
+    has_images: bool = False
+
+    @property
+    def image_keys(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.pieces if isinstance(p, ImageSlot))
+
+    @property
+    def images(self) -> bool:
+        return self.has_images or bool(self.image_keys)
+
+
+@dataclass
+class Decision:
+    answers: dict                     # question id -> typed answer
+    prompt_tokens: int
+    cached_tokens: int
+    usage: object = None              # an external server's own usage, when it reports one
+    cache: dict = field(default_factory=dict)  # level -> hit | miss | off
+
+    def headers(self) -> dict[str, str]:
+        return {"x-jev-cache": ",".join(f"{lvl}={self.cache[lvl]}" for lvl in ("l1", "l2", "l3") if lvl in self.cache)}
+
+
+class Pipeline(ABC):
+    """How a job's questions are answered once the service has accepted it."""
+
+    @abstractmethod
+    async def answer(self, job: Job, started: float, timeout: float) -> Decision: ...
+
+
+class LocalPipeline(Pipeline):
+    """L1 -> L2 -> scheduler -> readout -> answers, for a model loaded in this process (model.py)."""
+
+    def __init__(self, model, l1: BudgetLRU, settings, index_link, metrics):
+        self.model = model  # LocalModel: readout, builder, assets (L2), scheduler
+        self.l1 = l1
+        self.settings = settings
+        self.index_link = index_link
+        self.metrics = metrics
+        self.prep_executor = ThreadPoolExecutor(2, thread_name_prefix="jev-prep")
+
+    def close(self) -> None:
+        self.prep_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def answer(self, job: Job, started: float, timeout: float) -> Decision:
+        model = self.model
+        if job.images and model.assets is None:
+            raise ImagesNotSupported(f"model {model.recipe.name} reads text states only; send a text state or "
+                                     "serve a vision-language recipe")
+        for piece in job.pieces:
+            if isinstance(piece, str):
+                model.builder.check_user_text(piece, job.where)
+        cache: dict[str, str] = {}
+        state_parts, assets = [], []
+        for piece in job.pieces:
+            if isinstance(piece, ImageSlot):
+                asset, placeholder = await asyncio.wait_for(self._image(piece.key, cache), timeout)
+                assets.append(asset)
+                state_parts.append(placeholder)
+            else:
+                state_parts.append(piece)
+        state_text = "".join(state_parts)
+        kinds = {**job.extra_kinds, **model.readout.kinds}
+
+        def build():
+            from .envelope import rows_for
+
+            rows, plan = rows_for(job.questions, job.state, model.builder, kinds, model.readout.name)
+            return model.builder.prepare(state_text, rows, job.image_keys, plan)
+
+        prepared, cache["l1"] = await asyncio.wait_for(self._prepared(job.l1_key, build), timeout)
+        self.index_link.note_route(prepared.prefix_key, state_route_key(job.route_text, job.route_images))
+        remaining = timeout - (time.perf_counter() - started)
+        if remaining <= 0:
+            raise DeadlineExceeded("deadline passed while preparing the request")
+        result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining)
+        cache["l3"] = result.l3
+        from .envelope import answers
+
+        out = answers(prepared.plan, result.row_logits, model.builder, kinds)
+        self.metrics.tokens.labels("prompt").inc(prepared.prompt_tokens)
+        self.metrics.tokens.labels("cached").inc(result.cached_tokens)
+        return Decision(out, prepared.prompt_tokens, result.cached_tokens, cache=cache)
+
+    async def _prepared(self, key: str, build):
+        """L1: the prepared prompt for `key`, built on the prep threads on a miss."""
+        prepared = self.l1.get(key)
+        level = "hit" if prepared is not None else ("miss" if self.l1.enabled else "off")
+        if prepared is None:
+            try:
+                prepared = await asyncio.get_running_loop().run_in_executor(self.prep_executor, build)
+            except InvalidRequest:
+                raise
+            except ValueError as exc:
+                raise validation_error(str(exc)) from None
+            if prepared.boundary_mismatch:
+                self.metrics.prefix_boundary_mismatch.inc()
+            self.l1.put(key, prepared)
+        return prepared, level
+
+    async def _image(self, key: str, cache: dict[str, str]):
+        """L2: the image's asset (and the prompt text standing for it)."""
+        model, l2_on = self.model, self.settings.cache.l2_on
+        asset, l2_hit = await model.assets.get_by_key(key)
+        if l2_on:
+            self.index_link.register_l2(key)  # a routing hint: where this image is warm
+            cache["l2"] = "miss" if cache.get("l2") == "miss" or not l2_hit else "hit"
+        else:
+            cache["l2"] = "off"
+        return asset, model.image_placeholder(asset)
+
+
+class ExternalPipeline(Pipeline):
+    """The family's own server runs the network: translate, post within the deadline, translate back."""
+
+    def __init__(self, readout, backend):
+        self.readout = readout
+        self.backend = backend
+
+    async def answer(self, job: Job, started: float, timeout: float) -> Decision:
+        if job.images:
+            raise ImagesNotSupported("this model reads text states only; send a text state")
+        raw = await self.backend.post("/v1/systemone", self.readout.request_body(job.request), timeout)
+        answers, usage = self.readout.answers(job.request, raw)
+        return Decision(answers, usage.input_tokens, 0, usage=usage, cache={"l1": "off", "l3": "off"})
