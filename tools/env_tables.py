@@ -5,8 +5,10 @@ table of docs/CONTRACTS.md, rendered from jev_common.errors (`ERRORS`).
     python -m tools.env_tables --write    # rewrite the tables in place
 
 A table in a markdown file sits between `<!-- env-table: SERVICE -->` and `<!-- /env-table -->`;
-what is between the markers is generated, so names, defaults and meanings live only in the code. The error
-table sits between `<!-- error-table -->` and `<!-- /error-table -->`.
+the quick map of ports and defaults (docs/CONTRACTS.md) between `<!-- env-map -->` and
+`<!-- /env-map -->`, and the error table (docs/CONTRACTS.md, from jev_common.errors) between
+`<!-- error-table -->` and `<!-- /error-table -->`. What is between the markers is generated, so names,
+defaults, meanings and error statuses live only in the code.
 """
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/frontend.md", "docs/images.md", "docs/CONTRACTS.md")
 _BLOCK = re.compile(r"(<!-- env-table: (?P<service>[a-z]+) -->\n)(?P<body>.*?)(<!-- /env-table -->)", re.S)
+_MAP = re.compile(r"(<!-- env-map -->\n)(?P<body>.*?)(<!-- /env-map -->)", re.S)
 _ERRORS = re.compile(r"(<!-- error-table -->\n)(?P<body>.*?)(\n<!-- /error-table -->)", re.S)
+MAP_ORDER = ("frontend", "worker", "preencoder")
 
 
 def tables() -> dict:
@@ -38,12 +43,28 @@ def render(text: str, known: dict) -> str:
 
     from jev_common.errors import markdown_table
 
-    text = _BLOCK.sub(sub, text)
+    text = _MAP.sub(lambda m: m.group(1) + quick_map(known) + "\n" + m.group(3), _BLOCK.sub(sub, text))
     return _ERRORS.sub(lambda m: m.group(1) + markdown_table() + m.group(3), text)
 
 
+def quick_map(known: dict) -> str:
+    """One row per service: its port and every variable, `NAME=default` where the default is a constant
+    (the meanings and the other defaults are in the full tables)."""
+    rows = ["| service | port | env (`=default` where it is a constant) |", "|---|---|---|"]
+    for service in MAP_ORDER:
+        table = known[service]
+        env = ", ".join(f"`{var.name}={text}`" if (text := var.text()) is not None else f"`{var.name}`"
+                        for var in table)
+        rows.append(f"| {service} | {table[f'JEV_{service.upper()}_PORT'].default} | {env} |")
+    rows.append(f"| redis | {urlsplit(known['worker']['JEV_REDIS_URL'].default).port} | - |")
+    return "\n".join(rows)
+
+
 def blocks(text: str) -> list[str]:
-    return [m.group("service") for m in _BLOCK.finditer(text)] + ["errors"] * len(_ERRORS.findall(text))
+    """The generated blocks of a markdown text, in order: service names, `map` for a quick map, `errors`."""
+    found = [(m.start(), m.group("service")) for m in _BLOCK.finditer(text)]
+    found += [(m.start(), "map") for m in _MAP.finditer(text)] + [(m.start(), "errors") for m in _ERRORS.finditer(text)]
+    return [name for _, name in sorted(found)]
 
 
 def main(argv: list[str] | None = None) -> int:

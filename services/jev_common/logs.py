@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+from .config import LOG_LEVEL
+
 
 def json_line(level: str, logger: str, msg: str, exc: str | None = None) -> str:
     entry = {"ts": round(time.time(), 3), "level": level, "logger": logger, "msg": msg}
@@ -101,7 +103,7 @@ def setup_logging(service: str, *, capture_stderr: bool = True) -> logging.Logge
     handler.setFormatter(_JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(os.environ.get("JEV_LOG_LEVEL", "INFO").upper())
+    root.setLevel(LOG_LEVEL.get().upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     logging.captureWarnings(True)  # warnings.warn -> the `py.warnings` logger, as JSON
     log = logging.getLogger(service)

@@ -15,43 +15,8 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from jev_common.config import LOG_LEVEL, EnvTable, EnvVar
-
-UPSTREAM_HOST = "127.0.0.1"
-
-ENV = EnvTable("frontend", [
-    EnvVar("JEV_FRONTEND_HOST", f"`0.0.0.0` (upstream names: `{UPSTREAM_HOST}`)", "listen address"),
-    EnvVar("JEV_FRONTEND_PORT", "`8080`", "listen port"),
-    EnvVar("OMNI_JEV_BIND", "—", "the upstream `IP:PORT` form of the two above (they win when set)"),
-    EnvVar("JEV_BACKEND_URL", "`http://127.0.0.1:8000`", "the worker's base URL (http or https): the "
-           "single-backend form, whose health, models and metrics pass through",
-           ("OMNI_JEV_BACKEND_URL",)),
-    EnvVar("JEV_BACKENDS", "(empty)", "backends to route among, comma-separated `model=url` (or a bare `url`, "
-           "whose model is read from its `/v1/models`); replicas repeat the model. When set, `JEV_BACKEND_URL` "
-           "is added only if it is set too"),
-    EnvVar("JEV_FRONTEND_DISCOVERY", "`0`", "`1`: also route to the workers announced in the index "
-           "(`JEV_REDIS_URL`, keys `jev:worker:*`), added and dropped as they come and go"),
-    EnvVar("JEV_DEFAULT_MODEL", "the first backend's model", "the model `jev-latest` and the single-question "
-           "form go to"),
-    EnvVar("JEV_REDIS_URL", "`redis://127.0.0.1:6379/0`", "the cache index, read for warm prefixes (route "
-           "keys), images in L2 and discovery; `none` = route by this frontend's own memory and load only. "
-           "Not used with a single backend"),
-    EnvVar("JEV_ROUTING", "`prefix`", "`prefix`: a request goes to the replica where its state is warm, else "
-           "power-of-two-choices by load; `round_robin`: replicas in turn (for comparison)"),
-    EnvVar("JEV_ROUTING_MAX_IMBALANCE", "`8`", "a warm replica is skipped for the least-loaded one when it has "
-           "more than this many requests in flight or queued beyond it"),
-    EnvVar("JEV_FRONTEND_HEALTH_INTERVAL_S", "`2`", "how often every backend's `/health` is polled (and "
-           "discovery re-read); a replica that fails it is taken out until it answers 200 again"),
-    EnvVar("JEV_FRONTEND_TIMEOUT_S", "`30`", "deadline for a backend answer, in seconds (every backend call); a "
-           "request's `deadline_s` lowers it for that request: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`"),
-    EnvVar("JEV_FRONTEND_MAX_BODY_BYTES", "`16M`", "largest accepted request body (`512K`, `16M`, `1G` or plain "
-           "bytes); larger is 413"),
-    EnvVar("JEV_FRONTEND_MAX_CONNECTIONS", "`64`", "size of the pooled connection set to the worker (requests "
-           "beyond it wait for a free connection)"),
-    EnvVar("JEV_API_KEYS", "(empty: auth off)", "comma-separated API keys accepted by the frontend"),
-    LOG_LEVEL,
-])
-UPSTREAM_NAMES = ("OMNI_JEV_BIND", "OMNI_JEV_BACKEND_URL")
+from jev_common.config import (LOG_LEVEL, EnvTable, bool_var, bytes_var, custom_var, float_var, int_var, list_var,
+                               str_var)
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -86,22 +51,58 @@ def parse_backends(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+ENV = EnvTable("frontend", [
+    str_var("JEV_FRONTEND_HOST", "0.0.0.0", "listen address", upstream="127.0.0.1"),
+    int_var("JEV_FRONTEND_PORT", 8080, "listen port"),
+    custom_var("OMNI_JEV_BIND", parse_bind, None, "the upstream `IP:PORT` form of the two above (they win when set)",
+               shown="—"),
+    str_var("JEV_BACKEND_URL", "http://127.0.0.1:8000", "the worker's base URL (http or https): the "
+            "single-backend form, whose health, models and metrics pass through", ("OMNI_JEV_BACKEND_URL",)),
+    custom_var("JEV_BACKENDS", parse_backends, (), "backends to route among, comma-separated `model=url` (or a "
+               "bare `url`, whose model is read from its `/v1/models`); replicas repeat the model. When set, "
+               "`JEV_BACKEND_URL` is added only if it is set too"),
+    bool_var("JEV_FRONTEND_DISCOVERY", False, "`1`: also route to the workers announced in the index "
+             "(`JEV_REDIS_URL`, keys `jev:worker:*`), added and dropped as they come and go"),
+    str_var("JEV_DEFAULT_MODEL", "", "the model `jev-latest` and the single-question form go to",
+            shown="the first backend's model"),
+    str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "the cache index, read for warm prefixes (route "
+            "keys), images in L2 and discovery; `none` = route by this frontend's own memory and load only. "
+            "Not used with a single backend"),
+    str_var("JEV_ROUTING", "prefix", "`prefix`: a request goes to the replica where its state is warm, else "
+            "power-of-two-choices by load; `round_robin`: replicas in turn (for comparison)"),
+    int_var("JEV_ROUTING_MAX_IMBALANCE", 8, "a warm replica is skipped for the least-loaded one when it has "
+            "more than this many requests in flight or queued beyond it"),
+    float_var("JEV_FRONTEND_HEALTH_INTERVAL_S", 2.0, "how often every backend's `/health` is polled (and "
+              "discovery re-read); a replica that fails it is taken out until it answers 200 again"),
+    float_var("JEV_FRONTEND_TIMEOUT_S", 30.0, "deadline for a backend answer, in seconds (every backend call); a "
+              "request's `deadline_s` lowers it for that request: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`"),
+    bytes_var("JEV_FRONTEND_MAX_BODY_BYTES", 16 << 20, "largest accepted request body (`512K`, `16M`, `1G` or "
+              "plain bytes); larger is 413"),
+    int_var("JEV_FRONTEND_MAX_CONNECTIONS", 64, "size of the pooled connection set to the worker (requests "
+            "beyond it wait for a free connection)"),
+    list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the frontend", note="auth off"),
+    LOG_LEVEL,
+])
+UPSTREAM_NAMES = ("OMNI_JEV_BIND", "OMNI_JEV_BACKEND_URL")
+
+
 @dataclass(frozen=True)
 class Settings:
-    host: str = "0.0.0.0"
-    port: int = 8080
-    backend_url: str = "http://127.0.0.1:8000"
-    timeout_s: float = 30.0
-    max_body_bytes: int = 16 << 20
-    max_connections: int = 64
-    api_keys: tuple[str, ...] = ()  # empty: auth off
-    backends: tuple[tuple[str, str], ...] = ()  # (model or "", url); with backend_url="" it is the whole list
-    discovery: bool = False
-    default_model: str = ""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    routing: str = "prefix"
-    max_imbalance: int = 8
-    health_interval_s: float = 2.0
+    host: str = ENV["JEV_FRONTEND_HOST"].field()
+    port: int = ENV["JEV_FRONTEND_PORT"].field()
+    backend_url: str = ENV["JEV_BACKEND_URL"].field()
+    timeout_s: float = ENV["JEV_FRONTEND_TIMEOUT_S"].field()
+    max_body_bytes: int = ENV["JEV_FRONTEND_MAX_BODY_BYTES"].field()
+    max_connections: int = ENV["JEV_FRONTEND_MAX_CONNECTIONS"].field()
+    api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
+    # (model or "", url); with backend_url="" it is the whole list
+    backends: tuple[tuple[str, str], ...] = ENV["JEV_BACKENDS"].field()
+    discovery: bool = ENV["JEV_FRONTEND_DISCOVERY"].field()
+    default_model: str = ENV["JEV_DEFAULT_MODEL"].field()
+    redis_url: str = ENV["JEV_REDIS_URL"].field()
+    routing: str = ENV["JEV_ROUTING"].field()
+    max_imbalance: int = ENV["JEV_ROUTING_MAX_IMBALANCE"].field()
+    health_interval_s: float = ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].field()
 
     def __post_init__(self) -> None:
         if self.backend_url:
@@ -143,24 +144,24 @@ class Settings:
     @classmethod
     def from_env(cls) -> "Settings":
         upstream = any(name in os.environ for name in UPSTREAM_NAMES)
-        bind_host, bind_port = (parse_bind(os.environ["OMNI_JEV_BIND"]) if "OMNI_JEV_BIND" in os.environ
-                                else (UPSTREAM_HOST if upstream else cls.host, cls.port))
-        backends = parse_backends(ENV["JEV_BACKENDS"].get(""))
-        discovery = ENV["JEV_FRONTEND_DISCOVERY"].get_bool(False)
+        bind_host, bind_port = ENV["OMNI_JEV_BIND"].get() or (ENV["JEV_FRONTEND_HOST"].default_for(upstream),
+                                                              ENV["JEV_FRONTEND_PORT"].default)
+        backends = ENV["JEV_BACKENDS"].get()
+        discovery = ENV["JEV_FRONTEND_DISCOVERY"].get()
         return cls(
             host=ENV["JEV_FRONTEND_HOST"].get(bind_host),
-            port=ENV["JEV_FRONTEND_PORT"].get_int(bind_port),
-            backend_url=(ENV["JEV_BACKEND_URL"].get(cls.backend_url)
+            port=ENV["JEV_FRONTEND_PORT"].get(bind_port),
+            backend_url=(ENV["JEV_BACKEND_URL"].get()
                          if ENV["JEV_BACKEND_URL"].is_set() or not (backends or discovery) else ""),
-            timeout_s=ENV["JEV_FRONTEND_TIMEOUT_S"].get_float(cls.timeout_s),
-            max_body_bytes=ENV["JEV_FRONTEND_MAX_BODY_BYTES"].get_bytes(cls.max_body_bytes),
-            max_connections=ENV["JEV_FRONTEND_MAX_CONNECTIONS"].get_int(cls.max_connections),
-            api_keys=ENV["JEV_API_KEYS"].get_list(),
+            timeout_s=ENV["JEV_FRONTEND_TIMEOUT_S"].get(),
+            max_body_bytes=ENV["JEV_FRONTEND_MAX_BODY_BYTES"].get(),
+            max_connections=ENV["JEV_FRONTEND_MAX_CONNECTIONS"].get(),
+            api_keys=ENV["JEV_API_KEYS"].get(),
             backends=backends,
             discovery=discovery,
-            default_model=ENV["JEV_DEFAULT_MODEL"].get(""),
-            redis_url=ENV["JEV_REDIS_URL"].get(cls.redis_url),
-            routing=ENV["JEV_ROUTING"].get(cls.routing).strip().lower(),
-            max_imbalance=ENV["JEV_ROUTING_MAX_IMBALANCE"].get_int(cls.max_imbalance),
-            health_interval_s=ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].get_float(cls.health_interval_s),
+            default_model=ENV["JEV_DEFAULT_MODEL"].get(),
+            redis_url=ENV["JEV_REDIS_URL"].get(),
+            routing=ENV["JEV_ROUTING"].get().strip().lower(),
+            max_imbalance=ENV["JEV_ROUTING_MAX_IMBALANCE"].get(),
+            health_interval_s=ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].get(),
         )
