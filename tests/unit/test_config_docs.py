@@ -76,7 +76,7 @@ def test_docs_tables_are_rendered_from_the_settings_modules():
     assert env_tables.blocks(readme) == ["worker", "frontend", "preencoder"]
     assert env_tables.blocks((env_tables.ROOT / "docs" / "frontend.md").read_text()) == ["frontend"]
     assert env_tables.blocks((env_tables.ROOT / "docs" / "images.md").read_text()) == ["preencoder"]
-    assert env_tables.blocks((env_tables.ROOT / "docs" / "CONTRACTS.md").read_text()) == ["map"]
+    assert env_tables.blocks((env_tables.ROOT / "docs" / "CONTRACTS.md").read_text()) == ["map", "errors"]
     for name in UPSTREAM_WORKER + ("OMNI_JEV_BIND", "OMNI_JEV_BACKEND_URL"):
         assert f"`{name}`" in readme, name
 
