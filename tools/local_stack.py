@@ -487,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                 stack.check()
                 time.sleep(0.5)
     except Stopped as stop:
+        if stack_run.down_requested(state_dir, os.getpid()):  # `make down`: a clean stop, not a failure
+            stack_run.say("local_stack: stopped by `down`; every process of the stack is stopped")
+            return 0
         stack_run.say(f"local_stack: {stop.args[0]} received; every process of the stack is stopped")
         return 128 + getattr(signal, str(stop.args[0])).value
     except (stack_run.StackError, KeyError, ValueError) as exc:

@@ -330,6 +330,21 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+DOWN_REQUEST = "down-requested"  # names the supervisor `down` stopped: its SIGTERM is a clean stop, exit 0
+
+
+def down_requested(state_dir: Path, pid: int) -> bool:
+    """Whether `down` asked the supervisor `pid` to stop (the request is consumed)."""
+    path = Path(state_dir) / DOWN_REQUEST
+    try:
+        asked = path.read_text().strip() == str(pid)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return asked
+
+
 def stop_running(state_dir: Path, timeout_s: float = 10.0, log: Callable[[str], None] = say) -> bool:
     """Stop the stack running from state_dir (from another shell). False when none runs."""
     lock = RunLock(state_dir)
@@ -344,6 +359,8 @@ def stop_running(state_dir: Path, timeout_s: float = 10.0, log: Callable[[str], 
         lock.release()
     elif supervisor:
         log(f"local_stack: stopping the {info.get('profile', '?')} stack (pid {supervisor})")
+        with contextlib.suppress(OSError):
+            (Path(state_dir) / DOWN_REQUEST).write_text(str(supervisor))
         with contextlib.suppress(ProcessLookupError):
             os.kill(supervisor, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s

@@ -210,6 +210,21 @@ def test_sigterm_to_make_up_stops_everything(tmp_path, cleanup):
     _assert_gone(fake)
 
 
+def test_make_down_is_a_clean_stop_of_make_up(tmp_path, cleanup):
+    """`make down` from another shell stops `make up`, which then exits 0 (no `make: *** Error 143`)."""
+    fake = Fake(tmp_path, api={}, edge={})
+    make = _start(["make", "--no-print-directory", "up", *fake.make_args()])
+    cleanup.append(make)
+    fake.wait_up(make, timeout=60)
+    down = subprocess.run(["make", "--no-print-directory", "down", *fake.make_args()], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    out = _out(make)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert make.returncode == 0, out
+    assert "stopped by `down`" in out and "Error" not in out, out
+    _assert_gone(fake)
+
+
 def test_a_service_that_gives_up_stops_the_launch_with_its_reason(tmp_path):
     fake = Fake(tmp_path, api={"T_FAIL": "FileNotFoundError: no checkpoint at /nowhere"}, edge={})
     code, out, elapsed = _run(fake.cli("up"))
