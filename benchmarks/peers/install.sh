@@ -4,13 +4,15 @@
 #
 # llama-cpp-python is built from source WITHOUT native CPU detection and without AMX:
 # a -DGGML_NATIVE=ON build crashes on these VMs with a general protection fault inside
-# libggml-cpu (AMX tile code the hypervisor does not allow). AVX-512 stays on.
+# libggml-cpu (AMX tile code the hypervisor does not allow). The x86 extensions follow this CPU
+# (cpu_flags.py: AVX-512 only where /proc/cpuinfo lists it, else an AVX2 EPYC dies with SIGILL);
+# the stamp records them, so a checkout moved to another CPU kind rebuilds.
 # The build takes ~8 minutes on 2 cores.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
 py="${PY:-python3}"
-export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+export CMAKE_ARGS="${CMAKE_ARGS:-$("$py" "$here/cpu_flags.py")}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 stamp="$venv/.installed"
 want="$(cat "$here/requirements.txt"; echo "CMAKE_ARGS=$CMAKE_ARGS")"
