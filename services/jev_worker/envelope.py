@@ -19,7 +19,8 @@ from jev_common.assets import DEFAULT_MAX_IMAGE_BYTES, bytes_key
 from jev_common.errors import ApiError, UnsupportedQuestionType, validation_error
 from jev_common.schema import SystemOneRequest
 
-from .prompt import PreparedRequest, PromptBuilder, RowSpec
+from .prompt import PreparedRequest, RowSpec
+from .protocols import PromptBuilder
 from .questions.base import BuildContext, render_content
 from .questions.registry import QUESTION_KINDS
 

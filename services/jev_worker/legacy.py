@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from jev_common.schema import DecisionRequest
 
-from .prompt import PromptBuilder, RowSpec
+from .prompt import RowSpec
+from .protocols import PromptBuilder
 
 
 @dataclass(frozen=True)

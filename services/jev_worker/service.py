@@ -25,7 +25,8 @@ from .kinds import decide
 from .legacy import l1_key, prepare_legacy
 from .loader import LoadedModel, load_model
 from .metrics import WorkerMetrics
-from .prompt import PreparedRequest, PromptBuilder
+from .prompt import ChatPromptBuilder, PreparedRequest
+from .protocols import PromptBuilder
 from .registration import RouteRegistry, WorkerRegistration
 from .scheduler import Scheduler
 from .serving import Serving, build_serving
@@ -118,7 +119,7 @@ class WorkerService:
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
                                             s.cache.l2_bytes if s.cache.l2_on else 0)
-        builder = getattr(readout, "prompt_builder", PromptBuilder)  # a readout may lay out its own sequences
+        builder = getattr(readout, "prompt_builder", ChatPromptBuilder)  # a readout may lay out its own sequences
         self.builder = builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(

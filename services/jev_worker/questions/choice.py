@@ -4,6 +4,7 @@ from __future__ import annotations
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
@@ -21,7 +22,7 @@ def option_lines(names: list[str], descriptions: list[object | None], codes: lis
     return "\n".join(lines)
 
 
-class Choice:
+class Choice(QuestionKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:

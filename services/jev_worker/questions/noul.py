@@ -4,10 +4,11 @@ from __future__ import annotations
 from jev_common.schema import NoulAnswer, NoulQuestion
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
-class Noul:
+class Noul(QuestionKind):
     type = "noul"
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:

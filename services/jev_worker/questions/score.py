@@ -5,11 +5,12 @@ from __future__ import annotations
 from jev_common.schema import ScoreAnswer, ScoreQuestion, score_answer
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 from .choice import option_lines
 
 
-class Score:
+class Score(QuestionKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from jev_common.schema import SetAnswer, SetQuestion
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
-class SetKind:
+class SetKind(QuestionKind):
     type = "set"
 
     def rows(self, question: SetQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 from .choice import option_lines
 
 
-class SpanKind:
+class SpanKind(QuestionKind):
     type = "span"
 
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:

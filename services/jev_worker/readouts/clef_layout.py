@@ -20,11 +20,10 @@ is rendered as sent, its references included (they are what names each image for
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 
-from ..prompt import PreparedRequest, PromptBuilder
+from ..prompt import ChatPromptBuilder, PreparedRequest, ids_key
 from ..vision import placed_images
 
 SYSTEM_PROMPT = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one "
@@ -76,7 +75,7 @@ class JointPlan:
     state_tokens: int  # the state's tokens kept (after the cut to max_length)
 
 
-class ClefBuilder(PromptBuilder):
+class ClefBuilder(ChatPromptBuilder):
     """Lays a whole request out as one sequence. The envelope hands `prepare` one placeholder row per
     question and its plan (the questions and the state as sent); the state text the service rendered
     is not used, since Clef renders the state its own way."""
@@ -135,8 +134,6 @@ class ClefBuilder(PromptBuilder):
             if any(end <= start for start, end in (fields[-1].question, *fields[-1].options)):
                 raise ValueError(f"questions[{q.qid!r}]: an instruction or option renders to no tokens")
         ids = tuple(prefix + state + schema + suffix)
-        digest = hashlib.sha256(f"{self.identity}|clef|{','.join(image_keys)}|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for i in ids))
         joint = JointPlan(plan.questions, plan.state, tuple(fields), len(state))
         return PreparedRequest(prefix_ids=(), rows=(ids,), row_labels=((),), image_keys=tuple(image_keys),
-                               prefix_key=digest.hexdigest(), plan=joint)
+                               prefix_key=ids_key(f"{self.identity}|clef|{','.join(image_keys)}|", ids), plan=joint)

@@ -22,6 +22,7 @@ import json
 import torch
 
 from jev_common.errors import UnreadableInput
+from jev_common.state_text import render_state
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ..head import DecisionHead
@@ -32,15 +33,10 @@ from .base import Readout, ServingError
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def text(value) -> str:
-    """A string as is; an object or array as Python's json.dumps writes it."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
 def user_message(state, goal: str, codes: list[str], labels: list[str]) -> str:
     options = "\n".join(f'{code}. Decision "{label}" -> select' for code, label in zip(codes, labels))
     return ((f"Goal: {goal}\n\n" if goal else "") + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
-            + f"Accessibility tree:\n{text(state)}\n\nOptions:\n{options}\n\nAnswer with a single letter.")
+            + f"Accessibility tree:\n{render_state(state)}\n\nOptions:\n{options}\n\nAnswer with a single letter.")
 
 
 class CuaChoice:
@@ -50,8 +46,8 @@ class CuaChoice:
         if ctx.state in ("", {}, []):
             raise UnreadableInput(f"{where}: Cua-S1 reads no empty state")
         codes, ids = ctx.builder.coded(len(question.criteria))
-        goal = "" if question.instructions is None else text(question.instructions)
-        labels = [json.dumps(name if value is None else text(value), ensure_ascii=False)[1:-1]
+        goal = "" if question.instructions is None else render_state(question.instructions)
+        labels = [json.dumps(name if value is None else render_state(value), ensure_ascii=False)[1:-1]
                   for name, value in question.criteria.items()]
         content = user_message(ctx.state, goal, codes, labels)
         ctx.builder.check_user_text(content, where)

@@ -29,7 +29,7 @@ import torch
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ..head import DecisionHead
-from ..prompt import PreparedRequest, PromptBuilder, RowSpec
+from ..prompt import PreparedRequest, ChatPromptBuilder, RowSpec
 from ..questions.base import BuildContext
 from ..vision import placed_images
 from .base import Readout, ServingError, read_json
@@ -106,7 +106,7 @@ class JemmPlan:
     images: int
 
 
-class JemmBuilder(PromptBuilder):
+class JemmBuilder(ChatPromptBuilder):
     def prepare(self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         images = placed_images(state, image_keys)

@@ -15,13 +15,14 @@ positions...).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
-from jev_common.errors import TooManyOptions, UnreadableInput
+from jev_common.errors import TooManyOptions
+from jev_common.state_text import render_state
 
-from ..prompt import PreparedRequest
+from ..control_tokens import ControlTokens
+from ..prompt import PreparedRequest, ids_key
+from ..protocols import PromptBuilder
 
 QTYPE_IDS = {"choice": 0, "score": 1, "noul": 2}
 OPTION_TOKENS = 48
@@ -34,27 +35,17 @@ class LayaRow:
     options: tuple[str, ...]
 
 
-def serialize_state(state: object) -> str:
-    """Laya's rendering of a state: text as is, anything else `json.dumps(ensure_ascii=False)`."""
-    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+class LayaSequenceBuilder(PromptBuilder):
+    """Laya's sequences; its control tokens are the encoder's special tokens but the mask (Laya replaces it)."""
 
-
-class LayaSequenceBuilder:
     def __init__(self, tokenizer, recipe, identity: str, *, max_len: int, head_max_len: int):
-        self.tokenizer = tokenizer
-        self.recipe = recipe
-        self.identity = identity
+        controls = ControlTokens((t for t in tokenizer.all_special_tokens if t != tokenizer.mask_token),
+                                 what="encoder", hint="remove it from the text")
+        super().__init__(tokenizer, recipe, identity, controls=controls)
         self.max_len = max_len
         self.head_max_len = head_max_len
         self.mask = tokenizer.mask_token
         self.mask_id = tokenizer.mask_token_id
-        self.controls = [t for t in tokenizer.all_special_tokens if t and t != self.mask]
-
-    def check_user_text(self, text: str, where: str) -> None:
-        for token in self.controls:
-            if token in text:
-                raise UnreadableInput(f"{where} contains {token!r}, a control token of this "
-                               "encoder; remove it from the text")
 
     def _ids(self, text: str, **kwargs) -> list[int]:
         return self.tokenizer(text.replace(self.mask, " "), add_special_tokens=False, **kwargs)["input_ids"]
@@ -83,7 +74,7 @@ class LayaSequenceBuilder:
     def prepare(self, state_text: str, rows: list[LayaRow], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         state = plan.state if plan is not None else state_text
-        state_ids = self._ids(serialize_state(state))
+        state_ids = self._ids(render_state(state))  # Laya renders a state as the envelope does
         sequences, labels = [], []
         for row in rows:
             ids, markers = self.sequence(row, state_ids, truncate_left=isinstance(state, list))
@@ -92,7 +83,6 @@ class LayaSequenceBuilder:
                                      f"sequence (head_max_len {self.head_max_len}); send fewer or shorter options")
             sequences.append(ids)
             labels.append((QTYPE_IDS[row.type], *markers))
-        digest = hashlib.sha256(f"{self.identity}|laya|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for ids in sequences for i in ids))
         return PreparedRequest(prefix_ids=(), rows=tuple(sequences), row_labels=tuple(labels), image_keys=(),
-                               prefix_key=digest.hexdigest(), plan=plan)
+                               prefix_key=ids_key(f"{self.identity}|laya|", (i for ids in sequences for i in ids)),
+                               plan=plan)

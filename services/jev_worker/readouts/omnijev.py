@@ -28,7 +28,7 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import PromptBuilder, RowSpec
+from ..prompt import ChatPromptBuilder, RowSpec
 from ..questions.base import BuildContext
 from .base import Readout, Requirement, ServingError, read_json
 from .omnijev_heads import TYPE_IDS, OmniJevHeads, lm_features
@@ -74,7 +74,7 @@ def scale(probabilities: list[float], temperature: float) -> list[float]:
     return [w / total for w in weights]
 
 
-class OmniJevBuilder(PromptBuilder):
+class OmniJevBuilder(ChatPromptBuilder):
     """The prompt builder, checking that each row ends `<|opt|>` + its option's tokens + `<|/opt|>`."""
 
     def prepare(self, state_text, rows, image_keys=(), plan=None):

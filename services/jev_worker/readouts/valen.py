@@ -32,7 +32,6 @@ span have no head here (422).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
@@ -44,7 +43,9 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import PreparedRequest
+from ..control_tokens import ControlTokens
+from ..prompt import PreparedRequest, ids_key
+from ..protocols import PromptBuilder
 from ..questions.base import BuildContext
 from ..vision import IMAGE_ITEM, PLACED_IMAGE
 from .base import Readout, Requirement, ServingError
@@ -66,26 +67,16 @@ class ValenRow:
     keyed: bool = True
 
 
-class ValenPromptBuilder:
+class ValenPromptBuilder(PromptBuilder):
     """Lays each question out as the Valen compiler does: the row's labels are its option positions
-    (indices into state + row); the decision position is the row's last token."""
+    (indices into state + row); the decision position is the row's last token. Its control tokens are the
+    tokenizer's special tokens and the media tokens, as Valen's compiler refuses them in user text."""
 
     def __init__(self, tokenizer, recipe, identity: str):
-        self.tokenizer = tokenizer
-        self.recipe = recipe
-        self.identity = identity
+        super().__init__(tokenizer, recipe, identity, controls=ControlTokens.of(
+            tokenizer, extra=MEDIA_TOKENS, hint="Valen's compiler refuses it in user text, remove it"))
         self.template = tokenizer  # the processor, once the readout has loaded (its chat template)
         self.max_length: int | None = None
-        specials = set(getattr(tokenizer, "all_special_tokens", [])) | set(MEDIA_TOKENS)
-        specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                     if getattr(t, "special", False)}
-        self.controls = sorted((t for t in specials if t), key=len, reverse=True)
-
-    def check_user_text(self, text: str, where: str) -> None:
-        for token in self.controls:
-            if token in text:
-                raise UnreadableInput(f"{where} contains {token!r}, a control token of this "
-                               "model; Valen's compiler refuses it in user text, remove it")
 
     def _piece(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -133,10 +124,9 @@ class ValenPromptBuilder:
                                  f"{self.max_length} (Valen does not truncate)")
             branches.append(tuple(ids))
             labels.append(tuple(positions))
-        digest = hashlib.sha256(f"{self.identity}|valen|{','.join(image_keys)}|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(prefix_ids=tuple(prefix), rows=tuple(branches), row_labels=tuple(labels),
-                               image_keys=tuple(image_keys), prefix_key=digest.hexdigest(), plan=plan)
+                               image_keys=tuple(image_keys),
+                               prefix_key=ids_key(f"{self.identity}|valen|{','.join(image_keys)}|", prefix), plan=plan)
 
 
 class BilinearHead:

@@ -27,9 +27,7 @@ of its kind where this API lets instructions out (Vela's own reader requires the
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +38,8 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import PreparedRequest, RowSpec
+from ..prompt import PreparedRequest, RowSpec, ids_key
+from ..protocols import PromptBuilder
 from .base import Readout, Requirement, ServingError, read_json
 from .vela_heads_math import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
 from .vela_layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
@@ -59,18 +58,12 @@ class VelaRow(RowSpec):
     ids: tuple[int, ...] = ()
 
 
-class VelaBuilder:
+class VelaBuilder(PromptBuilder):
     """Lays out a request as the packages do: the state prefix, then each question's block ids."""
 
     def __init__(self, tokenizer, recipe, identity: str):
-        self.tokenizer = tokenizer
-        self.recipe = recipe
-        self.identity = identity
+        super().__init__(tokenizer, recipe, identity)
         self.layout = VelaLayout(self.encode)
-        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t}
-                          | {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                             if getattr(t, "special", False) and t.content}, key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
         self.max_length: int | None = None  # the package's input budget, set by the readout at load
 
     def encode(self, text: str) -> list[int]:
@@ -80,23 +73,15 @@ class VelaBuilder:
         out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return out["input_ids"], [tuple(o) for o in out["offset_mapping"]]
 
-    def check_user_text(self, text: str, where: str) -> None:
-        match = self._special_re.search(text) if self._special_re is not None else None
-        if match:
-            raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this "
-                           "model; remove it from the request")
-
     def prepare(self, state_text: str, rows: list[VelaRow], image_keys=(), plan=None) -> PreparedRequest:
         state = plan.state if plan is not None else state_text
         parts = [(role, self.encode(text)) for role, text in state_parts(state)]  # each part tokenised once
         prefix = tuple(self.layout.prefix(parts))
         if self.max_length is not None:
             self._within_budget(parts, len(prefix), rows)
-        digest = hashlib.sha256(f"{self.identity}|vela|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(prefix_ids=prefix, rows=tuple(row.ids for row in rows),
                                row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
-                               prefix_key=digest.hexdigest(), plan=plan)
+                               prefix_key=ids_key(f"{self.identity}|vela|", prefix), plan=plan)
 
     def _within_budget(self, parts: list[tuple[str, list[int]]], prefix_length: int, rows: list[VelaRow]) -> None:
         """The packages' budget (their decoder render, then `fit`): every option question and the first span

@@ -19,13 +19,12 @@ The state is read into typed parts as both members read it (vela_layout.state_pa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import re
 from dataclasses import dataclass
 
 from jev_common.errors import UnreadableInput
 
-from ..prompt import PreparedRequest
+from ..prompt import PreparedRequest, ids_key
+from ..protocols import PromptBuilder
 from .vela_layout import SPAN_ROLE, canonical, content_text, state_parts, words_of
 
 MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")
@@ -76,27 +75,15 @@ class SequenceReadout:
         return cls(tuple(questions), marked, take(next(values)))
 
 
-class MarkerSequenceBuilder:
+class MarkerSequenceBuilder(PromptBuilder):
     """The readout's sequence builder (it stands where the prompt builder stands for decoder recipes)."""
 
     def __init__(self, tokenizer, recipe, identity: str, config: dict):
-        self.tokenizer = tokenizer
-        self.recipe = recipe
-        self.identity = identity
+        super().__init__(tokenizer, recipe, identity)
         self.text = tokenizer.backend_tokenizer  # the package tokenizer without its marker tokens
         self.markers = {name: int(config["marker_ids"][name]) for name in MARKERS}
         self.bos, self.eos = int(config["bos_token_id"]), int(config["eos_token_id"])
         self.max_length = int(config["max_length"])
-        specials = sorted({t for t in tokenizer.all_special_tokens if t}
-                          | {t.content for t in tokenizer.added_tokens_decoder.values() if t.special and t.content},
-                          key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
-
-    def check_user_text(self, text: str, where: str) -> None:
-        match = self._special_re.search(text) if self._special_re is not None else None
-        if match:
-            raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this model; remove it "
-                                  "from the request")
 
     def ids(self, text: str) -> list[int]:
         return self.text.encode(text, add_special_tokens=False).ids
@@ -161,7 +148,6 @@ class MarkerSequenceBuilder:
             at = {row: index for index, row in enumerate(order)}
             plan = dataclasses.replace(plan, questions=tuple(
                 dataclasses.replace(q, first_row=at[q.first_row]) for q in plan.questions))
-        digest = hashlib.sha256(f"{self.identity}|vela-marker|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for ids in sequences for i in ids))
         return PreparedRequest(prefix_ids=(), rows=tuple(sequences), row_labels=tuple(labels), image_keys=(),
-                               prefix_key=digest.hexdigest(), plan=plan)
+                               prefix_key=ids_key(f"{self.identity}|vela-marker|", (i for ids in sequences for i in ids)),
+                               plan=plan)
