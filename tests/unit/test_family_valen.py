@@ -259,7 +259,7 @@ def test_valen_needs_its_files(tmp_path, tiny_valen):
 
 
 def test_valen_base_must_be_the_one_it_was_trained_on(tmp_path, tiny_valen):
-    from jev_worker.backends.valen_lora import load_valen
+    from jev_worker.families.valen.backend import load_valen
 
     valen_dir, base_dir = tiny_valen
     other = tmp_path / "base"

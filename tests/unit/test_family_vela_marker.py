@@ -277,8 +277,8 @@ async def test_marker_refuses_to_start_without_its_calibration(worker_settings, 
 @pytest.mark.parametrize("readout", ["cosine", "mlp"])
 def test_marker_head_reads_as_the_package_config_says(readout):
     """config.json `readout` cosine: no cls_mlp term (and no cls_mlp tensors needed); mlp: cls_mlp alone."""
-    from jev_worker.readouts.vela_marker_head import VelaMarkerHead, tensor_names
-    from jev_worker.readouts.vela_marker_layout import SequenceReadout
+    from jev_worker.families.vela.marker_head import VelaMarkerHead, tensor_names
+    from jev_worker.families.vela.marker_layout import SequenceReadout
 
     g = torch.Generator().manual_seed(3)
     h, p = 8, 4

@@ -11,9 +11,9 @@ BACKENDS = {
     "external-http": "jev_worker.backends.external:ExternalHTTP",
     "encoder": "jev_worker.backends.encoder:Encoder",
     "causal-lm-rows": "jev_worker.backends.causal_rows:CausalRows",
-    "vela-decoder": "jev_worker.backends.vela_decoder:VelaDecoder",
+    "vela-decoder": "jev_worker.families.vela.backend:VelaDecoder",
     "causal-lm-joint": "jev_worker.backends.joint:CausalJoint",
-    "valen-lora": "jev_worker.backends.valen_lora:ValenLora",
+    "valen-lora": "jev_worker.families.valen.backend:ValenLora",
 }
 
 

@@ -7,17 +7,17 @@ from .base import Readout, ServingError
 
 READOUTS = {
     "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
-    "jemm-labels": "jev_worker.readouts.jemm:JemmLabels",
-    "cua-s1-labels": "jev_worker.readouts.cua_s1:CuaS1Labels",
+    "jemm-labels": "jev_worker.families.jemm.readout:JemmLabels",
+    "cua-s1-labels": "jev_worker.families.cua_s1.readout:CuaS1Labels",
     "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
-    "scalar-head": "jev_worker.readouts.scalar_head:ScalarHead",
-    "clm-cosine": "jev_worker.readouts.clm:ClmCosine",
-    "laya-heads": "jev_worker.readouts.laya_heads:LayaHeads",
-    "omnijev-heads": "jev_worker.readouts.omnijev:OmniJevReadout",
-    "vela-heads": "jev_worker.readouts.vela_heads:VelaHeadsReadout",
-    "vela-marker-heads": "jev_worker.readouts.vela_marker:VelaMarkerHeads",
-    "clef-joint-head": "jev_worker.readouts.clef:ClefJointReadout",
-    "valen-head": "jev_worker.readouts.valen:ValenHeadReadout",
+    "scalar-head": "jev_worker.families.open_jev.readout:ScalarHead",
+    "clm-cosine": "jev_worker.families.clm.readout:ClmCosine",
+    "laya-heads": "jev_worker.families.laya.readout:LayaHeads",
+    "omnijev-heads": "jev_worker.families.omnijev.readout:OmniJevReadout",
+    "vela-heads": "jev_worker.families.vela.readout:VelaHeadsReadout",
+    "vela-marker-heads": "jev_worker.families.vela.marker:VelaMarkerHeads",
+    "clef-joint-head": "jev_worker.families.clef.readout:ClefJointReadout",
+    "valen-head": "jev_worker.families.valen.readout:ValenHeadReadout",
 }
 
 

@@ -29,14 +29,14 @@ import torch
 
 from jev_common.schema import SetAnswer
 
-from .base import Readout, Requirement, ServingError, read_json
-from .vela_encoder_files import VelaEncoderFiles
-from .vela_heads import (
+from ...readouts.base import Readout, Requirement, ServingError, read_json
+from .encoder_files import VelaEncoderFiles
+from .readout import (
     VelaChoice, VelaNoul, VelaScore, VelaSpan, described_options, noul_options, question_text, score_levels,
 )
-from .vela_marker_head import READOUTS, VelaMarkerHead, tensor_names
-from .vela_layout import span_text
-from .vela_marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
+from .marker_head import READOUTS, VelaMarkerHead, tensor_names
+from .layout import span_text
+from .marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
 MEMBER, FORMAT_VERSION = "vela2-unified", 1

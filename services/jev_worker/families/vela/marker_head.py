@@ -16,8 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import ServingError
-from .vela_marker_layout import SequenceReadout
+from ...readouts.base import ServingError
+from .marker_layout import SequenceReadout
 
 PROJECTIONS = ("w_o", "w_q", "w_p", "w_t", "w_e")
 MLP = ("cls_mlp.0.weight", "cls_mlp.0.bias", "cls_mlp.3.weight", "cls_mlp.3.bias")

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from jev_common.errors import TooManyOptions
 from jev_common.state_text import render_state
 
-from ..control_tokens import ControlTokens
-from ..prompt import PreparedRequest, ids_key
-from ..protocols import PromptBuilder
+from ...control_tokens import ControlTokens
+from ...prompt import PreparedRequest, ids_key
+from ...protocols import PromptBuilder
 
 QTYPE_IDS = {"choice": 0, "score": 1, "noul": 2}
 OPTION_TOKENS = 48

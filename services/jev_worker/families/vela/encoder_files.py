@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from .base import ServingError, read_json
+from ...readouts.base import ServingError, read_json
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"

@@ -28,10 +28,10 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import ChatPromptBuilder, RowSpec
-from ..questions.base import BuildContext
-from .base import Readout, Requirement, ServingError, read_json
-from .omnijev_heads import TYPE_IDS, OmniJevHeads, lm_features
+from ...prompt import ChatPromptBuilder, RowSpec
+from ...questions.base import BuildContext
+from ...readouts.base import Readout, Requirement, ServingError, read_json
+from .heads import TYPE_IDS, OmniJevHeads, lm_features
 
 HEADS = "heads.safetensors"
 MANIFEST = "omnijev_export.json"

@@ -14,8 +14,8 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import RowSpec
-from ..questions.base import BuildContext
+from ...prompt import RowSpec
+from ...questions.base import BuildContext
 
 CANDIDATE = "Proposed answer: {option}\nIs this proposed answer correct? Answer Yes or No."
 NOUL = "Is the answer to this question yes? Answer Yes or No."

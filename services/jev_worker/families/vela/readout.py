@@ -38,11 +38,11 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import PreparedRequest, RowSpec, ids_key
-from ..protocols import PromptBuilder
-from .base import Readout, Requirement, ServingError, read_json
-from .vela_heads_math import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
-from .vela_layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
+from ...prompt import PreparedRequest, RowSpec, ids_key
+from ...protocols import PromptBuilder
+from ...readouts.base import Readout, Requirement, ServingError, read_json
+from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
+from .layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
     "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
@@ -286,7 +286,7 @@ class VelaHeadsReadout(Readout):
             raise ServingError(f"readout {self.name!r} serves Vela 2.0's decoder packages ({CONFIG} model_type "
                                f"{MEMBER!r}); this checkpoint's is {member!r}")
         weight_map = read_json(os.path.join(folder, INDEX))["weight_map"]
-        from .vela_heads_math import CANDIDATE, HEAD, ROUTER, SET_BIAS, SPAN
+        from .heads import CANDIDATE, HEAD, ROUTER, SET_BIAS, SPAN
 
         for name in [HEAD + n for n in CANDIDATE] + [SET_BIAS] + [ROUTER + n for n in SPAN]:
             if name not in weight_map:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from jev_common.errors import UnreadableInput
 
-from ..prompt import PreparedRequest, ids_key
-from ..protocols import PromptBuilder
-from .vela_layout import SPAN_ROLE, canonical, content_text, state_parts, words_of
+from ...prompt import PreparedRequest, ids_key
+from ...protocols import PromptBuilder
+from .layout import SPAN_ROLE, canonical, content_text, state_parts, words_of
 
 MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")
 

@@ -25,9 +25,9 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..questions.base import BuildContext
-from .base import Readout, Requirement, ServingError, load_exactly, read_json
-from .laya_sequence import QTYPE_IDS, LayaRow, LayaSequenceBuilder
+from ...questions.base import BuildContext
+from ...readouts.base import Readout, Requirement, ServingError, load_exactly, read_json
+from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 
 CONFIG = "rl_agent_config.json"
 WEIGHTS = "model.safetensors"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 
-from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ..readouts.base import ServingError, load_exactly
-from .causal_rows import CausalRows
+from ...loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
+from ...readouts.base import ServingError, load_exactly
+from ...backends.causal_rows import CausalRows
 
 CONFIG, INDEX, TOKENIZER, PREFIX = "config.json", "model.safetensors.index.json", "tokenizer.json", "backbone."
 

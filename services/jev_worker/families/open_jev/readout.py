@@ -12,10 +12,10 @@ import os
 
 import torch
 
-from .base import Readout, Requirement, ServingError, load_torch_state, read_json
-from .calibration import Calibration
+from ...readouts.base import Readout, Requirement, ServingError, load_torch_state, read_json
+from ...readouts.calibration import Calibration
 from .candidates import CANDIDATE, NOUL, NOUL_CRITERIA, CandidateChoice, CandidateNoul, CandidateScore
-from .code_readout import hidden_size
+from ...readouts.code_readout import hidden_size
 
 
 class LinearScalarHead:

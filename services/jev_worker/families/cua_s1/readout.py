@@ -25,10 +25,10 @@ from jev_common.errors import UnreadableInput
 from jev_common.state_text import render_state
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
-from ..head import DecisionHead
-from ..prompt import RowSpec
-from ..questions.base import BuildContext
-from .base import Readout, ServingError
+from ...head import DecisionHead
+from ...prompt import RowSpec
+from ...questions.base import BuildContext
+from ...readouts.base import Readout, ServingError
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

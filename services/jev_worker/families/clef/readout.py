@@ -21,11 +21,11 @@ import torch
 
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
-from ..prompt import RowSpec
-from ..questions.base import BuildContext
-from .base import Readout, Requirement, ServingError, read_json
-from .clef_head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
-from .clef_layout import TEMPLATE_TOKENS, ClefBuilder
+from ...prompt import RowSpec
+from ...questions.base import BuildContext
+from ...readouts.base import Readout, Requirement, ServingError, read_json
+from .head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
+from .layout import TEMPLATE_TOKENS, ClefBuilder
 
 HEAD = "joint_head.safetensors"
 CONFIG = "joint_head_config.json"

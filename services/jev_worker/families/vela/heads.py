@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import ServingError
+from ...readouts.base import ServingError
 
 CANDIDATE = ("candidate_norm.weight", "candidate_norm.bias", "query_norm.weight", "query_norm.bias", "key.weight",
              "query.weight", "candidate_mlp.weight", "candidate_mlp.bias", "query_mlp.weight", "scalar.weight")

@@ -14,9 +14,9 @@ import logging
 
 from jev_common.valen_checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
-from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ..readouts.base import ServingError
-from .causal_rows import CausalRows
+from ...loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
+from ...readouts.base import ServingError
+from ...backends.causal_rows import CausalRows
 
 log = logging.getLogger("jev.worker.valen")
 

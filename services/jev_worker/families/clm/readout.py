@@ -19,8 +19,8 @@ import math
 from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
-from .base import Readout, ServingError
-from .calibration import Calibration
+from ...readouts.base import Readout, ServingError
+from ...readouts.calibration import Calibration
 
 
 class ClmCosine(Readout):

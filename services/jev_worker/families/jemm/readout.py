@@ -28,11 +28,11 @@ import torch
 
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
-from ..head import DecisionHead
-from ..prompt import PreparedRequest, ChatPromptBuilder, RowSpec
-from ..questions.base import BuildContext
-from ..vision import placed_images
-from .base import Readout, ServingError, read_json
+from ...head import DecisionHead
+from ...prompt import PreparedRequest, ChatPromptBuilder, RowSpec
+from ...questions.base import BuildContext
+from ...vision import placed_images
+from ...readouts.base import Readout, ServingError, read_json
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
 ANSWER = "Answer with exactly one candidate label."

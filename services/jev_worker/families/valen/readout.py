@@ -43,12 +43,12 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..control_tokens import ControlTokens
-from ..prompt import PreparedRequest, ids_key
-from ..protocols import PromptBuilder
-from ..questions.base import BuildContext
-from ..vision import IMAGE_ITEM, PLACED_IMAGE
-from .base import Readout, Requirement, ServingError
+from ...control_tokens import ControlTokens
+from ...prompt import PreparedRequest, ids_key
+from ...protocols import PromptBuilder
+from ...questions.base import BuildContext
+from ...vision import IMAGE_ITEM, PLACED_IMAGE
+from ...readouts.base import Readout, Requirement, ServingError
 from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
 TEMPERATURE = 1.0

@@ -1,0 +1,1 @@
+"""The cua_s1 family."""

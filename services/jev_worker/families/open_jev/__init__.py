@@ -1,0 +1,1 @@
+"""The open_jev family."""
