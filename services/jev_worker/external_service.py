@@ -12,22 +12,17 @@ from jev_common.errors import ApiError, DomainError, domain_error_type
 from jev_common.schema import SystemOneRequest, SystemOneResponse
 
 from . import envelope
-from .backends.registry import build_backend
-from .readouts.base import ServingError
 from .registration import WorkerRegistration
-from .serving import build_serving
+from .serving import build_serving, serves_externally
 from .service import WorkerService
 
 CACHE_HEADER = {"x-jev-cache": "l1=off,l3=off"}
 
 
 def make_service(settings) -> WorkerService:
-    """The service for `settings`: this one when the recipe's backend is external, else WorkerService."""
-    try:
-        external = getattr(build_backend(settings.recipe.serving.backend), "external", False)
-    except ServingError:  # WorkerService.start reports it in /health
-        external = False
-    return (ExternalWorkerService if external else WorkerService)(settings)
+    """The service for `settings`: this one when the recipe's family is answered externally, else WorkerService
+    (which reports an unknown family in /health)."""
+    return (ExternalWorkerService if serves_externally(settings.recipe) else WorkerService)(settings)
 
 
 class ExternalWorkerService(WorkerService):

@@ -23,9 +23,9 @@ from .engine import DecisionEngine, EngineItem
 from . import envelope
 from .kinds import decide
 from .legacy import l1_key, prepare_legacy
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel
 from .metrics import WorkerMetrics
-from .prompt import ChatPromptBuilder, PreparedRequest
+from .prompt import PreparedRequest
 from .protocols import PromptBuilder
 from .registration import RouteRegistry, WorkerRegistration
 from .scheduler import Scheduler
@@ -106,11 +106,9 @@ class WorkerService:
         s = self.settings
         if s.threads > 0:
             torch.set_num_threads(s.threads)
-        self.serving = build_serving(self.recipe)
+        self.serving = build_serving(self.recipe, s.model_path)  # the family's readout and backend, checked
         readout = self.serving.readout
-        load = getattr(self.serving.backend, "load_model", load_model)  # a backend may own its checkpoint layout
-        self.loaded = load(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
-                           before_load=self.serving.check_checkpoint)
+        self.loaded = self.serving.load(s.device, s.dtype)
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -119,8 +117,7 @@ class WorkerService:
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
                                             s.cache.l2_bytes if s.cache.l2_on else 0)
-        builder = getattr(readout, "prompt_builder", ChatPromptBuilder)  # a readout may lay out its own sequences
-        self.builder = builder(tokenizer, self.recipe, self.identity)
+        self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,

@@ -18,10 +18,10 @@ from .worker_helpers import worker_client
 TOL = 1e-5
 
 
-def family_recipe(base, name: str, *, backend: str = "causal-lm", readout: str, options: dict | None = None,
-                  **prompt):
-    """`base` (a Recipe) renamed, served by `backend` + `readout`, with prompt fields replaced."""
-    serving = base.serving.model_copy(update={"backend": backend, "readout": readout, "options": options or {}})
+def family_recipe(base, name: str, *, family: str, options: dict | None = None, **prompt):
+    """`base` (a Recipe) renamed, served as `family` (its readout chooses the backend), with prompt fields
+    replaced."""
+    serving = base.serving.model_copy(update={"family": family, "options": options or {}})
     return base.model_copy(update={"name": name, "serving": serving,
                                    "prompt": base.prompt.model_copy(update=prompt)})
 

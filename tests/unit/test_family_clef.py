@@ -17,7 +17,7 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from jev_common.recipe import load_recipe
 from jev_common.vl import load_vl_processor
 from jev_worker.readouts.base import ServingError
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 
 from .family_helpers import TOL, ask, assert_probs, family_recipe, served
 from .test_readout_framework import copy_without
@@ -45,12 +45,11 @@ def clef_dir(tmp_path_factory):
     return make_tiny_clef(tmp_path_factory.mktemp("clef"), seed=23)
 
 
-def clef_recipe(backend: str = "causal-lm-joint", options: dict | None = None):
+def clef_recipe(options: dict | None = None):
     """The clef-flash-9b recipe pointed at the tiny checkpoint, in FP32."""
     base = load_recipe("clef-flash-9b")
     model = base.model.model_copy(update={"hub_repo": "test/tiny-clef", "revision": "local", "dtype": "float32"})
-    return family_recipe(base.model_copy(update={"model": model}), "tiny-clef", backend=backend,
-                         readout="clef-joint-head", options=options)
+    return family_recipe(base.model_copy(update={"model": model}), "tiny-clef", family="clef", options=options)
 
 
 def render(value):
@@ -274,5 +273,4 @@ def test_clef_needs_its_files_keys_and_backend(tmp_path, clef_dir):
     save_file({k: v for k, v in tensors.items() if k != "residual_gate"}, str(folder / "joint_head.safetensors"))
     with pytest.raises(ServingError, match="joint_head.safetensors has no 'residual_gate'"):
         preflight(clef_recipe(), str(folder))
-    with pytest.raises(ServingError, match="needs serving.backend 'causal-lm-joint'"):
-        preflight(clef_recipe(backend="causal-lm"), str(clef_dir))
+    assert build_serving(clef_recipe(), str(clef_dir)).backend.name == "causal-lm-joint"  # the family's choice

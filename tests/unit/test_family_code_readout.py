@@ -55,7 +55,7 @@ def codes_of(folder: str) -> list[str]:
 
 
 async def test_causal_code_readout_answers_equal_the_plain_reference(worker_settings, tiny_recipe, causal_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-d3", readout="code-readout")
+    recipe = family_recipe(tiny_recipe, "tiny-d3", family="code-readout")
     codes = codes_of(causal_dir)
     many = [f"option {i}" for i in range(40)]  # past Z: two-letter codes from decision_config.json
     async with served(worker_settings(recipe=recipe, model_path=causal_dir)) as (front, worker, service):
@@ -88,7 +88,7 @@ async def test_causal_code_readout_answers_equal_the_plain_reference(worker_sett
 @pytest.mark.parametrize("question", [{"type": "noul", "instructions": "Is it hot?"},
                                       {"type": "set", "criteria": {"hot": None, "cold": None}}])
 async def test_code_readout_refuses_yes_no_questions_with_a_clear_4xx(worker_settings, tiny_recipe, causal_dir, question):
-    recipe = family_recipe(tiny_recipe, "tiny-d3", readout="code-readout")
+    recipe = family_recipe(tiny_recipe, "tiny-d3", family="code-readout")
     async with served(worker_settings(recipe=recipe, model_path=causal_dir)) as (front, worker, _):
         for client in (front, worker):
             body = await ask(client, STATE, {"q": question}, status=422)
@@ -98,7 +98,7 @@ async def test_code_readout_refuses_yes_no_questions_with_a_clear_4xx(worker_set
 
 async def test_noncausal_pplx_layout_sees_the_whole_prompt_and_refuses_prefix_reuse(worker_settings, tiny_recipe,
                                                                                     noncausal_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-pplx", backend="noncausal-lm", readout="code-readout")
+    recipe = family_recipe(tiny_recipe, "tiny-pplx", family="code-readout")
     async with served(worker_settings(recipe=recipe, model_path=noncausal_dir)) as (front, worker, service):
         questions = {"what": {"type": "choice", "instructions": "What is the kettle doing?",
                               "criteria": {"boiling": None, "cooling": None}},
@@ -128,7 +128,7 @@ async def test_noncausal_pplx_layout_sees_the_whole_prompt_and_refuses_prefix_re
 
 async def test_noncausal_batch_of_rows_equals_one_by_one(worker_settings, tiny_recipe, noncausal_dir):
     """Rows of different lengths padded into one forward: padding is masked, nothing else is."""
-    recipe = family_recipe(tiny_recipe, "tiny-pplx", backend="noncausal-lm", readout="code-readout")
+    recipe = family_recipe(tiny_recipe, "tiny-pplx", family="code-readout")
     questions = {f"q{i}": {"type": "choice", "instructions": "Which? " + "really " * i,
                            "criteria": {"a": None, "b": None, "c": None}} for i in range(4)}
     async with served(worker_settings(recipe=recipe, model_path=noncausal_dir)) as (front, _, _):

@@ -36,7 +36,7 @@ def reference(folder: str, system: str, content: str, labels: list[str], type_: 
 
 
 async def test_calibrated_label_tokens_equal_the_plain_reference(worker_settings, tiny_recipe, calibrated_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-decider", readout="label-tokens",
+    recipe = family_recipe(tiny_recipe, "tiny-decider", family="label-tokens",
                            options={"calibration_required": True})
     system = recipe.prompt.system
     head = f"State:\n{STATE}\n\nQuestion: "

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from jev_worker.readouts.base import ServingError
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 
 from .family_helpers import ask, assert_probs, family_recipe, served
 from .test_readout_framework import copy_without, run_worker
@@ -30,7 +30,7 @@ def laya_dir(tmp_path_factory):
 
 @pytest.fixture
 def laya_recipe(tiny_recipe):
-    return family_recipe(tiny_recipe, "tiny-laya", backend="encoder", readout="laya-heads")
+    return family_recipe(tiny_recipe, "tiny-laya", family="laya")
 
 
 class Reference:
@@ -140,13 +140,8 @@ async def test_laya_refuses_types_it_has_no_head_for(worker_settings, laya_recip
 def test_laya_needs_its_files_and_backend(tmp_path, laya_recipe, tiny_recipe, laya_dir):
     with pytest.raises(ServingError, match="needs rl_agent_config.json"):
         preflight(laya_recipe, str(copy_without(laya_dir, tmp_path, "rl_agent_config.json")))
-    with pytest.raises(ServingError, match="needs serving.backend 'encoder'"):
-        preflight(family_recipe(tiny_recipe, "laya-on-causal", readout="laya-heads"), str(laya_dir))
+    assert build_serving(laya_recipe, str(laya_dir)).backend.name == "encoder"  # the family's choice
     done = run_worker(tmp_path / "w", laya_recipe, copy_without(laya_dir, tmp_path / "w", "model.safetensors"))
     assert done.returncode == 2, done.stderr
     assert "needs model.safetensors" in done.stderr
 
-
-def test_encoder_backend_refuses_a_last_position_readout(tiny_recipe, laya_dir):
-    with pytest.raises(ServingError, match="'label-tokens' is not one"):
-        preflight(family_recipe(tiny_recipe, "x", backend="encoder", readout="label-tokens"), str(laya_dir))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jev_worker.readouts.base import ServingError
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 
 from .family_helpers import ask, assert_probs, family_recipe, served
 from .test_readout_framework import copy_without
@@ -29,10 +29,10 @@ def omnijev_dir(tmp_path_factory):
     return make_tiny_omnijev(tmp_path_factory.mktemp("omnijev"), seed=13)
 
 
-def omnijev_recipe(tiny_recipe, backend: str = "causal-lm-rows"):
+def omnijev_recipe(tiny_recipe):
     """The tiny recipe with the OmniJev recipe's serving and prompt (no system turn, the state right before
     the instructions)."""
-    return family_recipe(tiny_recipe, "tiny-omnijev", backend=backend, readout="omnijev-heads", system=None,
+    return family_recipe(tiny_recipe, "tiny-omnijev", family="omnijev", system=None,
                          state_block="{state}")
 
 
@@ -151,5 +151,4 @@ async def test_omnijev_refuses_what_it_has_no_head_or_layout_for(worker_settings
 def test_omnijev_needs_its_files_and_backend(tmp_path, tiny_recipe, omnijev_dir):
     with pytest.raises(ServingError, match="needs heads.safetensors"):
         preflight(omnijev_recipe(tiny_recipe), str(copy_without(omnijev_dir, tmp_path, "heads.safetensors")))
-    with pytest.raises(ServingError, match="needs serving.backend 'causal-lm-rows'"):
-        preflight(omnijev_recipe(tiny_recipe, backend="causal-lm"), str(omnijev_dir))
+    assert build_serving(omnijev_recipe(tiny_recipe), str(omnijev_dir)).backend.name == "causal-lm-rows"

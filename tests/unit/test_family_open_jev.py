@@ -24,7 +24,7 @@ def open_jev_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def open_jev_recipe(tiny_recipe):
-    return family_recipe(tiny_recipe, "tiny-open-jev", readout="scalar-head", system=None,
+    return family_recipe(tiny_recipe, "tiny-open-jev", family="open-jev", system=None,
                          state_block="Context:\n{state}\n\n")
 
 

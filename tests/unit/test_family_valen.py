@@ -17,7 +17,7 @@ from transformers import Qwen3_5ForConditionalGeneration
 from jev_common.recipe import load_recipe
 from jev_common.vl import load_vl_processor
 from jev_worker.readouts.base import ServingError
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 
 from .family_helpers import TOL, ask, assert_probs, served
 from .test_readout_framework import copy_without, run_worker
@@ -253,9 +253,7 @@ def test_valen_needs_its_files(tmp_path, tiny_valen):
     assert done.returncode == 2, done.stderr
     assert "checkpoint.pt is not a plain tensor state" in done.stderr
 
-    with pytest.raises(ServingError, match="needs serving.backend 'valen-lora'"):
-        preflight(recipe.model_copy(update={"serving": recipe.serving.model_copy(update={"backend": "causal-lm-rows"})}),
-                  str(valen_dir))
+    assert build_serving(recipe, str(valen_dir)).backend.name == "valen-lora"  # the family's own backend
 
 
 def test_valen_base_must_be_the_one_it_was_trained_on(tmp_path, tiny_valen):

@@ -34,7 +34,7 @@ def vela_dir(tmp_path_factory):
 
 @pytest.fixture
 def vela_recipe(tiny_recipe):
-    return family_recipe(tiny_recipe, "tiny-vela", backend="vela-decoder", readout="vela-heads")
+    return family_recipe(tiny_recipe, "tiny-vela", family="vela-decoder")
 
 
 class Reference:

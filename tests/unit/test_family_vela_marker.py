@@ -17,7 +17,7 @@ from torch import nn
 from transformers import ModernBertConfig, ModernBertModel
 
 from jev_worker.readouts.base import ServingError
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
 
 from .family_helpers import TOL, ask, assert_probs, family_recipe, served
@@ -37,7 +37,7 @@ def marker_dir(tmp_path_factory):
 
 @pytest.fixture
 def marker_recipe(tiny_recipe):
-    return family_recipe(tiny_recipe, "tiny-vela-marker", backend="encoder", readout="vela-marker-heads")
+    return family_recipe(tiny_recipe, "tiny-vela-marker", family="vela-encoder")
 
 
 class Reference:
@@ -250,8 +250,7 @@ def test_marker_needs_its_files_keys_and_tensors(tmp_path, marker_recipe, marker
     (decoder / "config.json").write_text(json.dumps({**config, "model_type": "vela2-decoder"}))
     with pytest.raises(ServingError, match="vela2-decoder"):
         preflight(marker_recipe, str(decoder))
-    with pytest.raises(ServingError, match="needs serving.backend 'encoder'"):
-        preflight(family_recipe(marker_recipe, "on-causal", readout="vela-marker-heads"), str(marker_dir))
+    assert build_serving(marker_recipe, str(marker_dir)).backend.name == "encoder"  # with the package's files
     broken = copy_without(marker_dir, tmp_path / "w")
     weights = load_file(str(broken / "model.safetensors"))
     del weights["cls_mlp.3.bias"]

@@ -41,9 +41,22 @@ class BuildContext:
         self.builder.check_user_text(text, where)
         return text
 
-    def question_line(self, question, default: str, where: str) -> str:
-        text = default if question.instructions is None else self.user_text(question.instructions, f"{where}.instructions")
-        return self.prompt.question_block.format(question=text)
+    def instructions(self, question, where: str) -> str:
+        """The question's instructions as checked user text, or the recipe's default question of its type."""
+        if question.instructions is None:
+            return self.default_question(question.type)
+        return self.user_text(question.instructions, f"{where}.instructions")
+
+    def criteria(self, question, where: str) -> list[tuple[str, str | None]]:
+        """(name, description as checked user text, or None) of a choice or set question's criteria, in order."""
+        out = []
+        for name, description in question.criteria.items():
+            self.builder.check_user_text(name, f"{where}.criteria")
+            out.append((name, None if description is None else self.user_text(description, f"{where}.criteria[{name!r}]")))
+        return out
+
+    def question_line(self, question, where: str) -> str:
+        return self.prompt.question_block.format(question=self.instructions(question, where))
 
 
 def probabilities(logits: torch.Tensor) -> list[float]:

@@ -29,7 +29,7 @@ class Choice(QuestionKind):
         names = list(question.criteria)
         codes, ids = ctx.builder.coded(len(names))
         listing = option_lines(names, list(question.criteria.values()), codes, ctx, where)
-        content = (ctx.question_line(question, ctx.prompt.default_choice_question, where)
+        content = (ctx.question_line(question, where)
                    + ctx.prompt.choice_instruction.format(options=listing))
         return [RowSpec(content, ids)]
 

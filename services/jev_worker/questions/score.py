@@ -24,7 +24,7 @@ class Score(QuestionKind):
         listing = "\n".join(lines)
         instruction = (ctx.prompt.levels_instruction.format(levels=listing) if digits
                        else ctx.prompt.choice_instruction.format(options=listing))
-        content = ctx.question_line(question, ctx.prompt.default_score_question, where) + instruction
+        content = ctx.question_line(question, where) + instruction
         return [RowSpec(content, tuple(ids))]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:

@@ -16,7 +16,7 @@ class SpanKind(QuestionKind):
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         codes, ids = ctx.builder.coded(len(question.criteria))
         listing = option_lines(list(question.criteria), [None] * len(question.criteria), codes, ctx, where)
-        content = (ctx.question_line(question, ctx.prompt.default_choice_question, where)
+        content = (ctx.question_line(question, where)
                    + ctx.prompt.choice_instruction.format(options=listing))
         return [RowSpec(content, ids)]
 

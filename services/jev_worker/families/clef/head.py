@@ -19,6 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...protocols import RequestHead
+
 CONFIG_KEYS = ("hidden_size", "width", "routing_layers", "layers", "heads", "feedforward")
 SCALARS = ("prior_logit_scale", "joint_logit_scale", "residual_gate")
 PROJECTIONS = ("memory_projection", "question_projection", "option_question_projection", "global_projection",
@@ -66,7 +68,7 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-class ClefJointHead:
+class ClefJointHead(RequestHead):
     """The head over one request's sequence; `request_logits` is what the causal-lm-joint engine calls."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], config: dict, lm_head: torch.Tensor):

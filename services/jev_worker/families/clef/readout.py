@@ -4,13 +4,13 @@
 Checkpoint (Cloudflare/clef, Cloudflare/clef-flash): the merged Qwen3_5ForConditionalGeneration backbone
 with its LM head, `joint_head.safetensors` and `joint_head_config.json` ({hidden_size, width,
 routing_layers, layers, heads, feedforward}). The checkpoint's `joint_schema_model.py` is never imported:
-the head's tensors are read with safetensors into our own FP32 computation (clef_head.py).
+the head's tensors are read with safetensors into our own FP32 computation (head.py).
 
-The request is one sequence (clef_layout.py); the backbone runs once over it (no cache) and the head
+The request is one sequence (layout.py); the backbone runs once over it (no cache) and the head
 gives each question one logit per option; a softmax over a question's options is its answer: noul =
 P(`true`), choice = its options' probabilities (reported in the request's order), score = over the
 levels, score = sum(i * p_i). span and set have no head here: 422. Images: preencoded by the checkpoint's own
-vision tower, placed after the prefix as `encode_record` places them (clef_layout.py).
+vision tower, placed after the prefix as `encode_record` places them (layout.py).
 Options (recipe `serving.options`): `max_length` (16384, encode_record's default), `max_state_tokens`.
 """
 from __future__ import annotations
@@ -21,9 +21,11 @@ import torch
 
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
+from ...backends.joint import CausalJoint
 from ...prompt import RowSpec
+from ...protocols import Backend, QuestionKind, Readout
 from ...questions.base import BuildContext
-from ...readouts.base import Readout, Requirement, ServingError, read_json
+from ...readouts.base import Requirement, ServingError, read_json
 from .head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
 from .layout import TEMPLATE_TOKENS, ClefBuilder
 
@@ -31,10 +33,8 @@ HEAD = "joint_head.safetensors"
 CONFIG = "joint_head_config.json"
 
 
-class _ClefKind:
+class _ClefKind(QuestionKind):
     """One answer row per question (a placeholder: the request is laid out whole by ClefBuilder)."""
-
-    type = ""
 
     def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]:
         if question.instructions is not None:
@@ -58,7 +58,7 @@ class ClefNoul(_ClefKind):
 
     def described(self, question):
         criteria = question.criteria
-        return [] if criteria is None else [(k, getattr(criteria, k)) for k in ("true", "false")]
+        return [] if criteria is None else [("true", criteria.true), ("false", criteria.false)]
 
     def answer(self, question, logits, ctx) -> NoulAnswer:
         return NoulAnswer(noul=self.probabilities(logits)[0])  # options are (true, false)
@@ -92,9 +92,13 @@ class ClefJointReadout(Readout):
     name = "clef-joint-head"
     question_types = frozenset({"noul", "choice", "score"})
     needs_lm_head = True
-    backend = "causal-lm-joint"
-    attention_mode = "one sequence per request, read whole by the joint head"
-    prompt_builder = ClefBuilder
+    config: dict | None = None  # joint_head_config.json, once loaded
+
+    def make_backend(self) -> Backend:
+        return CausalJoint()  # one sequence per request, read whole by the joint head
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> ClefBuilder:
+        return ClefBuilder(tokenizer, recipe, identity)
 
     def known_options(self) -> dict:
         return {"max_length": ClefBuilder.max_length, "max_state_tokens": None}
@@ -147,5 +151,5 @@ class ClefJointReadout(Readout):
 
     def describe(self) -> dict:
         return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": None, "joint_head": getattr(self, "config", None),
+                "calibration": None, "joint_head": self.config,
                 "max_length": self.option("max_length")}

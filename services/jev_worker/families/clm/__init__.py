@@ -1,1 +1,1 @@
-"""The clm family."""
+"""CLM (family `clm`): answered by CLM's own server on the external-http backend; readout.py translates."""

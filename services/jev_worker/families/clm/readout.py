@@ -19,14 +19,15 @@ import math
 from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
-from ...readouts.base import Readout, ServingError
+from ...backends.external import ExternalHTTP
+from ...protocols import ExternalReadout
+from ...readouts.base import ServingError
 from ...readouts.calibration import Calibration
 
 
-class ClmCosine(Readout):
+class ClmCosine(ExternalReadout):
     name = "clm-cosine"
     question_types = frozenset({"noul", "choice", "score"})
-    external = True  # answered by the external server; load() is never called
 
     def known_options(self) -> dict:
         return {"endpoint": None, "native_model": "clm-latest", "temperature": 1.0}
@@ -39,8 +40,8 @@ class ClmCosine(Readout):
                                f"got {temperature!r}")
         self.calibration = Calibration({}, {}, f"CLM server ({self.option('native_model')}, T={temperature:g})")
 
-    def load(self, loaded, builder) -> None:
-        raise ServingError(f"readout {self.name!r} runs on the external-http backend only")
+    def make_backend(self) -> ExternalHTTP:
+        return ExternalHTTP()  # CLM's own server (serving.options.endpoint) answers
 
     def request_body(self, request: SystemOneRequest) -> dict:
         """CLM's request for `request`; a question type CLM has no answer for is refused here."""

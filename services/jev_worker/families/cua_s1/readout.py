@@ -27,8 +27,9 @@ from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ...head import DecisionHead
 from ...prompt import RowSpec
+from ...protocols import QuestionKind, Readout
 from ...questions.base import BuildContext
-from ...readouts.base import Readout, ServingError
+from ...readouts.base import ServingError
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -39,7 +40,7 @@ def user_message(state, goal: str, codes: list[str], labels: list[str]) -> str:
             + f"Accessibility tree:\n{render_state(state)}\n\nOptions:\n{options}\n\nAnswer with a single letter.")
 
 
-class CuaChoice:
+class CuaChoice(QuestionKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
@@ -58,6 +59,8 @@ class CuaChoice:
 
 
 class CuaS1Labels(Readout):
+    """On the causal-lm backend with the recipe's chat template (the protocol's defaults)."""
+
     name = "cua-s1-labels"
     question_types = frozenset({"choice"})
     needs_lm_head = True

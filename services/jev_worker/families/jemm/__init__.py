@@ -1,1 +1,1 @@
-"""The jemm family."""
+"""JEMM (family `jemm`): JEMM's own System One contract on the causal-lm backend; readout.py."""

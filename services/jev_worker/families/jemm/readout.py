@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +30,11 @@ import torch
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...head import DecisionHead
-from ...prompt import PreparedRequest, ChatPromptBuilder, RowSpec
+from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
+from ...protocols import QuestionKind, Readout
 from ...questions.base import BuildContext
+from ...readouts.base import ServingError, read_json
 from ...vision import placed_images
-from ...readouts.base import Readout, ServingError, read_json
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
 ANSWER = "Answer with exactly one candidate label."
@@ -124,16 +126,14 @@ class JemmBuilder(ChatPromptBuilder):
         return prepared
 
 
-class _Candidates:
+class _Candidates(QuestionKind):
     """A question as JEMM's one single-choice request; subclasses say what its candidates are."""
-
-    type = ""
 
     def __init__(self, readout: "JemmLabels"):
         self.readout = readout
 
-    def candidates(self, question) -> list[str]:
-        raise NotImplementedError
+    @abstractmethod
+    def candidates(self, question) -> list[str]: ...
 
     def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]:
         texts = self.candidates(question)
@@ -145,8 +145,7 @@ class _Candidates:
         return [RowSpec(content, ids)]
 
     def probabilities(self, logits, ctx: BuildContext) -> list[float]:
-        images = getattr(ctx.plan, "images", 0)
-        temperature = self.readout.mm_temperature if images else self.readout.temperature
+        temperature = self.readout.mm_temperature if ctx.plan.images else self.readout.temperature  # a JemmPlan
         return torch.softmax(logits[0].to(torch.float32) / temperature, -1).tolist()
 
 
@@ -190,7 +189,12 @@ class JemmLabels(Readout):
     name = "jemm-labels"
     question_types = frozenset({"choice", "noul", "score"})
     needs_lm_head = True
-    prompt_builder = JemmBuilder
+    temperature: float | None = None     # decision_config.json's (JEMM's default without it), once loaded
+    mm_temperature: float | None = None  # with images
+    calibration_source: str | None = None
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> JemmBuilder:
+        return JemmBuilder(tokenizer, recipe, identity)
 
     def load(self, loaded, builder) -> None:
         if builder.codes != list(LABELS):
@@ -210,7 +214,7 @@ class JemmLabels(Readout):
 
     def describe(self) -> dict:
         calibration = None
-        if hasattr(self, "temperature"):
+        if self.temperature is not None:
             calibration = {"source": self.calibration_source, "temperature": self.temperature,
                            "mm_temperature": self.mm_temperature}
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration}

@@ -1,1 +1,2 @@
-"""The laya family."""
+"""Laya (family `laya`): Laya's per-question sequences (layout.py) and decision layers (readout.py) on the
+encoder backend."""

@@ -25,8 +25,10 @@ from jev_common.schema import (
     score_answer,
 )
 
+from ...backends.encoder import Encoder, SplitFolders
+from ...protocols import Backend, Head, QuestionKind, Readout
 from ...questions.base import BuildContext
-from ...readouts.base import Readout, Requirement, ServingError, load_exactly, read_json
+from ...readouts.base import Requirement, ServingError, load_exactly, read_json
 from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 
 CONFIG = "rl_agent_config.json"
@@ -65,7 +67,7 @@ class LayaTemperatures:
                 "clamp": [TEMP_MIN, TEMP_MAX]}
 
 
-class LayaDecisionHead(nn.Module):
+class LayaDecisionHead(nn.Module, Head):
     """type embedding + decision layers + scorer; `logits(hidden [L, d], (type id, *markers))`."""
 
     def __init__(self, hidden: int, layers: int, temperatures: LayaTemperatures):
@@ -102,63 +104,42 @@ def _softmax(logits) -> list[float]:
     return torch.softmax(logits[0].float(), dim=-1).tolist()
 
 
-class _LayaKind:
-    def __init__(self, default: str):
-        self.default = default
-
-    def instructions(self, question, ctx: BuildContext, where: str) -> str:
-        default = getattr(ctx.prompt, self.default)
-        return default if question.instructions is None else ctx.user_text(question.instructions, f"{where}.instructions")
-
-
-class LayaChoice(_LayaKind):
+class LayaChoice(QuestionKind):
     type = "choice"
 
-    def __init__(self):
-        super().__init__("default_choice_question")
-
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
-        options = []
-        for name, description in question.criteria.items():
-            ctx.builder.check_user_text(name, f"{where}.criteria")
-            text = None if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")
-            options.append(name if not text else f"{name}: {text}")
-        return [LayaRow("choice", self.instructions(question, ctx, where), tuple(options))]
+        options = [name if not text else f"{name}: {text}" for name, text in ctx.criteria(question, where)]
+        return [LayaRow("choice", ctx.instructions(question, where), tuple(options))]
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs, names = _softmax(logits), list(question.criteria)
         return choice_answer(names, probs)
 
 
-class LayaScore(_LayaKind):
+class LayaScore(QuestionKind):
     type = "score"
-
-    def __init__(self):
-        super().__init__("default_score_question")
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
         levels = [f"level {i}: {ctx.user_text(level, f'{where}.criteria[{i}]')}" for i, level in enumerate(question.criteria)]
-        return [LayaRow("score", self.instructions(question, ctx, where), tuple(levels))]
+        return [LayaRow("score", ctx.instructions(question, where), tuple(levels))]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(logits)
         return score_answer(question.criteria, probs)
 
 
-class LayaNoul(_LayaKind):
+class LayaNoul(QuestionKind):
     type = "noul"
-
-    def __init__(self):
-        super().__init__("default_noul_question")
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
         criteria = question.criteria
+        given = {} if criteria is None else {"false": criteria.false, "true": criteria.true}
         sides = []
         for side in ("false", "true"):
-            value = getattr(criteria, side) if criteria is not None else None
+            value = given.get(side)
             text = "" if value is None else ctx.user_text(value, f"{where}.criteria.{side}")
             sides.append(f"{side}: {text or NOUL_DEFAULTS[side]}")
-        return [LayaRow("noul", self.instructions(question, ctx, where), tuple(sides))]
+        return [LayaRow("noul", ctx.instructions(question, where), tuple(sides))]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:
         return NoulAnswer(noul=_softmax(logits)[1])
@@ -167,7 +148,11 @@ class LayaNoul(_LayaKind):
 class LayaHeads(Readout):
     name = "laya-heads"
     question_types = frozenset({"choice", "score", "noul"})
-    backend = "encoder"
+    config: dict | None = None                    # rl_agent_config.json, read by `check`
+    temperatures: LayaTemperatures | None = None  # once loaded
+
+    def make_backend(self) -> Backend:
+        return Encoder(SplitFolders())  # the encoder's config in encoder/, its tokenizer in tokenizer/
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(CONFIG, ("encoder", "head_layers")),
@@ -196,5 +181,5 @@ class LayaHeads(Readout):
         self.kinds = {kind.type: kind for kind in (LayaChoice(), LayaScore(), LayaNoul())}
 
     def describe(self) -> dict:
-        calibration = self.temperatures.describe() if hasattr(self, "temperatures") else None
+        calibration = self.temperatures.describe() if self.temperatures is not None else None
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration}

@@ -1,4 +1,4 @@
-"""omnijev-heads: OmniJev-4B v1.1's trained decision and ordinal heads (omnijev_heads.py) over rows laid
+"""omnijev-heads: OmniJev-4B v1.1's trained decision and ordinal heads (heads.py) over rows laid
 out as the reference's branch path lays them out (backend `causal-lm-rows`).
 
 Checkpoint (the system1-omni export of tinnel123/OmniJev): the merged backbone with its LM head,
@@ -28,9 +28,11 @@ from jev_common.schema import (
     score_answer,
 )
 
+from ...backends.causal_rows import CausalRows
 from ...prompt import ChatPromptBuilder, RowSpec
+from ...protocols import Backend, Head, QuestionKind, Readout
 from ...questions.base import BuildContext
-from ...readouts.base import Readout, Requirement, ServingError, read_json
+from ...readouts.base import Requirement, ServingError, read_json
 from .heads import TYPE_IDS, OmniJevHeads, lm_features
 
 HEADS = "heads.safetensors"
@@ -39,7 +41,7 @@ OPEN, CLOSE = "<|opt|>", "<|/opt|>"
 OPTION_CHARS = 200
 
 
-class RowReader:
+class RowReader(Head):
     """A row's readouts from its hidden states [length, d] (addressed from the row's end, which is
     `<|/opt|>`): u, zq, the option-text tokens' log-probabilities (labels = their ids), the first one's from zq."""
 
@@ -88,14 +90,12 @@ class OmniJevBuilder(ChatPromptBuilder):
         return prepared
 
 
-class _OmniKind:
-    def __init__(self, readout: "OmniJevReadout", default: str):
+class _OmniKind(QuestionKind):
+    def __init__(self, readout: "OmniJevReadout"):
         self.readout = readout
-        self.default = default
 
     def row(self, question, ctx: BuildContext, where: str, option: str) -> RowSpec:
-        text = getattr(ctx.prompt, self.default) if question.instructions is None else ctx.user_text(
-            question.instructions, f"{where}.instructions")
+        text = ctx.instructions(question, where)
         option = option[:OPTION_CHARS]
         labels = tuple(ctx.builder.tokenizer(option, add_special_tokens=False)["input_ids"]) if option else ()
         return RowSpec(text, labels, after=f"{OPEN}{option}{CLOSE}")
@@ -117,14 +117,9 @@ class _OmniKind:
 class OmniChoice(_OmniKind):
     type = "choice"
 
-    def __init__(self, readout):
-        super().__init__(readout, "default_choice_question")
-
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         rows = []
-        for name, description in question.criteria.items():
-            ctx.builder.check_user_text(name, f"{where}.criteria")
-            text = None if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")
+        for name, text in ctx.criteria(question, where):
             rows.append(self.row(question, ctx, where, name if not text else f"{name}: {text}"))
         return rows
 
@@ -139,9 +134,6 @@ class OmniChoice(_OmniKind):
 class OmniScore(_OmniKind):
     type = "score"
 
-    def __init__(self, readout):
-        super().__init__(readout, "default_score_question")
-
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         return [self.row(question, ctx, where, ctx.user_text(level, f"{where}.criteria[{i}]"))
                 for i, level in enumerate(question.criteria)]
@@ -155,9 +147,6 @@ class OmniScore(_OmniKind):
 
 class OmniNoul(_OmniKind):
     type = "noul"
-
-    def __init__(self, readout):
-        super().__init__(readout, "default_noul_question")
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         if question.criteria is not None:
@@ -179,8 +168,16 @@ class OmniJevReadout(Readout):
     name = "omnijev-heads"
     question_types = frozenset({"choice", "score", "noul"})
     needs_lm_head = True
-    backend = "causal-lm-rows"
-    prompt_builder = OmniJevBuilder
+    temperatures: dict[str, float] | None = None  # omnijev_export.json's calibration, once loaded
+    noul_bias: float | None = None
+    hidden: int | None = None                     # the backbone's hidden size
+    heads: OmniJevHeads | None = None
+
+    def make_backend(self) -> Backend:
+        return CausalRows()  # the head reads several positions of each (question, option) row
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> OmniJevBuilder:
+        return OmniJevBuilder(tokenizer, recipe, identity)
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(HEADS, ("head.opt.0.weight", "head.log_tau", "ord.cut.0.weight")),
@@ -217,5 +214,5 @@ class OmniJevReadout(Readout):
 
     def describe(self) -> dict:
         calibration = ({"source": MANIFEST, "temperatures": dict(self.temperatures), "noul_bias": self.noul_bias}
-                       if hasattr(self, "temperatures") else None)
+                       if self.temperatures is not None else None)
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration}

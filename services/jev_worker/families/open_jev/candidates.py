@@ -15,6 +15,7 @@ from jev_common.schema import (
 )
 
 from ...prompt import RowSpec
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 
 CANDIDATE = "Proposed answer: {option}\nIs this proposed answer correct? Answer Yes or No."
@@ -26,12 +27,12 @@ def _softmax(logits) -> list[float]:
     return torch.softmax(torch.cat([row.reshape(-1)[:1].to(torch.float32) for row in logits]), dim=-1).tolist()
 
 
-class _Candidates:
+class _Candidates(QuestionKind):
     def __init__(self, candidate: str = CANDIDATE):
         self.candidate = candidate
 
-    def candidate_rows(self, question, ctx: BuildContext, where: str, default: str, options: list[str]) -> list[RowSpec]:
-        head = ctx.question_line(question, default, where)
+    def candidate_rows(self, question, ctx: BuildContext, where: str, options: list[str]) -> list[RowSpec]:
+        head = ctx.question_line(question, where)
         return [RowSpec(head + self.candidate.format(option=option), ()) for option in options]
 
 
@@ -39,12 +40,8 @@ class CandidateChoice(_Candidates):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        options = []
-        for name, description in question.criteria.items():
-            ctx.builder.check_user_text(name, f"{where}.criteria")
-            options.append(name if description is None else
-                           f"{name}: {ctx.user_text(description, f'{where}.criteria[{name!r}]')}")
-        return self.candidate_rows(question, ctx, where, ctx.prompt.default_choice_question, options)
+        options = [name if text is None else f"{name}: {text}" for name, text in ctx.criteria(question, where)]
+        return self.candidate_rows(question, ctx, where, options)
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs = _softmax(logits)
@@ -57,14 +54,14 @@ class CandidateScore(_Candidates):
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         levels = [ctx.user_text(level, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)]
-        return self.candidate_rows(question, ctx, where, ctx.prompt.default_score_question, levels)
+        return self.candidate_rows(question, ctx, where, levels)
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(logits)
         return score_answer(question.criteria, probs)
 
 
-class CandidateNoul:
+class CandidateNoul(QuestionKind):
     type = "noul"
 
     def __init__(self, noul: str = NOUL, criteria: str = NOUL_CRITERIA):
@@ -72,8 +69,7 @@ class CandidateNoul:
         self.criteria = criteria
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        text = ctx.prompt.default_noul_question if question.instructions is None else ctx.user_text(
-            question.instructions, f"{where}.instructions")
+        text = ctx.instructions(question, where)
         if question.criteria is not None:
             sides = {side: "" if value is None else ctx.user_text(value, f"{where}.criteria.{side}")
                      for side, value in (("true", question.criteria.true), ("false", question.criteria.false))}

@@ -12,13 +12,14 @@ import os
 
 import torch
 
-from ...readouts.base import Readout, Requirement, ServingError, load_torch_state, read_json
+from ...protocols import Head, Readout
+from ...readouts.base import Requirement, ServingError, load_torch_state, read_json
 from ...readouts.calibration import Calibration
 from .candidates import CANDIDATE, NOUL, NOUL_CRITERIA, CandidateChoice, CandidateNoul, CandidateScore
 from ...readouts.code_readout import hidden_size
 
 
-class LinearScalarHead:
+class LinearScalarHead(Head):
     """s = h_last(FP32) @ w(FP32) + b: one logit per row (labels unused)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor):
@@ -30,6 +31,8 @@ class LinearScalarHead:
 
 
 class ScalarHead(Readout):
+    """On the causal-lm backend with the recipe's chat template (the protocol's defaults)."""
+
     name = "scalar-head"
     question_types = frozenset({"choice", "score", "noul"})
 

@@ -14,22 +14,20 @@ import logging
 
 from jev_common.valen_checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
-from ...loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ...readouts.base import ServingError
 from ...backends.causal_rows import CausalRows
+from ...loader import LoadedModel, pick_device, pick_dtype, placed
+from ...readouts.base import ServingError
 
 log = logging.getLogger("jev.worker.valen")
 
 
-def load_valen(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
-               before_load=None) -> LoadedModel:
+def load_valen(recipe, folder: str, device: str, dtype: str, *, lm_head: bool = False) -> LoadedModel:
+    """The Valen checkpoint in `folder` on the base its manifest names (in the recipe's `serving.options.base_path`,
+    else the Hugging Face cache)."""
     from transformers import AutoModelForImageTextToText
 
     from jev_common.vl import load_vl_processor
 
-    folder = resolve_checkpoint(recipe, model_path)
-    if before_load is not None:
-        before_load(folder)
     checkpoint = read_checkpoint(folder)
     base = find_base(checkpoint.base, recipe.serving.options.get("base_path"))
     verify_base(base, checkpoint)
@@ -43,14 +41,11 @@ def load_valen(recipe, model_path: str | None, device: str, dtype: str, *, lm_he
         raise ServingError(f"the Valen base in {base} did not load whole (missing {sorted(info['missing_keys'])[:3]}, "
                            f"mismatched {list(info.get('mismatched_keys') or [])[:3]})")
     apply_deltas(model, checkpoint)
-    model.to(dev).eval()
-    model.requires_grad_(False)
-    return LoadedModel(model, processor.tokenizer, processor, dev, torch_dtype, folder)
+    return LoadedModel(placed(model, dev), processor.tokenizer, processor, dev, torch_dtype, folder)
 
 
 class ValenLora(CausalRows):
     name = "valen-lora"
-    load_model = staticmethod(load_valen)
     prefix_reuse = ("off: each question's branch runs whole (state + question), as Valen's compiler lays it out "
                     "and its reference computes it; no prefix state is reused (L3 off)")
-
+    load = staticmethod(load_valen)  # Backend.load: the base the checkpoint names, its deltas applied

@@ -43,13 +43,15 @@ from jev_common.schema import (
     score_answer,
 )
 
+from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
+
 from ...control_tokens import ControlTokens
 from ...prompt import PreparedRequest, ids_key
-from ...protocols import PromptBuilder
+from ...protocols import Backend, Head, PromptBuilder, QuestionKind, Readout
 from ...questions.base import BuildContext
+from ...readouts.base import Requirement, ServingError
 from ...vision import IMAGE_ITEM, PLACED_IMAGE
-from ...readouts.base import Readout, Requirement, ServingError
-from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
+from .backend import ValenLora
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
@@ -129,7 +131,7 @@ class ValenPromptBuilder(PromptBuilder):
                                prefix_key=ids_key(f"{self.identity}|valen|{','.join(image_keys)}|", prefix), plan=plan)
 
 
-class BilinearHead:
+class BilinearHead(Head):
     """Valen's DecisionHead in FP32 over one branch's hidden states [length, hidden]."""
 
     def __init__(self, decision: torch.Tensor, candidate: torch.Tensor, device):
@@ -143,9 +145,8 @@ class BilinearHead:
         return ((c * d).sum(-1) / self.scale).cpu()
 
 
-def _instructions(question, ctx: BuildContext, where: str, default: str) -> str:
-    instructions = (getattr(ctx.prompt, default) if question.instructions is None
-                    else ctx.user_text(question.instructions, f"{where}.instructions"))
+def _instructions(question, ctx: BuildContext, where: str) -> str:
+    instructions = ctx.instructions(question, where)
     if not instructions.strip():
         raise UnreadableInput(f"{where}.instructions is blank; Valen needs a question")
     return instructions
@@ -163,11 +164,11 @@ def _softmax(logits: torch.Tensor) -> list[float]:
     return [p / total for p in probs]
 
 
-class ValenChoice:
+class ValenChoice(QuestionKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
-        instructions = _instructions(question, ctx, where, "default_choice_question")
+        instructions = _instructions(question, ctx, where)
         options = []
         for name, description in question.criteria.items():
             ctx.builder.check_user_text(name, f"{where}.criteria")
@@ -182,21 +183,21 @@ class ValenChoice:
         return choice_answer(names, probs)
 
 
-class ValenNoul:
+class ValenNoul(QuestionKind):
     type = "noul"
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
-        return [ValenRow("noul", _instructions(question, ctx, where, "default_noul_question"), NOUL_CANDIDATES)]
+        return [ValenRow("noul", _instructions(question, ctx, where), NOUL_CANDIDATES)]
 
     def answer(self, question: NoulQuestion, logits: list[torch.Tensor], ctx: BuildContext) -> NoulAnswer:
         return NoulAnswer(noul=_softmax(logits[0])[0])  # P("true"), the first candidate
 
 
-class ValenScore:
+class ValenScore(QuestionKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
-        instructions = _instructions(question, ctx, where, "default_score_question")
+        instructions = _instructions(question, ctx, where)
         rows = []
         for i, level in enumerate(question.criteria):
             text = _described(ctx.user_text(level, f"{where}.criteria[{i}]"), f"{where}.criteria[{i}]")
@@ -211,8 +212,15 @@ class ValenScore:
 class ValenHeadReadout(Readout):
     name = "valen-head"
     question_types = frozenset({"choice", "noul", "score"})
-    backend = "valen-lora"
-    prompt_builder = ValenPromptBuilder
+    stage: str | None = None          # the checkpoint's training stage, once loaded
+    projection_dim: int | None = None
+    base: dict | None = None          # the base manifest's repo and revision
+
+    def make_backend(self) -> Backend:
+        return ValenLora()  # the base the checkpoint names, its deltas merged; each branch whole
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> ValenPromptBuilder:
+        return ValenPromptBuilder(tokenizer, recipe, identity)
 
     def known_options(self) -> dict:
         return {"base_path": None}
@@ -243,7 +251,7 @@ class ValenHeadReadout(Readout):
         described = {"readout": self.name, "question_types": sorted(self.question_types),
                      "calibration": {"temperature": TEMPERATURE,
                                      "source": "none shipped: Valen's softmax at temperature 1"}}
-        if hasattr(self, "stage"):
+        if self.stage is not None:
             described.update(stage=self.stage, projection_dim=self.projection_dim,
                              base=f"{self.base['repo']}@{self.base['revision']}")
         return described

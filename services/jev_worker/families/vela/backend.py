@@ -11,25 +11,18 @@ from __future__ import annotations
 import json
 import os
 
-from ...loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ...readouts.base import ServingError, load_exactly
 from ...backends.causal_rows import CausalRows
+from ...loader import LoadedModel, pick_device, pick_dtype, placed
+from ...readouts.base import ServingError, load_exactly, require_files
 
 CONFIG, INDEX, TOKENIZER, PREFIX = "config.json", "model.safetensors.index.json", "tokenizer.json", "backbone."
 
 
-def load_vela_decoder(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
-                      before_load=None) -> LoadedModel:
+def load_vela_decoder(recipe, folder: str, device: str, dtype: str, *, lm_head: bool = False) -> LoadedModel:
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModel, PreTrainedTokenizerFast
 
-    folder = resolve_checkpoint(recipe, model_path)
-    if before_load is not None:
-        before_load(folder)
-    for needed in (CONFIG, INDEX, TOKENIZER):
-        if not os.path.isfile(os.path.join(folder, needed)):
-            raise ServingError(f"backend 'vela-decoder' needs {needed} in the checkpoint folder {folder}; "
-                               "it is missing")
+    require_files(folder, (CONFIG, INDEX, TOKENIZER), "backend 'vela-decoder'")
     with open(os.path.join(folder, CONFIG), encoding="utf-8") as handle:
         package = json.load(handle)
     backbone = dict(package.get("backbone_config") or {})
@@ -50,14 +43,12 @@ def load_vela_decoder(recipe, model_path: str | None, device: str, dtype: str, *
                 if name.startswith(PREFIX):
                     state[name[len(PREFIX):]] = handle.get_tensor(name)
     load_exactly(model, state, source=f"{INDEX} ({PREFIX!r})", fits="backbone_config")
-    model.to(dev, torch_dtype).eval()
-    model.requires_grad_(False)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, TOKENIZER))
-    return LoadedModel(model, tokenizer, None, dev, torch_dtype, folder)
+    return LoadedModel(placed(model, dev, torch_dtype), tokenizer, None, dev, torch_dtype, folder)
 
 
 class VelaDecoder(CausalRows):
     name = "vela-decoder"
-    load_model = staticmethod(load_vela_decoder)
     prefix_reuse = ("off: every question block runs whole after the state prefix (prefix + block), as the "
                     "package's tree computes it; no prefix state is reused (L3 off)")
+    load = staticmethod(load_vela_decoder)  # Backend.load: the package's backbone, built natively

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+from ...backends.encoder import EncoderFiles
 from ...readouts.base import ServingError, read_json
 
 CONFIG = "config.json"
@@ -24,7 +25,7 @@ def _field(config: dict, key: str):
     return config[key]
 
 
-class VelaEncoderFiles:
+class VelaEncoderFiles(EncoderFiles):
     needed = (CONFIG, TOKENIZER)
     config_source = "config.json encoder_config"
 

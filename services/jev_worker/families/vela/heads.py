@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...protocols import Head
 from ...readouts.base import ServingError
 
 CANDIDATE = ("candidate_norm.weight", "candidate_norm.bias", "query_norm.weight", "query_norm.bias", "key.weight",
@@ -38,7 +39,7 @@ def _layer_norm(x: torch.Tensor, t: dict, name: str) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], t[f"{name}.weight"], t[f"{name}.bias"], 1e-5)
 
 
-class VelaHeads:
+class VelaHeads(Head):
     def __init__(self, tensors: dict, hidden: int, source: str, broad: dict | None = None):
         self.candidate = _tensors(tensors, HEAD, CANDIDATE, source)
         if SET_BIAS not in tensors:

@@ -1,5 +1,5 @@
 """vela-marker-heads: Vela 2.0 0.3B, the family's ModernBERT encoder member (`vela2-unified`), on the `encoder`
-backend: the packages' marker sequences (vela_marker_layout.py) and FP32 marker head (vela_marker_head.py).
+backend: the packages' marker sequences (marker_layout.py) and FP32 marker head (marker_head.py).
 The package's Python code is never imported.
 
 Package files read: `config.json` (model_type vela2-unified, format_version 1, `encoder_config`, `proj_dim`,
@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from jev_common.schema import SetAnswer
-
-from ...readouts.base import Readout, Requirement, ServingError, read_json
+from ...backends.encoder import Encoder
+from ...protocols import Backend, Readout
+from ...readouts.base import Requirement, ServingError, read_json
 from .encoder_files import VelaEncoderFiles
-from .readout import (
-    VelaChoice, VelaNoul, VelaScore, VelaSpan, described_options, noul_options, question_text, score_levels,
-)
-from .marker_head import READOUTS, VelaMarkerHead, tensor_names
 from .layout import span_text
+from .marker_head import READOUTS, VelaMarkerHead, tensor_names
 from .marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
+from .readout import VelaChoice, VelaNoul, VelaScore, VelaSet, VelaSpan, question_text
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
 MEMBER, FORMAT_VERSION = "vela2-unified", 1
@@ -47,39 +43,29 @@ SET_THRESHOLD = "set:*"
 SPAN_LABEL = "answer"
 
 
-class MarkerChoice(VelaChoice):
-    def rows(self, question, ctx, where):
-        text = question_text(question, ctx, where, "default_choice_question")
-        return [MarkerRow(text, tuple(described_options(question, ctx, where)), abstain=True)]
-
-
-class MarkerNoul(VelaNoul):
-    def rows(self, question, ctx, where):
-        text = question_text(question, ctx, where, "default_noul_question")
-        return [MarkerRow(text, tuple(noul_options(question, ctx, where)), abstain=True)]
-
-
-class MarkerScore(VelaScore):
-    def rows(self, question, ctx, where):
-        text = question_text(question, ctx, where, "default_score_question")
-        return [MarkerRow(text, tuple(score_levels(question, ctx, where)))]
-
-
-class MarkerSet:
-    type = "set"
-
-    def __init__(self, readout: "VelaMarkerHeads"):
-        self.readout = readout
+class _MarkerRow:
+    """A Vela option question (its options, abstain and answer as the decoders') as the encoder reads it: one
+    [Q] question with its [O] options (and [ABS]) in the request's marker sequence."""
 
     def rows(self, question, ctx, where):
-        text = question_text(question, ctx, where, "default_noul_question")
-        return [MarkerRow(text, tuple(described_options(question, ctx, where)))]
+        text = question_text(question, ctx, where)
+        return [MarkerRow(text, tuple(self.options(question, ctx, where)), abstain=self.abstain)]
 
-    def answer(self, question, logits, ctx) -> SetAnswer:
-        scores = torch.sigmoid(logits[0].to(torch.float32) / self.readout.temperature("set"))
-        probs = dict(zip(question.criteria, scores.tolist()))
-        threshold = self.readout.set_threshold()
-        return SetAnswer(selected=[name for name, p in probs.items() if p > threshold], probabilities=probs)
+
+class MarkerChoice(_MarkerRow, VelaChoice):
+    pass
+
+
+class MarkerNoul(_MarkerRow, VelaNoul):
+    pass
+
+
+class MarkerScore(_MarkerRow, VelaScore):
+    pass
+
+
+class MarkerSet(_MarkerRow, VelaSet):
+    pass
 
 
 class MarkerSpan(VelaSpan):
@@ -87,16 +73,20 @@ class MarkerSpan(VelaSpan):
         span_text(ctx.state, where)
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
-        text = question_text(question, ctx, where, "default_choice_question")
+        text = question_text(question, ctx, where)
         return [MarkerRow("", ((SPAN_LABEL, text),), span=True)]
 
 
 class VelaMarkerHeads(Readout):
     name = "vela-marker-heads"
     question_types = frozenset({"choice", "noul", "score", "set", "span"})
-    backend = "encoder"
-    attention_mode = "Vela 2.0 encoder package (one bidirectional marker sequence)"
-    encoder_files = VelaEncoderFiles()  # the package's config.json encoder_config + tokenizer.json
+    config: dict | None = None  # the package's config.json, read by `check`
+    temperatures: dict[str, float] | None = None  # calibration.json's, once loaded
+    thresholds: dict[str, float] | None = None
+
+    def make_backend(self) -> Backend:
+        # one bidirectional marker sequence; the encoder from config.json encoder_config + tokenizer.json
+        return Encoder(VelaEncoderFiles())
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(CONFIG, CONFIG_KEYS), Requirement(CALIBRATION, ("temperature", "thresholds")),
@@ -156,13 +146,16 @@ class VelaMarkerHeads(Readout):
     def set_threshold(self) -> float:
         return self.thresholds[SET_THRESHOLD]
 
+    def set_bias(self) -> float:
+        return 0.0  # the 0.3B's marker head has no set bias
+
     def span_temperature(self) -> float:
         return self.temperatures["span"]
 
     def describe(self) -> dict:
         calibration = None
-        if hasattr(self, "temperatures"):
+        if self.temperatures is not None:
             calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
                            "set_threshold": self.set_threshold(), "abstain": "read, not part of an answer"}
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration,
-                "marker_readout": self.config.get("readout") if hasattr(self, "config") else None}
+                "marker_readout": self.config.get("readout") if self.config is not None else None}

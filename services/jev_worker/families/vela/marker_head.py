@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...protocols import Head
 from ...readouts.base import ServingError
 from .marker_layout import SequenceReadout
 
@@ -41,7 +42,7 @@ def expected_shapes(readout: str, hidden: int, projection: int) -> dict[str, tup
     return shapes
 
 
-class VelaMarkerHead:
+class VelaMarkerHead(Head):
     def __init__(self, tensors: dict, *, readout: str, hidden: int, projection: int, source: str):
         if readout not in READOUTS:
             raise ServingError(f"config.json readout must be one of {', '.join(READOUTS)}, got {readout!r}")

@@ -14,7 +14,7 @@ question has a row of its own. A question reads every part (the packages' defaul
 runs from the first part's [SEG_role] marker to the last part's end. A span question adds only its [E] labels
 and is read at the first sub-word of every word of the user part.
 
-The state is read into typed parts as both members read it (vela_layout.state_parts).
+The state is read into typed parts as both members read it (layout.state_parts).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from jev_common.errors import UnreadableInput
 
 from ...prompt import PreparedRequest, ids_key
 from ...protocols import PromptBuilder
-from .layout import SPAN_ROLE, canonical, content_text, state_parts, words_of
+from .layout import SPAN_ROLE, state_parts, words_of
 
 MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")
 

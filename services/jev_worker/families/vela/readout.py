@@ -1,6 +1,6 @@
 """vela-heads: Vela 2.0's decoder decision and span heads (0.8B; the 4B / 9B share the layout) on the
-`vela-decoder` backend, with the packages' own prompt layout (vela_layout.py) and FP32 heads
-(vela_heads_math.py). The package's Python code is never imported.
+`vela-decoder` backend, with the packages' own prompt layout (layout.py) and FP32 heads
+(heads.py). The package's Python code is never imported.
 
 Package files read: `config.json` (`model_type` vela2-decoder, `backbone_config`, `head_dim`, `max_length`),
 `calibration.json` (`temperature` {choice, score, set, span}, `thresholds` {"set:<id>" | "set:*"},
@@ -8,7 +8,7 @@ Package files read: `config.json` (`model_type` vela2-decoder, `backbone_config`
 `set_bias`, `span2.*`) and, when present, `broad_head.safetensors` (`span_broad.*`).
 
 Every question is one block after the state prefix (the state's typed parts as the packages read a System One
-state, vela_layout.state_parts) and reads every part; the rows backend runs prefix + block whole, so a block
+state, layout.state_parts) and reads every part; the rows backend runs prefix + block whole, so a block
 sees the prefix and itself only, as the packages' tree does.
 The question text is the instructions (canonical JSON when structured), or the recipe's default question
 of its kind where this API lets instructions out (Vela's own reader requires them).
@@ -28,7 +28,9 @@ of its kind where this API lets instructions out (Vela's own reader requires the
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -39,8 +41,9 @@ from jev_common.schema import (
 )
 
 from ...prompt import PreparedRequest, RowSpec, ids_key
-from ...protocols import PromptBuilder
-from ...readouts.base import Readout, Requirement, ServingError, read_json
+from ...protocols import Backend, PromptBuilder, QuestionKind, Readout
+from ...readouts.base import Requirement, ServingError, read_json
+from .backend import VelaDecoder
 from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
 from .layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
 
@@ -116,11 +119,11 @@ def _roles(ctx) -> tuple[str, ...]:
     return tuple(role for role, _ in state_parts(ctx.state))
 
 
-def question_text(question, ctx, where: str, default: str) -> str:
+def question_text(question, ctx, where: str) -> str:
     """The question text: its instructions (canonical JSON when structured), or the recipe's default
     question of that kind (Vela's own request reader requires instructions; this API does not)."""
     if question.instructions is None:
-        return getattr(ctx.prompt, default)
+        return ctx.default_question(question.type)
     text = content_text(question.instructions)
     ctx.builder.check_user_text(text, f"{where}.instructions")
     if not text.strip():
@@ -164,23 +167,30 @@ def _softmax(logits: torch.Tensor, temperature: float) -> list[float]:
     return torch.softmax(logits.to(torch.float32) / temperature, -1).tolist()
 
 
-class _Options:
-    """A question answered by the candidate head over one options block."""
+class _Options(QuestionKind):
+    """A question answered by the candidate head over one options block: the packages' task type `block`, the
+    question's options and, where `abstain`, the abstain option after them."""
+
+    block: ClassVar[str]
+    abstain: ClassVar[bool]
 
     def __init__(self, readout: "VelaHeadsReadout"):
         self.readout = readout
 
-    def block_row(self, ctx, where: str, kind: str, text: str, options, abstain: bool) -> list[VelaRow]:
-        block = ctx.builder.layout.options_block(kind, _roles(ctx), text, options, abstain)
+    @abstractmethod
+    def options(self, question, ctx, where: str) -> list[tuple[str, str]]: ...
+
+    def rows(self, question, ctx, where):
+        text = question_text(question, ctx, where)
+        block = ctx.builder.layout.options_block(self.block, _roles(ctx), text, self.options(question, ctx, where),
+                                                 self.abstain)
         return [VelaRow("", (OPTIONS, len(block.ids), *block.ends), ids=block.ids)]
 
 
 class VelaChoice(_Options):
     type = "choice"
-
-    def rows(self, question, ctx, where):
-        return self.block_row(ctx, where, "choice", question_text(question, ctx, where, "default_choice_question"),
-                              described_options(question, ctx, where), abstain=True)
+    block, abstain = "choice", True
+    options = staticmethod(described_options)
 
     def answer(self, question, logits, ctx) -> ChoiceAnswer:
         names = list(question.criteria)
@@ -190,10 +200,8 @@ class VelaChoice(_Options):
 
 class VelaNoul(_Options):
     type = "noul"
-
-    def rows(self, question, ctx, where):
-        return self.block_row(ctx, where, "choice", question_text(question, ctx, where, "default_noul_question"),
-                              noul_options(question, ctx, where), abstain=True)
+    block, abstain = "choice", True  # the packages' two-option choice
+    options = staticmethod(noul_options)
 
     def answer(self, question, logits, ctx) -> NoulAnswer:
         return NoulAnswer(noul=_softmax(logits[0][:2], self.readout.temperature("choice"))[1])
@@ -201,10 +209,8 @@ class VelaNoul(_Options):
 
 class VelaScore(_Options):
     type = "score"
-
-    def rows(self, question, ctx, where):
-        text = question_text(question, ctx, where, "default_score_question")
-        return self.block_row(ctx, where, "score", text, score_levels(question, ctx, where), abstain=False)
+    block, abstain = "score", False
+    options = staticmethod(score_levels)
 
     def answer(self, question, logits, ctx) -> ScoreAnswer:
         probs = _softmax(logits[0], self.readout.temperature("score"))
@@ -213,20 +219,18 @@ class VelaScore(_Options):
 
 class VelaSet(_Options):
     type = "set"
-
-    def rows(self, question, ctx, where):
-        return self.block_row(ctx, where, "set", question_text(question, ctx, where, "default_noul_question"),
-                              described_options(question, ctx, where), abstain=False)
+    block, abstain = "set", False
+    options = staticmethod(described_options)
 
     def answer(self, question, logits, ctx) -> SetAnswer:
         readout = self.readout
-        scores = torch.sigmoid((logits[0].to(torch.float32) + readout.head.set_bias) / readout.temperature("set"))
+        scores = torch.sigmoid((logits[0].to(torch.float32) + readout.set_bias()) / readout.temperature("set"))
         probs = dict(zip(question.criteria, scores.tolist()))
         threshold = readout.set_threshold()
         return SetAnswer(selected=[name for name, p in probs.items() if p > threshold], probabilities=probs)
 
 
-class VelaSpan:
+class VelaSpan(QuestionKind):
     type = "span"
 
     def __init__(self, readout: "VelaHeadsReadout"):
@@ -234,7 +238,7 @@ class VelaSpan:
 
     def rows(self, question, ctx, where):
         state = span_text(ctx.state, where)
-        text = question_text(question, ctx, where, "default_choice_question")
+        text = question_text(question, ctx, where)
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
         ids, offsets = ctx.builder.encode_offsets(state)
@@ -269,9 +273,15 @@ class VelaSpan:
 class VelaHeadsReadout(Readout):
     name = "vela-heads"
     question_types = frozenset({"choice", "noul", "score", "set", "span"})
-    backend = "vela-decoder"
-    attention_mode = "Vela 2.0 decoder package"
-    prompt_builder = VelaBuilder
+    temperatures: dict[str, float] | None = None  # calibration.json's, once loaded
+    thresholds: dict[str, float] | None = None
+    broad_temperature: float | None = None
+
+    def make_backend(self) -> Backend:
+        return VelaDecoder()  # the package's backbone, built natively; each question block whole
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> VelaBuilder:
+        return VelaBuilder(tokenizer, recipe, identity)
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(CONFIG, ("model_type", "backbone_config", "head_dim", "max_length")),
@@ -334,6 +344,9 @@ class VelaHeadsReadout(Readout):
     def set_threshold(self) -> float:
         return self.thresholds.get("set:*", 0.5)
 
+    def set_bias(self) -> float:
+        return self.head.set_bias
+
     def span_head(self) -> int:
         return BROAD_SPAN if BROAD_SPAN in self.head.spans else ROUTER_SPAN
 
@@ -342,7 +355,7 @@ class VelaHeadsReadout(Readout):
 
     def describe(self) -> dict:
         calibration = None
-        if hasattr(self, "temperatures"):
+        if self.temperatures is not None:
             calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
                            "set_threshold": self.set_threshold(), "broad_span_temperature": self.broad_temperature,
                            "noul_calibration": "off (the packages' optional Noul fit is not applied)"}
