@@ -3,15 +3,10 @@ needs, stops the worker (exit status 2) with a message naming what is missing.""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from jev_common.recipe import REPO_ROOT, all_recipes
 from jev_worker.backends.registry import BACKENDS
@@ -20,7 +15,7 @@ from jev_worker.readouts.base import ServingError, load_exactly
 from jev_worker.readouts.calibration import Calibration
 from jev_worker.serving import build_serving, preflight
 
-from .family_helpers import family_recipe
+from .family_helpers import copy_without, family_recipe, run_worker
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +30,6 @@ def open_jev_dir(tmp_path_factory) -> Path:
     from tools.tiny_checkpoints import make_tiny_open_jev
 
     return make_tiny_open_jev(tmp_path_factory.mktemp("open-jev"), seed=8)
-
-
-def copy_without(folder: Path, tmp_path: Path, *missing: str) -> Path:
-    out = tmp_path / "checkpoint"
-    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*missing))
-    return out
-
-
-def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.CompletedProcess:
-    folder = tmp_path / "recipe"
-    folder.mkdir(exist_ok=True)
-    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}", "JEV_RECIPE": str(folder),
-           "JEV_MODEL_PATH": str(model_path), "JEV_WORKER_PORT": "0", "JEV_DEVICE": "cpu"}
-    return subprocess.run([sys.executable, "-m", "jev_worker"], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_worker_exits_naming_an_unknown_family(tmp_path, tiny_recipe, tiny_text_dir):

@@ -82,7 +82,7 @@ def test_readme_documents_setup_launch_request_and_comparison(folder):
                     "## Verified on a tiny checkpoint"):
         assert heading in text, f"{folder.name}: README lacks {heading}"
     verified = text.split("## Verified on a tiny checkpoint", 1)[1].split("\n## ", 1)[0]
-    assert re.search(r"tests/unit/test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
+    assert re.search(r"tests/unit/(families/)?test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
     assert re.search(r"Needs the real", verified), f"{folder.name}: what needs the real weights?"
     assert recipe.model.hub_repo in text and recipe.model.revision in text
     assert f"--profile {recipe.compose_profile}" in text

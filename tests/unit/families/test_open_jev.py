@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .family_helpers import ask, assert_probs, family_recipe, last_hidden, prompt_ids, served
+from ..family_helpers import ask, assert_probs, family_recipe, last_hidden, prompt_ids, served
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 CHECK = "Is this proposed answer correct? Answer Yes or No."

@@ -16,8 +16,8 @@ from jev_common.recipe import load_recipe
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import preflight
 
-from .clm_stubs import clm_app, embedding, embeddings_app, make_tiny_clm_head, project
-from .family_helpers import TOL, ask, assert_probs, served
+from ..clm_stubs import clm_app, embedding, embeddings_app, make_tiny_clm_head, project
+from ..family_helpers import TOL, ask, assert_probs, served
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 

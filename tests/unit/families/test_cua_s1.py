@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jev_common.recipe import load_recipe
 
-from .family_helpers import ask, assert_probs, served
+from ..family_helpers import ask, assert_probs, served
 
 SYSTEM_PROMPT = (
     "You are a one-pass computer-use decision model. You are shown the current state of a screen and a fixed, "

@@ -16,8 +16,8 @@ from transformers import AutoModelForImageTextToText
 from jev_common.recipe import load_recipe
 from jev_common.vl import load_vl_processor
 
-from .family_helpers import TOL, ask, assert_probs, served
-from .vl_helpers import pattern_image, png_uri, request_line
+from ..family_helpers import TOL, ask, assert_probs, served
+from ..vl_helpers import pattern_image, png_uri, request_line
 
 SYSTEM = ("Choose the best available candidate for the question using only the supplied state. "
           "Return exactly one candidate label.")

@@ -15,8 +15,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import build_serving, preflight
 
-from .family_helpers import ask, assert_probs, family_recipe, served
-from .test_readout_framework import copy_without, run_worker
+from ..family_helpers import ask, assert_probs, copy_without, family_recipe, run_worker, served
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 

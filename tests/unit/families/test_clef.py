@@ -19,9 +19,8 @@ from jev_common.vl import load_vl_processor
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import build_serving, preflight
 
-from .family_helpers import TOL, ask, assert_probs, family_recipe, served
-from .test_readout_framework import copy_without
-from .vl_helpers import pattern_image, png_uri, request_line
+from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, served
+from ..vl_helpers import pattern_image, png_uri, request_line
 
 SYSTEM = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one of "
           "that field's allowed options.")

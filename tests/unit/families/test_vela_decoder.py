@@ -18,8 +18,7 @@ from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import preflight
 
-from .family_helpers import TOL, ask, assert_probs, family_recipe, served
-from .test_readout_framework import copy_without, run_worker
+from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
 
 STATE = "Please reset the account of Jane Roe, phone 555-0100, before Friday."
 SHARD2 = "model-00002-of-00002.safetensors"

@@ -20,8 +20,7 @@ from jev_worker.readouts.base import ServingError
 from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
 
-from .family_helpers import TOL, ask, assert_probs, family_recipe, served
-from .test_readout_framework import copy_without, run_worker
+from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
 
 STATE = "Please reset the account of Jane Roe, phone 555-0100, before Friday."
 NO = "No. The statement or question is not satisfied."

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 
-from .family_helpers import ask, assert_probs, family_recipe, last_hidden, prompt_ids, served
+from ..family_helpers import ask, assert_probs, family_recipe, last_hidden, prompt_ids, served
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 OPTIONS = "Answer with the letter of the correct option only."

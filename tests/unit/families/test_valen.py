@@ -19,9 +19,8 @@ from jev_common.vl import load_vl_processor
 from jev_worker.readouts.base import ServingError
 from jev_worker.serving import build_serving, preflight
 
-from .family_helpers import TOL, ask, assert_probs, served
-from .test_readout_framework import copy_without, run_worker
-from .vl_helpers import pattern_image, png_uri, request_line
+from ..family_helpers import TOL, ask, assert_probs, copy_without, run_worker, served
+from ..vl_helpers import pattern_image, png_uri, request_line
 
 STATE = "The kettle is whistling and steam comes out of its spout."
 
