@@ -67,4 +67,5 @@ async def test_uncalibrated_checkpoint_reports_no_calibration(worker_settings, t
     async with served(worker_settings()) as (_, worker, _):
         serving = (await (await worker.get("/health")).json())["detail"]["serving"]
         assert serving["backend"] == "causal-lm" and serving["readout"] == "label-tokens"
+        assert serving["family"] == "label-tokens"  # /health names the recipe's family too
         assert serving["calibration"] == {"source": None, "temperatures": {}, "biases": {}}
