@@ -36,9 +36,9 @@ def tokenizer_of(recipe):
 
 def current_keys(recipe, tokenizer, corpus: list[dict]) -> list[str]:
     from jev_worker.legacy import prepare_legacy
-    from jev_worker.prompt import PromptBuilder
+    from jev_worker.prompt import ChatPromptBuilder
 
-    builder = PromptBuilder(tokenizer, recipe, recipe.identity)
+    builder = ChatPromptBuilder(tokenizer, recipe, recipe.identity)
     return [prepare_legacy(builder, DecisionRequest.model_validate(body)).prefix_key for body in corpus]
 
 
@@ -56,7 +56,7 @@ def revision_keys(revision: str, recipe, tokenizer, corpus: list[dict]) -> list[
             spec.loader.exec_module(module)
         finally:
             sys.modules.pop(spec.name, None)
-    builder = module.PromptBuilder(tokenizer, recipe, recipe.identity)
+    builder = module.PromptBuilder(tokenizer, recipe, recipe.identity)  # its name before ChatPromptBuilder
     return [builder.prepare(DecisionRequest.model_validate(body)).prefix_key for body in corpus]
 
 

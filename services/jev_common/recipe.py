@@ -88,12 +88,13 @@ class BatchingSpec(_Section):
 
 
 class ServingSpec(_Section):
-    """How the worker serves the checkpoint: a backend runs the network, a readout turns its outputs
-    into typed answers. Both are names in the worker's registries (jev_worker.backends, jev_worker.readouts)."""
+    """How the worker serves the checkpoint: the family names its readout (what turns the network's outputs
+    into typed answers, jev_worker/families/registry.py), and the readout chooses the backend that runs the
+    network, so a recipe never names one."""
 
-    backend: str = Field(default="causal-lm", description="what runs the network (causal-lm, noncausal-lm, ...)")
-    readout: str = Field(default="label-tokens", description="what turns its outputs into answers (label-tokens, ...)")
-    options: dict[str, Any] = Field(default_factory=dict, description="readout settings, checked by the readout at load")
+    family: str = Field(default="label-tokens", description="the worker's family for this checkpoint "
+                        "(label-tokens, code-readout, clef, clm, ...: jev_worker/families/registry.py)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the family's settings, checked by its readout")
 
 
 class Recipe(_Section):

@@ -3,7 +3,7 @@
 A worker's L3 key (`prefix_key`, jev_worker.prompt) hashes the checkpoint identity, the image keys and
 the prefix *token ids*; a frontend cannot tokenize, so it cannot compute it. Instead both sides hash
 what decides the prefix before tokenisation: the state as the worker renders it (text as sent; objects
-and arrays as JSON text, jev_worker.questions.base.render_content) and the sorted keys of its images
+and arrays as JSON text, jev_common.state_text.render_state) and the sorted keys of its images
 (sha256 of the image bytes, jev_common.assets). The worker registers this key next to each prefix it
 holds in L3 (cache_index `route` entries), so the frontend finds where a state is warm. Same model,
 same route key -> same prefix; the namespace (checkpoint) keeps models apart.
@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-import json
 from collections.abc import Iterable
 
 from .assets import asset_bytes, asset_key, bytes_key
 from .errors import DomainError
-
-
-def render_state(value: object) -> str:
-    """The state text as the worker renders it (must equal jev_worker's render_content; tested)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
+from .state_text import render_state  # noqa: F401 - the state text as the worker renders it (one function)
 
 
 def state_route_key(state_text: str, image_keys: Iterable[str] = ()) -> str:

@@ -1,6 +1,6 @@
 """The processor and vision-language model whose vision tower (and merger) makes a recipe's image embeddings.
 
-Most checkpoints are loaded as they are. A Valen checkpoint (backend `valen-lora`) holds only its trained
+Most checkpoints are loaded as they are. A Valen checkpoint (family `valen`) holds only its trained
 deltas: its base is the one `checkpoint.pt` names (the recipe's `base_path` option, or the local Hugging Face
 cache), checked against the manifest's sha256, and Valen's trained vision blocks and merger are written over
 the base's, so the embeddings are the ones Valen's own forward computes (jev_common/valen_checkpoint.py).
@@ -17,7 +17,7 @@ log = logging.getLogger("jev.preencoder")
 
 def load_vision(recipe, folder: str, dtype, device, **kwargs):
     """-> (processor, model) for `folder`, the recipe's checkpoint."""
-    if recipe is not None and recipe.serving.backend == "valen-lora":
+    if recipe is not None and recipe.serving.family == "valen":
         return _valen(recipe, folder, dtype, device)
     return load_vl_processor(folder, **kwargs), load_vl_model(folder, dtype=dtype, device=device, **kwargs)
 

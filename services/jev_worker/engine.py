@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from .caches import BudgetLRU
 from .head import DecisionHead
 from .prompt import PreparedRequest
+from .protocols import Engine
 
 log = logging.getLogger("jev.worker.engine")
 
@@ -74,7 +75,7 @@ class EngineResult:
     l3: str  # hit | miss | off
 
 
-class DecisionEngine:
+class DecisionEngine(Engine):
     def __init__(self, model: torch.nn.Module, device: torch.device, *, l3_bytes: int, batching: bool,
                  max_batch_rows: int, pad_id: int = 0, vision=None, checkpoint_dir: str | None = None,
                  head=None, on_l3_insert: Callable[[str, PrefixState], None] | None = None,

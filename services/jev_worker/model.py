@@ -9,16 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel
 from .scheduler import Scheduler
-from .serving import Serving
+from .serving import Serving, build_serving
 
 log = logging.getLogger("jev.worker.model")
 
 
 class LocalModel:
-    def __init__(self, serving: Serving, settings, identity: str, metrics, index_link):
-        self.serving = serving
+    def __init__(self, settings, identity: str, metrics, index_link):
+        self.serving: Serving | None = None  # the family's readout and backend, checked against the checkpoint
         self.settings = settings
         self.recipe = settings.recipe
         self.identity = identity
@@ -48,10 +48,9 @@ class LocalModel:
         s = self.settings
         if s.threads > 0:
             torch.set_num_threads(s.threads)
+        self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
-        load = getattr(self.serving.backend, "load_model", load_model)  # a backend may own its checkpoint layout
-        self.loaded = load(self.recipe, s.model_path, s.device, s.dtype, lm_head=readout.needs_lm_head,
-                           before_load=self.serving.check_checkpoint)
+        self.loaded = self.serving.load(s.device, s.dtype)
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -60,10 +59,7 @@ class LocalModel:
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
                                             s.cache.l2_bytes if s.cache.l2_on else 0)
-        from .prompt import PromptBuilder
-
-        builder = getattr(readout, "prompt_builder", PromptBuilder)  # a readout may lay out its own sequences
-        self.builder = builder(tokenizer, self.recipe, self.identity)
+        self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,

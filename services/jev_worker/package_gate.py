@@ -3,7 +3,7 @@ the package, checked before any of it is imported.
 
 A recipe with `model.trust_remote_code: true` must pin `model.revision` to a 40-hex commit and give
 `model.remote_code_manifest` {path relative to the checkpoint folder: sha256}. Before the model is
-loaded (serving.check_checkpoint, which load_model runs before reading weights or code), every listed
+loaded (serving.build_serving, before any backend reads weights or code), every listed
 file must exist with its digest, and every code file (`*.py`, at any depth) of the folder must be listed.
 Otherwise the worker does not start (status 2, or /health for an in-process start), naming the cause:
 the unpinned revision, the missing manifest, the missing, changed or unlisted file.

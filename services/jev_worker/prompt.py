@@ -10,12 +10,15 @@ are learned once at load and checked against the template itself.
 from __future__ import annotations
 
 import hashlib
-import re
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jev_common.errors import TooManyOptions, UnreadableInput
+from jev_common.errors import TooManyOptions
 from jev_common.recipe import Recipe
+
+from .control_tokens import ControlTokens
+from .protocols import PromptBuilder
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,13 @@ class PreparedRequest:
 
     def full_ids(self, row: int) -> tuple[int, ...]:
         return self.prefix_ids + self.rows[row]
+
+
+def ids_key(head: str, ids: Iterable[int]) -> str:
+    """A prefix key: sha256 of `head` (the checkpoint identity, a layout tag, image keys) and the token ids."""
+    digest = hashlib.sha256(head.encode())
+    digest.update(b"".join(i.to_bytes(4, "little") for i in ids))
+    return digest.hexdigest()
 
 
 class PromptLayout:
@@ -88,14 +98,14 @@ class PromptLayout:
         self.tail = tail + prompt.answer_prefix
 
 
-_SPECIAL_HINT = "the model's template cannot carry it as text; remove it from the request"
+class ChatPromptBuilder(PromptBuilder):
+    """The recipe's chat template (or plain layout) around the state block and each question row."""
 
+    _code_source = "its tokenizer has"  # what the option codes come from (a readout's codebook names its own)
 
-class PromptBuilder:
     def __init__(self, tokenizer, recipe: Recipe, identity: str):
-        self.tokenizer = tokenizer
-        self.recipe = recipe
-        self.identity = identity
+        super().__init__(tokenizer, recipe, identity, controls=ControlTokens.of(
+            tokenizer, hint="the model's template cannot carry it as text; remove it from the request"))
         self.layout = PromptLayout(tokenizer, recipe)
         self.use_chat = self.layout.use_chat
         verbalizer = recipe.verbalizer
@@ -105,10 +115,6 @@ class PromptBuilder:
         digits = [self._try_single_token(d) for d in string.digits]
         self.digit_ids = tuple(digits) if all(d is not None for d in digits) and len(set(digits)) == 10 else None
         self._fast = bool(getattr(tokenizer, "is_fast", False))
-        specials = sorted({t for t in getattr(tokenizer, "all_special_tokens", []) if t}
-                          | {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                             if getattr(t, "special", False) and t.content}, key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     # ----- labels -------------------------------------------------------------------------------
     def single_token(self, label: str) -> int:
@@ -151,17 +157,9 @@ class PromptBuilder:
 
     def coded(self, n: int) -> tuple[list[str], tuple[int, ...]]:
         if n > len(self.codes):
-            source = getattr(self, "_code_source", "its tokenizer has")
-            raise TooManyOptions(f"at most {len(self.codes)} options for this model ({source} "
+            raise TooManyOptions(f"at most {len(self.codes)} options for this model ({self._code_source} "
                                  f"{len(self.codes)} single-token option codes)")
         return self.codes[:n], tuple(self.code_ids[:n])
-
-    # ----- user text ----------------------------------------------------------------------------
-    def check_user_text(self, text: str, where: str) -> None:
-        if self._special_re is not None:
-            match = self._special_re.search(text)
-            if match:
-                raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this model; {_SPECIAL_HINT}")
 
     # ----- tokens -------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str], boundary: int) -> list[tuple[tuple[int, ...], int]]:
@@ -200,12 +198,11 @@ class PromptBuilder:
         if differs:  # rows disagree before the boundary: share only their common tokens
             cut = min(_common_prefix_length([ids for ids, _ in tokenized]), longest_cut)
             prefix = tokenized[0][0][:cut]
-        digest = hashlib.sha256(f"{self.identity}|{','.join(image_keys)}|".encode())
-        digest.update(b"".join(i.to_bytes(4, "little") for i in prefix))
         return PreparedRequest(
             prefix_ids=prefix, rows=tuple(ids[cut:] for ids, _ in tokenized),
             row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
-            prefix_key=digest.hexdigest(), plan=plan, boundary_mismatch=mismatch,
+            prefix_key=ids_key(f"{self.identity}|{','.join(image_keys)}|", prefix), plan=plan,
+            boundary_mismatch=mismatch,
         )
 
     def reference_text(self, state_text: str, row: RowSpec) -> str:

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 
 from jev_common.checkpoint_files import ServingError
 
-from .readouts.calibration import Calibration, CalibratedKind
-
 if TYPE_CHECKING:  # imported for annotations only: these modules import torch and transformers
     import torch
     from pydantic import BaseModel
@@ -26,10 +24,12 @@ if TYPE_CHECKING:  # imported for annotations only: these modules import torch a
     from jev_common.recipe import Recipe
 
     from .caches import BudgetLRU
+    from .control_tokens import ControlTokens
     from .engine import EngineItem, EngineResult
     from .loader import LoadedModel
     from .prompt import PreparedRequest, RowSpec
     from .questions.base import BuildContext
+    from .readouts.calibration import Calibration
 
 
 # ----- the network ------------------------------------------------------------------------------
@@ -48,7 +48,6 @@ class Backend(ABC):
 
     name: ClassVar[str]
     prefix_reuse: ClassVar[str]  # whether rows reuse the state prefix's KV (L3), or why not (stats, /health)
-    external: ClassVar[bool] = False  # the network runs in another server (ExternalBackend)
 
     def check(self, recipe: "Recipe") -> None:
         """Refuse a recipe this backend cannot run (raise ServingError)."""
@@ -75,8 +74,6 @@ class Backend(ABC):
 
 class ExternalBackend(Backend):
     """A backend whose network runs in another server: requests are posted there, nothing is loaded here."""
-
-    external: ClassVar[bool] = True
 
     def load(self, recipe, folder, device, dtype, *, lm_head):
         raise ServingError(f"backend {self.name!r} loads no local model")
@@ -115,14 +112,22 @@ class RequestHead(ABC):
 
 # ----- prompts ----------------------------------------------------------------------------------
 class PromptBuilder(ABC):
-    """A state and its question rows -> the exact token ids the model sees (a PreparedRequest)."""
+    """A state and its question rows -> the exact token ids the model sees (a PreparedRequest).
 
-    tokenizer: object
-    recipe: "Recipe"
+    Every builder refuses user text holding one of the model's control tokens the same way (`controls`, by
+    default the tokenizer's special tokens; a family may name others)."""
 
-    @abstractmethod
+    def __init__(self, tokenizer, recipe: "Recipe", identity: str, *, controls: "ControlTokens | None" = None):
+        from .control_tokens import ControlTokens
+
+        self.tokenizer = tokenizer
+        self.recipe = recipe
+        self.identity = identity  # the checkpoint's identity: every prefix key hashes it
+        self.controls = controls if controls is not None else ControlTokens.of(tokenizer)
+
     def check_user_text(self, text: str, where: str) -> None:
         """Refuse text the model's layout cannot carry (raise UnreadableInput naming `where`)."""
+        self.controls.check(text, where)
 
     @abstractmethod
     def prepare(self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (),
@@ -143,6 +148,12 @@ class QuestionKind(ABC):
 
 
 # ----- readouts ---------------------------------------------------------------------------------
+def _no_calibration() -> "Calibration":
+    from .readouts.calibration import Calibration  # imports torch: not at this module's import
+
+    return Calibration()
+
+
 @dataclass
 class Readout(ABC):
     """What a family reads: its checkpoint requirements, backend, prompt builder, head and question types.
@@ -156,8 +167,8 @@ class Readout(ABC):
     question_types: ClassVar[frozenset[str]] = frozenset()
     needs_lm_head: ClassVar[bool] = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
     single_question_form: ClassVar[bool] = False   # answers the JEV-VL `kind` form too (label-token rows only)
-    head: object = None
-    calibration: Calibration = field(default_factory=Calibration)
+    head: "Head | RequestHead | None" = None
+    calibration: "Calibration" = field(default_factory=_no_calibration)
     kinds: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -198,8 +209,10 @@ class Readout(ABC):
     def load(self, loaded: "LoadedModel", builder: PromptBuilder) -> None:
         """Build the head and the question types answered (`serve`)."""
 
-    def serve(self, kinds: list, calibration: Calibration) -> None:
+    def serve(self, kinds: list, calibration: "Calibration") -> None:
         """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
+        from .readouts.calibration import CalibratedKind
+
         self.calibration = calibration
         self.kinds = {kind.type: CalibratedKind(kind, calibration) for kind in kinds}
         assert set(self.kinds) == set(self.question_types), (self.name, sorted(self.kinds))

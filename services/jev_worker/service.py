@@ -24,7 +24,7 @@ from .caches import BudgetLRU
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .registration import IndexLink, WorkerRegistration
-from .serving import Serving, build_serving
+from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
 
 log = logging.getLogger("jev.worker")
@@ -60,14 +60,17 @@ class WorkerService:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self.serving = build_serving(self.recipe)
-            if self.serving.backend.external:
+            if serves_externally(self.recipe):
+                self.serving = build_serving(self.recipe)
                 self.pipeline = ExternalPipeline(self.serving.readout, self.serving.backend)
             else:
                 from .model import LocalModel
 
-                self.model = LocalModel(self.serving, self.settings, self.identity, self.metrics, self.index_link)
-                await self.model.start()
+                self.model = LocalModel(self.settings, self.identity, self.metrics, self.index_link)
+                try:
+                    await self.model.start()
+                finally:
+                    self.serving = self.model.serving
             self.index_link.connect(self._new_index(), loop)
             if self.model is not None:
                 if self.model.assets is not None:
@@ -115,7 +118,7 @@ class WorkerService:
         if index is not None:  # no index entry may point at a stopped worker
             await asyncio.gather(index.unregister_owner(), return_exceptions=True)
             await index.close()
-        if self.serving is not None and self.serving.backend.external:
+        if self.model is None and self.serving is not None:
             await self.serving.backend.close()
 
     # ----- the request path ---------------------------------------------------------------------
@@ -257,7 +260,7 @@ class WorkerService:
             detail["index"] = index_health
             if index_health.get("status") != "ok":
                 status = "degraded"  # text decisions still work; image lookups fall back to files
-        if self.state == "ok" and self.serving.backend.external:
+        if self.state == "ok" and self.model is None:
             code, status = await self._external_health(detail, code, status)
         return code, {"status": status, "detail": detail}
 

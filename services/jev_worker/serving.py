@@ -1,54 +1,66 @@
-"""A recipe's serving, built from the registries: its backend (runs the network) and its readout (turns
-the outputs into typed answers), checked against the checkpoint before the model is loaded."""
+"""A recipe's serving: the family's readout (families/registry.py), the backend the readout chooses, and the
+checkpoint folder both were checked against, before any weight is read.
+
+    resolve the folder -> the package gate -> readout.check(folder) -> backend = readout.make_backend()
+    -> backend.check(recipe);  then  backend.load(recipe, folder, ...)  (Serving.load)
+
+An external readout (CLM) has no local checkpoint: its backend is checked against the recipe only.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jev_common.recipe import Recipe
 
-from .backends.registry import build_backend
+from .families.registry import build_readout, family_class
+from .loader import LoadedModel, ModelNotAvailable, resolve_checkpoint
 from .package_gate import check_remote_code
-from .readouts.base import Readout, ServingError
-from .readouts.registry import build_readout
+from .protocols import Backend, ExternalReadout, Readout
+from .readouts.base import ServingError
 
 
 @dataclass
 class Serving:
-    backend: object
+    recipe: Recipe
     readout: Readout
-    recipe: Recipe | None = None
+    backend: Backend
+    folder: str | None = None  # the checked checkpoint folder (None for an external backend)
 
-    def check_checkpoint(self, folder: str) -> None:
-        """Everything the readout needs is in `folder`, and the checkpoint's attention fits the backend; code
-        the checkpoint ships passes the package gate first (package_gate.py)."""
-        if self.recipe is not None:
-            check_remote_code(self.recipe, folder)
-        self.readout.check(folder)
-        wanted = getattr(self.readout, "backend", None)
-        if wanted is not None and wanted != self.backend.name:
-            raise ServingError(f"the checkpoint's attention mode ({getattr(self.readout, 'attention_mode', '?')}) "
-                               f"needs serving.backend {wanted!r}; the recipe names {self.backend.name!r}")
+    def load(self, device: str, dtype: str) -> LoadedModel:
+        """The checked checkpoint, loaded by the backend the readout chose."""
+        return self.backend.load(self.recipe, self.folder, device, dtype, lm_head=self.readout.needs_lm_head)
 
     def describe(self) -> dict:
-        return {**self.backend.describe(), **self.readout.describe()}
+        return {"family": self.recipe.serving.family, **self.backend.describe(), **self.readout.describe()}
 
 
-def build_serving(recipe: Recipe) -> Serving:
-    backend = build_backend(recipe.serving.backend)
-    readout = build_readout(recipe.serving.readout, recipe.serving.options)
+def serves_externally(recipe: Recipe) -> bool:
+    """Whether the recipe's family is answered by an external server (an unknown family: no; start says why)."""
+    try:
+        return issubclass(family_class(recipe.serving.family), ExternalReadout)
+    except ServingError:
+        return False
+
+
+def build_serving(recipe: Recipe, model_path: str | None = None) -> Serving:
+    """The recipe's readout and backend, checked against its checkpoint (ServingError naming what is missing,
+    ModelNotAvailable when the checkpoint is not on this machine)."""
+    readout = build_readout(recipe.serving.family, recipe.serving.options)
+    folder = None
+    if not isinstance(readout, ExternalReadout):
+        folder = resolve_checkpoint(recipe, model_path)
+        check_remote_code(recipe, folder)  # the checkpoint's own code passes the package gate first
+        readout.check(folder)
+    backend = readout.make_backend()
     backend.check(recipe)
-    return Serving(backend, readout, recipe)
+    return Serving(recipe, readout, backend, folder)
 
 
 def preflight(recipe: Recipe, model_path: str | None) -> None:
-    """Before serving: the recipe's backend and readout exist and its checkpoint has what the readout
-    needs (raises ServingError naming what is missing). A checkpoint not on this machine is left to
-    the worker's health, which says how to get it."""
-    from .loader import ModelNotAvailable, resolve_checkpoint
-
-    serving = build_serving(recipe)
+    """Before serving: the recipe's family exists and its checkpoint has what the readout and its backend
+    need (raises ServingError naming what is missing). A checkpoint not on this machine is left to the
+    worker's health, which says how to get it."""
     try:
-        folder = resolve_checkpoint(recipe, model_path)
+        build_serving(recipe, model_path)
     except ModelNotAvailable:
         return
-    serving.check_checkpoint(folder)

@@ -1,4 +1,4 @@
-"""Stand-ins for CLM's two servers, on loopback, for tests/unit/test_family_clm.py.
+"""Stand-ins for CLM's two servers, on loopback, for tests/unit/families/test_clm.py.
 
 - an OpenAI-compatible embeddings server (`POST /v1/embeddings`, base64 float32 as vLLM's pooling
   runner answers `encoding_format: base64`; `GET /v1/models`): each text's vector is a fixed function

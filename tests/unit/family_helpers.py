@@ -6,10 +6,17 @@ with the tokenizer's own chat template and tokenised in one pass, and the networ
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+from jev_common.recipe import REPO_ROOT
 from jev_frontend.app import create_app as create_frontend
 from jev_frontend.settings import Settings as FrontendSettings
 
@@ -18,12 +25,29 @@ from .worker_helpers import worker_client
 TOL = 1e-5
 
 
-def family_recipe(base, name: str, *, backend: str = "causal-lm", readout: str, options: dict | None = None,
-                  **prompt):
-    """`base` (a Recipe) renamed, served by `backend` + `readout`, with prompt fields replaced."""
-    serving = base.serving.model_copy(update={"backend": backend, "readout": readout, "options": options or {}})
+def family_recipe(base, name: str, *, family: str, options: dict | None = None, **prompt):
+    """`base` (a Recipe) renamed, served as `family` (its readout chooses the backend), with prompt fields
+    replaced."""
+    serving = base.serving.model_copy(update={"family": family, "options": options or {}})
     return base.model_copy(update={"name": name, "serving": serving,
                                    "prompt": base.prompt.model_copy(update=prompt)})
+
+
+def copy_without(folder: Path, tmp_path: Path, *missing: str) -> Path:
+    """A copy of the checkpoint `folder` without the files named `missing`."""
+    out = tmp_path / "checkpoint"
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*missing))
+    return out
+
+
+def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.CompletedProcess:
+    """`python -m jev_worker` on `recipe` (written to a recipe folder) and `model_path`, until it exits."""
+    folder = tmp_path / "recipe"
+    folder.mkdir(exist_ok=True)
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}", "JEV_RECIPE": str(folder),
+           "JEV_MODEL_PATH": str(model_path), "JEV_WORKER_PORT": "0", "JEV_DEVICE": "cpu"}
+    return subprocess.run([sys.executable, "-m", "jev_worker"], env=env, capture_output=True, text=True, timeout=120)
 
 
 @contextlib.asynccontextmanager

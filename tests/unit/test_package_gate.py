@@ -49,7 +49,7 @@ def mark(tmp_path, monkeypatch) -> Path:
 
 
 def gated(tiny_recipe, package: Path, revision: str = COMMIT, manifest: dict | None = None):
-    recipe = family_recipe(tiny_recipe, "tiny-gated", readout="label-tokens")
+    recipe = family_recipe(tiny_recipe, "tiny-gated", family="label-tokens")
     model = recipe.model.model_copy(update={"trust_remote_code": True, "revision": revision,
                                             "remote_code_manifest": manifest_of(package) if manifest is None
                                             else manifest})

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from jev_common.schema import SystemOneRequest
 from jev_worker.envelope import question_rows, render_state
-from jev_worker.prompt import PromptBuilder
+from jev_worker.prompt import ChatPromptBuilder
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import worker_client
@@ -32,7 +32,7 @@ CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
 CACHE_ON = CacheSettings(True, 1024, 64 << 20, 64 << 20)
 
 
-def one_pass_ids(builder: PromptBuilder, state_text: str, row_content: str) -> list[int]:
+def one_pass_ids(builder: ChatPromptBuilder, state_text: str, row_content: str) -> list[int]:
     """The model's own prompt: its chat template over [system, user], tokenised in one pass."""
     tokenizer, prompt = builder.tokenizer, builder.recipe.prompt
     content = prompt.state_block.format(state=state_text) + row_content
@@ -96,7 +96,7 @@ def test_split_tokenisation_would_differ(tiny_recipe):
     from tools.tiny_checkpoints import smollm2_tokenizer
 
     tokenizer = smollm2_tokenizer()
-    builder = PromptBuilder(tokenizer, tiny_recipe, "test")
+    builder = ChatPromptBuilder(tokenizer, tiny_recipe, "test")
     request = SystemOneRequest.model_validate({"model": "m", "state": "abc", "questions": {"q": QUESTIONS["noul"]}})
     rows, _ = question_rows(request, builder)
     text = builder.reference_text("abc", rows[0])
@@ -122,7 +122,7 @@ def test_chat_template_kwargs_reach_the_template(tiny_recipe):
     tails = {}
     for kwargs in ({}, {"enable_thinking": False}):
         prompt = tiny_recipe.prompt.model_copy(update={"chat_template_kwargs": kwargs})
-        builder = PromptBuilder(tokenizer, tiny_recipe.model_copy(update={"prompt": prompt}), "test")
+        builder = ChatPromptBuilder(tokenizer, tiny_recipe.model_copy(update={"prompt": prompt}), "test")
         tails[bool(kwargs)] = builder.layout.tail
         want = tokenizer.apply_chat_template(
             [{"role": "system", "content": prompt.system}, {"role": "user", "content": "x"}],
@@ -139,7 +139,7 @@ def builders(tiny_recipe):
     out = {}
     for layout in ("chat", "plain"):
         prompt = tiny_recipe.prompt.model_copy(update={"use_chat_template": layout == "chat"})
-        out[layout] = PromptBuilder(tokenizer, tiny_recipe.model_copy(update={"prompt": prompt}), "test")
+        out[layout] = ChatPromptBuilder(tokenizer, tiny_recipe.model_copy(update={"prompt": prompt}), "test")
     return out
 
 
@@ -231,7 +231,7 @@ def test_image_placeholders_are_tokenised_in_the_same_pass(tiny_recipe):
     from .vl_helpers import tiny_vl_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_vl_checkpoint())
-    builder = PromptBuilder(tokenizer, tiny_recipe, "test")
+    builder = ChatPromptBuilder(tokenizer, tiny_recipe, "test")
     placeholder = "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
     state = f'["A drawing:", "{placeholder}"]'
     request = SystemOneRequest.model_validate({"model": "m", "state": "x", "questions": {

@@ -1,26 +1,21 @@
-"""Backends and readouts from the registries: a recipe naming an unknown one, or a checkpoint without what
-its readout needs, stops the worker (exit status 2) with a message naming what is missing."""
+"""Families from the registry: a recipe naming an unknown one, or a checkpoint without what its readout
+needs, stops the worker (exit status 2) with a message naming what is missing."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from jev_common.recipe import REPO_ROOT, all_recipes
 from jev_worker.backends.registry import BACKENDS
+from jev_worker.families.registry import FAMILIES, build_readout, family_class
 from jev_worker.readouts.base import ServingError, load_exactly
 from jev_worker.readouts.calibration import Calibration
-from jev_worker.readouts.registry import READOUTS, build_readout
-from jev_worker.serving import preflight
+from jev_worker.serving import build_serving, preflight
 
-from .family_helpers import family_recipe
+from .family_helpers import copy_without, family_recipe, run_worker
 
 
 @pytest.fixture(scope="module")
@@ -37,29 +32,14 @@ def open_jev_dir(tmp_path_factory) -> Path:
     return make_tiny_open_jev(tmp_path_factory.mktemp("open-jev"), seed=8)
 
 
-def copy_without(folder: Path, tmp_path: Path, *missing: str) -> Path:
-    out = tmp_path / "checkpoint"
-    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*missing))
-    return out
-
-
-def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.CompletedProcess:
-    folder = tmp_path / "recipe"
-    folder.mkdir(exist_ok=True)
-    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}", "JEV_RECIPE": str(folder),
-           "JEV_MODEL_PATH": str(model_path), "JEV_WORKER_PORT": "0", "JEV_DEVICE": "cpu"}
-    return subprocess.run([sys.executable, "-m", "jev_worker"], env=env, capture_output=True, text=True, timeout=120)
-
-
-def test_worker_exits_naming_an_unknown_readout(tmp_path, tiny_recipe, tiny_text_dir):
-    done = run_worker(tmp_path, family_recipe(tiny_recipe, "bad", readout="no-such-readout"), Path(tiny_text_dir))
+def test_worker_exits_naming_an_unknown_family(tmp_path, tiny_recipe, tiny_text_dir):
+    done = run_worker(tmp_path, family_recipe(tiny_recipe, "bad", family="no-such-family"), Path(tiny_text_dir))
     assert done.returncode == 2, done.stderr
-    assert "unknown readout 'no-such-readout'" in done.stderr and "label-tokens" in done.stderr
+    assert "unknown family 'no-such-family'" in done.stderr and "label-tokens" in done.stderr
 
 
 def test_worker_exits_naming_a_missing_checkpoint_file(tmp_path, tiny_recipe, code_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-d3", readout="code-readout")
+    recipe = family_recipe(tiny_recipe, "tiny-d3", family="code-readout")
     done = run_worker(tmp_path, recipe, copy_without(code_dir, tmp_path, "readout.safetensors"))
     assert done.returncode == 2, done.stderr
     assert "needs readout.safetensors" in done.stderr
@@ -77,27 +57,33 @@ def test_preflight_names_a_missing_key(tmp_path, tiny_recipe, code_dir, mutate, 
     folder = copy_without(code_dir, tmp_path)
     mutate(folder)
     with pytest.raises(ServingError, match=message):
-        preflight(family_recipe(tiny_recipe, "tiny-d3", readout="code-readout"), str(folder))
+        preflight(family_recipe(tiny_recipe, "tiny-d3", family="code-readout"), str(folder))
 
 
-def test_noncausal_checkpoint_needs_the_noncausal_backend(tmp_path, tiny_recipe, code_dir):
+def test_a_noncausal_checkpoint_is_served_by_the_noncausal_backend(tmp_path, tiny_recipe, code_dir):
+    """code-readout chooses its backend by the checkpoint's attention_mode (after checking it)."""
+    recipe = family_recipe(tiny_recipe, "tiny-pplx", family="code-readout")
+    assert build_serving(recipe, str(code_dir)).backend.name == "causal-lm"
     folder = copy_without(code_dir, tmp_path)
     config = json.loads((folder / "decision_config.json").read_text())
     (folder / "decision_config.json").write_text(json.dumps(dict(config, attention_mode="noncausal_full_attention")))
-    with pytest.raises(ServingError, match="needs serving.backend 'noncausal-lm'"):
-        preflight(family_recipe(tiny_recipe, "tiny-pplx", readout="code-readout"), str(folder))
-    preflight(family_recipe(tiny_recipe, "tiny-pplx", backend="noncausal-lm", readout="code-readout"), str(folder))
+    assert build_serving(recipe, str(folder)).backend.name == "noncausal-lm"
+    (folder / "decision_config.json").write_text(json.dumps(dict(config, attention_mode="sliding")))
+    with pytest.raises(ServingError, match="attention_mode 'sliding' is not one of"):
+        preflight(recipe, str(folder))
+    with pytest.raises(ServingError, match="check the checkpoint first"):
+        build_readout("code-readout", {}).make_backend()
 
 
-def test_unknown_backend_and_option_are_named(tiny_recipe, tiny_text_dir):
-    with pytest.raises(ServingError, match="unknown backend 'no-such-backend'"):
-        preflight(family_recipe(tiny_recipe, "x", backend="no-such-backend", readout="label-tokens"), tiny_text_dir)
+def test_unknown_family_and_option_are_named(tiny_recipe, tiny_text_dir):
+    with pytest.raises(ServingError, match="unknown family 'no-such-family'"):
+        preflight(family_recipe(tiny_recipe, "x", family="no-such-family"), tiny_text_dir)
     with pytest.raises(ServingError, match="no option.*head_fil"):
-        build_readout("scalar-head", {"head_fil": "x.pt"})
+        build_readout("open-jev", {"head_fil": "x.pt"})
 
 
 def test_scalar_head_requires_its_files_and_refuses_pickled_code(tmp_path, tiny_recipe, open_jev_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-open-jev", readout="scalar-head")
+    recipe = family_recipe(tiny_recipe, "tiny-open-jev", family="open-jev")
     with pytest.raises(ServingError, match="needs calibration.json"):
         preflight(recipe, str(copy_without(open_jev_dir, tmp_path, "calibration.json")))
     folder = tmp_path / "checkpoint"
@@ -111,7 +97,7 @@ async def test_in_process_worker_reports_the_missing_file_in_health(tmp_path, wo
 
     from jev_worker.app import create_app
 
-    settings = worker_settings(recipe=family_recipe(tiny_recipe, "tiny-d3", readout="code-readout"),
+    settings = worker_settings(recipe=family_recipe(tiny_recipe, "tiny-d3", family="code-readout"),
                                model_path=str(copy_without(code_dir, tmp_path, "decision_config.json")))
     async with TestClient(TestServer(create_app(settings, wait_until_ready=True))) as client:
         response = await client.get("/health")
@@ -130,22 +116,31 @@ def test_calibration_values_are_checked():
 
 
 def test_readme_served_by_column_matches_every_recipe():
-    """README's recipe table names each recipe's backend + readout; unregistered ones say 'not served'."""
+    """README's recipe table names each recipe's family first in its 'served by' cell, with the family's
+    readout; unregistered ones say 'not served'."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| [`")}
     for recipe in all_recipes():
         row = next(line for name, line in rows.items() if f"`{recipe.name}`" in name)
-        served = recipe.serving.backend in BACKENDS and recipe.serving.readout in READOUTS
-        cell = f"`{recipe.serving.backend}` + `{recipe.serving.readout}`"
-        assert (cell if served else "not served") in row, (recipe.name, row)
+        served_by = row.split("|")[4].strip()
+        family = recipe.serving.family
+        if family not in FAMILIES:
+            assert "not served" in served_by, (recipe.name, row)
+            continue
+        assert served_by.startswith(f"`{family}` ("), (recipe.name, served_by)
+        assert f"`{family_class(family).name}`" in served_by, (recipe.name, served_by)
 
 
-def test_readme_describes_every_backend_and_readout():
-    """Each registered backend and readout has its row in README's backend and readout tables."""
+def test_readme_describes_every_backend_and_family():
+    """Each generic backend has its row in README's backend table, each family its row (with its readout) in
+    the family table."""
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    first_cells = {line.split("|")[1].strip() for line in readme.splitlines() if line.startswith("| `")}
-    for name in [*BACKENDS, *READOUTS]:
-        assert f"`{name}`" in first_cells, f"README has no table row for {name!r}"
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| `")}
+    for name in BACKENDS:
+        assert f"`{name}`" in rows, f"README has no table row for backend {name!r}"
+    for name in FAMILIES:
+        assert f"`{name}`" in rows, f"README has no table row for family {name!r}"
+        assert f"`{family_class(name).name}` on " in rows[f"`{name}`"], f"README's row for {name!r} names no readout"
 
 
 def test_load_exactly_names_a_missing_or_extra_tensor():

@@ -12,7 +12,7 @@ import yaml
 
 from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
 from jev_common.schema import SystemOneRequest
-from jev_worker.readouts.registry import READOUTS, readout_class
+from jev_worker.families.registry import FAMILIES, family_class
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
@@ -61,7 +61,7 @@ def test_example_request_validates(folder):
     payload = json.loads((folder / "example-request.json").read_text())
     request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
-    readout = readout_class(recipe.serving.readout) if recipe.serving.readout in READOUTS else None  # not served: README says so
+    readout = family_class(recipe.serving.family) if recipe.serving.family in FAMILIES else None  # not served: README says so
     if readout is not None:
         assert {q.type for q in request.questions.values()} <= readout.question_types
     if recipe.model.modality == "vision-language":
@@ -82,7 +82,7 @@ def test_readme_documents_setup_launch_request_and_comparison(folder):
                     "## Verified on a tiny checkpoint"):
         assert heading in text, f"{folder.name}: README lacks {heading}"
     verified = text.split("## Verified on a tiny checkpoint", 1)[1].split("\n## ", 1)[0]
-    assert re.search(r"tests/unit/test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
+    assert re.search(r"tests/unit/(families/)?test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
     assert re.search(r"Needs the real", verified), f"{folder.name}: what needs the real weights?"
     assert recipe.model.hub_repo in text and recipe.model.revision in text
     assert f"--profile {recipe.compose_profile}" in text

@@ -5,8 +5,9 @@ prefix to reuse, since every position attends to every other): rows are right-pa
 batch with an attention mask that hides the padding, and the readout's head receives each row's
 final hidden states at every real position ([length, hidden], FP32), not only the last one.
 
-Checkpoint layout: `encoder/config.json` (the encoder's architecture) and `tokenizer/` (Laya's), or
-the layout the readout names as its `encoder_files` (Vela 2.0 0.3B: readouts/vela_encoder_files.py); either way the encoder's weights under the `encoder.` prefix of
+Checkpoint layout: the encoder's configuration and tokenizer where its EncoderFiles say (the default,
+Laya's: `encoder/config.json` and `tokenizer/`; Vela 2.0 0.3B's readout builds the backend with its own,
+families/vela/encoder_files.py); either way the encoder's weights under the `encoder.` prefix of
 `model.safetensors` (beside the readout's own tensors). Loaded with `AutoModel.from_config` + the state
 dict: no checkpoint code is executed. A head may read several questions from one sequence: it then
 returns one logits tensor per question, in the order its readout's sequence builder planned.
@@ -14,14 +15,15 @@ returns one logits tensor per question, in the order its readout's sequence buil
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 
 import torch
 
 from ..caches import BudgetLRU
 from ..engine import EngineResult
-from ..loader import LoadedModel, pick_device, pick_dtype, resolve_checkpoint
-from ..readouts.base import ServingError, load_exactly
-from ..readouts.registry import readout_class
+from ..loader import LoadedModel, pick_device, pick_dtype, placed
+from ..protocols import Backend, Engine
+from ..readouts.base import ServingError, load_exactly, require_files
 
 ENCODER_CONFIG = "encoder"
 TOKENIZER = "tokenizer"
@@ -29,7 +31,20 @@ WEIGHTS = "model.safetensors"
 PREFIX = "encoder."
 
 
-class SplitFolders:
+class EncoderFiles(ABC):
+    """Where a checkpoint keeps its encoder's configuration and tokenizer."""
+
+    needed: tuple[str, ...]  # files the folder must hold (beside model.safetensors)
+    config_source: str       # where the configuration comes from, for messages
+
+    @abstractmethod
+    def config(self, folder: str): ...
+
+    @abstractmethod
+    def tokenizer(self, folder: str): ...
+
+
+class SplitFolders(EncoderFiles):
     """The default layout (Laya's): the encoder's config in `encoder/`, its tokenizer in `tokenizer/`."""
 
     needed = (os.path.join(ENCODER_CONFIG, "config.json"), os.path.join(TOKENIZER, "tokenizer_config.json"))
@@ -46,35 +61,7 @@ class SplitFolders:
         return AutoTokenizer.from_pretrained(os.path.join(folder, TOKENIZER))
 
 
-def checkpoint_files(recipe):
-    return getattr(readout_class(recipe.serving.readout), "encoder_files", None) or SplitFolders()
-
-
-def load_encoder(recipe, model_path: str | None, device: str, dtype: str, *, lm_head: bool = False,
-                 before_load=None) -> LoadedModel:
-    from safetensors.torch import load_file
-    from transformers import AutoModel
-
-    folder = resolve_checkpoint(recipe, model_path)
-    if before_load is not None:
-        before_load(folder)
-    files = checkpoint_files(recipe)
-    for needed in (*files.needed, WEIGHTS):
-        if not os.path.isfile(os.path.join(folder, needed)):
-            raise ServingError(f"backend 'encoder' needs {needed} in the checkpoint folder {folder}; it is missing")
-    dev = pick_device(device)
-    torch_dtype = pick_dtype(dtype, dev)
-    model = AutoModel.from_config(files.config(folder), attn_implementation="sdpa")
-    weights = load_file(os.path.join(folder, WEIGHTS))
-    state = {key[len(PREFIX):]: value for key, value in weights.items() if key.startswith(PREFIX)}
-    load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
-    model.to(dev, torch_dtype).eval()
-    model.requires_grad_(False)
-    tokenizer = files.tokenizer(folder)
-    return LoadedModel(model, tokenizer, None, dev, torch_dtype, folder)
-
-
-class EncoderEngine:
+class EncoderEngine(Engine):
     """Whole-sequence rows in padded batches; each row's hidden states go to the readout's head."""
 
     def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int):
@@ -111,22 +98,34 @@ class EncoderEngine:
         return [EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))]
 
 
-class Encoder:
+class Encoder(Backend):
     name = "encoder"
-    external = False
     prefix_reuse = ("none: an encoder's every position attends to the whole sequence, so each question's "
                     "sequence runs whole (L3 off)")
-    load_model = staticmethod(load_encoder)
+
+    def __init__(self, files: EncoderFiles | None = None):
+        self.files = files if files is not None else SplitFolders()
 
     def check(self, recipe) -> None:
-        if getattr(readout_class(recipe.serving.readout), "backend", None) != self.name:
-            raise ServingError(f"backend {self.name!r} runs readouts over whole-sequence hidden states (those whose "
-                               f"backend is {self.name!r}); {recipe.serving.readout!r} is not one")
         if recipe.model.modality != "text":
             raise ServingError(f"backend {self.name!r} serves text recipes only; {recipe.name} is {recipe.model.modality}")
 
+    def l3_bytes(self, configured: int) -> int:
+        return 0
+
+    def load(self, recipe, folder: str, device: str, dtype: str, *, lm_head: bool) -> LoadedModel:
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        files = self.files
+        require_files(folder, (*files.needed, WEIGHTS), f"backend {self.name!r}")
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dtype, dev)
+        model = AutoModel.from_config(files.config(folder), attn_implementation="sdpa")
+        weights = load_file(os.path.join(folder, WEIGHTS))
+        state = {key[len(PREFIX):]: value for key, value in weights.items() if key.startswith(PREFIX)}
+        load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
+        return LoadedModel(placed(model, dev, torch_dtype), files.tokenizer(folder), None, dev, torch_dtype, folder)
+
     def build(self, loaded, *, head, l3_bytes: int, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
         return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows)
-
-    def describe(self) -> dict:
-        return {"backend": self.name, "prefix_reuse": self.prefix_reuse}

@@ -18,14 +18,16 @@ import aiohttp
 
 from jev_common.errors import ExternalServerFailed, ExternalServerTimeout
 
+from ..protocols import ExternalBackend
 from ..readouts.base import ServingError
 
 HEALTH_TIMEOUT_S = 2.0
 
 
-class ExternalHTTP:
+class ExternalHTTP(ExternalBackend):
+    """Answered through pipeline.ExternalPipeline: no local model, engine or scheduler here."""
+
     name = "external-http"
-    external = True  # the worker answers through pipeline.ExternalPipeline: no local model, engine or scheduler
     prefix_reuse = "n/a: the network runs in the external server (serving.options.endpoint); no local prefix state"
 
     def __init__(self) -> None:
@@ -42,11 +44,8 @@ class ExternalHTTP:
     def l3_bytes(self, configured: int) -> int:
         return 0
 
-    def build(self, loaded, **kwargs):
-        raise ServingError(f"backend {self.name!r} runs no local model (the worker answers through pipeline.ExternalPipeline)")
-
     def describe(self) -> dict:
-        return {"backend": self.name, "prefix_reuse": self.prefix_reuse, "endpoint": self.endpoint}
+        return {**super().describe(), "endpoint": self.endpoint}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import DecisionEngine, EngineResult
+from ..protocols import RequestHead
 from ..readouts.base import ServingError
 from .causal_lm import CausalLM
 
@@ -19,9 +20,9 @@ from .causal_lm import CausalLM
 class JointEngine(DecisionEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if not callable(getattr(self.head, "request_logits", None)):
+        if not isinstance(self.head, RequestHead):
             raise ServingError("backend 'causal-lm-joint' needs a readout whose head answers whole requests "
-                               "(head.request_logits)")
+                               "(a protocols.RequestHead)")
         self.kv_branching = False
 
     @torch.inference_mode()

@@ -1,25 +1,21 @@
-"""Backend name (a recipe's `serving.backend`) -> its module. A new backend is one module plus one line here."""
+"""The generic backends by name: what a readout may run on without a backend of its own. A family's own
+backend (Valen's, Vela's decoder) lives in its folder (families/<family>/backend.py) and is built by its
+readout (`Readout.make_backend`), never named here."""
 from __future__ import annotations
 
-import importlib
-
-from ..readouts.base import ServingError
+from ..named import named_class
+from ..protocols import Backend
 
 BACKENDS = {
     "causal-lm": "jev_worker.backends.causal_lm:CausalLM",
     "noncausal-lm": "jev_worker.backends.noncausal_lm:NoncausalLM",
-    "external-http": "jev_worker.backends.external:ExternalHTTP",
-    "encoder": "jev_worker.backends.encoder:Encoder",
     "causal-lm-rows": "jev_worker.backends.causal_rows:CausalRows",
-    "vela-decoder": "jev_worker.backends.vela_decoder:VelaDecoder",
     "causal-lm-joint": "jev_worker.backends.joint:CausalJoint",
-    "valen-lora": "jev_worker.backends.valen_lora:ValenLora",
+    "encoder": "jev_worker.backends.encoder:Encoder",
+    "external-http": "jev_worker.backends.external:ExternalHTTP",
 }
 
 
-def build_backend(name: str):
-    if name not in BACKENDS:
-        raise ServingError(f"unknown backend {name!r} (recipe serving.backend); this worker has: "
-                           f"{', '.join(sorted(BACKENDS))}")
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+def build_backend(name: str) -> Backend:
+    """A generic backend with its defaults (the encoder's default file layout: encoder/ + tokenizer/)."""
+    return named_class(BACKENDS, name, "backend")()

@@ -1,27 +1,20 @@
-"""What every question type implements: its rows after the state prefix, and its answer from their logits.
+"""What every question type is given: the context its rows are built in and its answer is computed in.
 
-A question type is one module with one object satisfying `QuestionKind`; `registry.py` names them.
+A question type is one module with one `protocols.QuestionKind` subclass; `registry.py` names them.
 Logits arrive in FP32 (one tensor per row, over that row's label tokens); answers are computed in FP32.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
-from pydantic import BaseModel
 
 from jev_common.recipe import PromptSpec
+from jev_common.state_text import render_state
 
-from ..prompt import PromptBuilder, RowSpec
+from ..protocols import PromptBuilder
 
-
-def render_content(value: object) -> str:
-    """Text as sent; objects and arrays as compact JSON text (non-ASCII kept as is)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
+render_content = render_state  # the envelope's name for the one state renderer
 
 
 @dataclass(frozen=True)
@@ -34,24 +27,38 @@ class BuildContext:
     def prompt(self) -> PromptSpec:
         return self.builder.recipe.prompt
 
+    def default_question(self, type_: str) -> str:
+        """The recipe's question for a question of `type_` sent without instructions (span and set read as
+        choice and noul)."""
+        prompt = self.prompt
+        return {"noul": prompt.default_noul_question, "set": prompt.default_noul_question,
+                "choice": prompt.default_choice_question, "span": prompt.default_choice_question,
+                "score": prompt.default_score_question}[type_]
+
     def user_text(self, value: object, where: str) -> str:
         """Render a user-supplied value and refuse it if it carries the model's control tokens."""
-        text = render_content(value)
+        text = render_state(value)
         self.builder.check_user_text(text, where)
         return text
 
-    def question_line(self, question, default: str, where: str) -> str:
-        text = default if question.instructions is None else self.user_text(question.instructions, f"{where}.instructions")
-        return self.prompt.question_block.format(question=text)
+    def instructions(self, question, where: str) -> str:
+        """The question's instructions as checked user text, or the recipe's default question of its type."""
+        if question.instructions is None:
+            return self.default_question(question.type)
+        return self.user_text(question.instructions, f"{where}.instructions")
+
+    def criteria(self, question, where: str) -> list[tuple[str, str | None]]:
+        """(name, description as checked user text, or None) of a choice or set question's criteria, in order."""
+        out = []
+        for name, description in question.criteria.items():
+            self.builder.check_user_text(name, f"{where}.criteria")
+            out.append((name, None if description is None else self.user_text(description, f"{where}.criteria[{name!r}]")))
+        return out
+
+    def question_line(self, question, where: str) -> str:
+        return self.prompt.question_block.format(question=self.instructions(question, where))
 
 
 def probabilities(logits: torch.Tensor) -> list[float]:
     return torch.softmax(logits.to(torch.float32), dim=-1).tolist()
 
-
-class QuestionKind(Protocol):
-    type: str
-
-    def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]: ...
-
-    def answer(self, question, logits: list[torch.Tensor], ctx: BuildContext) -> BaseModel: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
@@ -21,14 +22,14 @@ def option_lines(names: list[str], descriptions: list[object | None], codes: lis
     return "\n".join(lines)
 
 
-class Choice:
+class Choice(QuestionKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         names = list(question.criteria)
         codes, ids = ctx.builder.coded(len(names))
         listing = option_lines(names, list(question.criteria.values()), codes, ctx, where)
-        content = (ctx.question_line(question, ctx.prompt.default_choice_question, where)
+        content = (ctx.question_line(question, where)
                    + ctx.prompt.choice_instruction.format(options=listing))
         return [RowSpec(content, ids)]
 

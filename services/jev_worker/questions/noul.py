@@ -4,10 +4,11 @@ from __future__ import annotations
 from jev_common.schema import NoulAnswer, NoulQuestion
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
-class Noul:
+class Noul(QuestionKind):
     type = "noul"
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
@@ -18,7 +19,7 @@ class Noul:
                 criteria += prompt.noul_true.format(description=ctx.user_text(question.criteria.true, f"{where}.criteria.true"))
             if question.criteria.false is not None:
                 criteria += prompt.noul_false.format(description=ctx.user_text(question.criteria.false, f"{where}.criteria.false"))
-        content = (ctx.question_line(question, prompt.default_noul_question, where)
+        content = (ctx.question_line(question, where)
                    + prompt.noul_instruction.format(criteria=criteria))
         return [RowSpec(content, ctx.builder.yes_no_ids)]
 

@@ -35,7 +35,7 @@ class NumericLevels(QuestionKind):
         if own and all(i is not None for i in own) and len(set(own)) == len(own):
             for i, option in enumerate(options):
                 ctx.builder.check_user_text(option, f"{where}.options[{i}]")
-            content = (ctx.question_line(question, "", where)
+            content = (ctx.question_line(question, where)
                        + ctx.prompt.score_instruction.format(options="\n".join(options)))
             return [RowSpec(content, tuple(own))]
         return Choice().rows(_as_choice(question), ctx, where)

@@ -1,7 +1,7 @@
 """Question type name -> its implementation. A new type is one module plus one line here."""
 from __future__ import annotations
 
-from .base import QuestionKind
+from ..protocols import QuestionKind
 from .choice import Choice
 from .noul import Noul
 from .score import Score

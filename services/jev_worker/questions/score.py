@@ -5,11 +5,12 @@ from __future__ import annotations
 from jev_common.schema import ScoreAnswer, ScoreQuestion, score_answer
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 from .choice import option_lines
 
 
-class Score:
+class Score(QuestionKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
@@ -23,7 +24,7 @@ class Score:
         listing = "\n".join(lines)
         instruction = (ctx.prompt.levels_instruction.format(levels=listing) if digits
                        else ctx.prompt.choice_instruction.format(options=listing))
-        content = ctx.question_line(question, ctx.prompt.default_score_question, where) + instruction
+        content = ctx.question_line(question, where) + instruction
         return [RowSpec(content, tuple(ids))]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:

@@ -5,18 +5,18 @@ from __future__ import annotations
 from jev_common.schema import SetAnswer, SetQuestion
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
-class SetKind:
+class SetKind(QuestionKind):
     type = "set"
 
     def rows(self, question: SetQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        head = ctx.question_line(question, ctx.prompt.default_noul_question, where)
+        head = ctx.question_line(question, where)
         rows = []
-        for name, description in question.criteria.items():
-            ctx.builder.check_user_text(name, f"{where}.criteria")
-            statement = name if description is None else f"{name}: {ctx.user_text(description, f'{where}.criteria[{name!r}]')}"
+        for name, text in ctx.criteria(question, where):
+            statement = name if text is None else f"{name}: {text}"
             rows.append(RowSpec(head + ctx.prompt.set_instruction.format(option=statement), ctx.builder.yes_no_ids))
         return rows
 

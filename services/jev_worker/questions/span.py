@@ -5,17 +5,18 @@ from __future__ import annotations
 from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
 
 from ..prompt import RowSpec
+from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 from .choice import option_lines
 
 
-class SpanKind:
+class SpanKind(QuestionKind):
     type = "span"
 
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         codes, ids = ctx.builder.coded(len(question.criteria))
         listing = option_lines(list(question.criteria), [None] * len(question.criteria), codes, ctx, where)
-        content = (ctx.question_line(question, ctx.prompt.default_choice_question, where)
+        content = (ctx.question_line(question, where)
                    + ctx.prompt.choice_instruction.format(options=listing))
         return [RowSpec(content, ids)]
 

@@ -1,18 +1,15 @@
-"""What every readout is: what it needs from the checkpoint, its projection, its question types.
+"""What readouts check a checkpoint with (the Readout protocol itself is protocols.Readout).
 
-A readout declares its checkpoint requirements (`requirements`); `check` verifies them before the
-model is loaded, so a checkpoint that lacks a file or tensor stops the worker with a message naming
-it. `load` builds the FP32 projection (`head.logits(hidden, labels)`, what the engine calls on each
-row's last hidden state) and the question types it answers (`kinds`).
+A readout declares its checkpoint requirements (`requirements`, a list of Requirement); `check` verifies
+them before the model is loaded, so a checkpoint that lacks a file or tensor stops the worker with a message
+naming it. `load_exactly` is the one strict tensor load that names the file and what the tensors must fit.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from jev_common.checkpoint_files import ServingError, load_torch_state, read_json  # noqa: F401 - re-exported
-
-from .calibration import Calibration, CalibratedKind
 
 
 @dataclass(frozen=True)
@@ -23,13 +20,18 @@ class Requirement:
     keys: tuple[str, ...] = ()
 
     def check(self, folder: str, readout: str) -> None:
-        path = os.path.join(folder, self.file)
-        if not os.path.isfile(path):
-            raise ServingError(f"readout {readout!r} needs {self.file} in the checkpoint folder {folder}; it is missing")
-        missing = [key for key in self.keys if key not in file_keys(path)]
+        require_files(folder, (self.file,), f"readout {readout!r}")
+        missing = [key for key in self.keys if key not in file_keys(os.path.join(folder, self.file))]
         if missing:
             raise ServingError(f"readout {readout!r}: {self.file} has no {', '.join(map(repr, missing))} "
                                f"(in {folder})")
+
+
+def require_files(folder: str, names, who: str) -> None:
+    """Each of `names` is a file in `folder`, else ServingError naming the first missing one and `who` needs it."""
+    for name in names:
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise ServingError(f"{who} needs {name} in the checkpoint folder {folder}; it is missing")
 
 
 def file_keys(path: str) -> set[str]:
@@ -51,49 +53,3 @@ def load_exactly(module, state: dict, *, source: str, fits: str) -> None:
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ServingError(f"{source}: the tensors do not fit {fits} (missing {missing[:3]}, unexpected {unexpected[:3]})")
-
-
-@dataclass
-class Readout:
-    """Base of every readout; a subclass sets `name`, `question_types` and implements `load`."""
-
-    options: dict = field(default_factory=dict)
-    name = "readout"
-    question_types = frozenset()
-    needs_lm_head = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
-    single_question_form = False   # answers the JEV-VL `kind` form too (label-token rows only)
-    head: object = None
-    calibration: Calibration = field(default_factory=Calibration)
-    kinds: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.options) - set(self.known_options()))
-        if unknown:
-            raise ServingError(f"readout {self.name!r} has no option(s) {', '.join(unknown)}; "
-                               f"known: {', '.join(sorted(self.known_options())) or 'none'}")
-
-    def known_options(self) -> dict:
-        return {}
-
-    def option(self, key: str):
-        return self.options.get(key, self.known_options()[key])
-
-    def requirements(self) -> list[Requirement]:
-        return []
-
-    def check(self, folder: str) -> None:
-        for requirement in self.requirements():
-            requirement.check(folder, self.name)
-
-    def load(self, loaded, builder) -> None:
-        raise NotImplementedError
-
-    def serve(self, kinds: list, calibration: Calibration) -> None:
-        """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
-        self.calibration = calibration
-        self.kinds = {kind.type: CalibratedKind(kind, calibration) for kind in kinds}
-        assert set(self.kinds) == set(self.question_types), (self.name, sorted(self.kinds))
-
-    def describe(self) -> dict:
-        return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": self.calibration.describe()}

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..protocols import QuestionKind
+
 FALLBACK = {"set": "noul", "span": "choice"}
 TYPES = ("noul", "choice", "score", "span", "set")
 
@@ -75,10 +77,10 @@ class Calibration:
         return {"source": self.source, "temperatures": dict(self.temperatures), "biases": dict(self.biases)}
 
 
-class CalibratedKind:
+class CalibratedKind(QuestionKind):
     """A question type whose row logits are calibrated before its answer is computed."""
 
-    def __init__(self, kind, calibration: Calibration):
+    def __init__(self, kind: QuestionKind, calibration: Calibration):
         self.kind = kind
         self.type = kind.type
         self.calibration = calibration

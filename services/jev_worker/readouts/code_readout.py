@@ -15,10 +15,12 @@ import os
 
 import torch
 
+from ..backends.registry import build_backend
+from ..protocols import Backend, Head, Readout
 from ..questions.choice import Choice
 from ..questions.score import Score
 from ..questions.span import SpanKind
-from .base import Readout, Requirement, ServingError, read_json
+from .base import Requirement, ServingError, read_json
 from .calibration import Calibration
 
 CONFIG = "decision_config.json"
@@ -26,7 +28,7 @@ WEIGHTS = "readout.safetensors"
 BACKEND_FOR_ATTENTION = {"causal": "causal-lm", "noncausal_full_attention": "noncausal-lm"}
 
 
-class CodeHead:
+class CodeHead(Head):
     """logits[i] = h_last(FP32) @ W[code_i](FP32); `labels` are code indices."""
 
     def __init__(self, weight: torch.Tensor):
@@ -45,6 +47,7 @@ def hidden_size(model) -> int:
 class CodeReadout(Readout):
     name = "code-readout"
     question_types = frozenset({"choice", "score", "span"})
+    attention_mode: str | None = None  # the checkpoint's (decision_config.json), known once `check` has read it
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(CONFIG, ("codes", "token_ids", "temperature", "attention_mode", "pooling")),
@@ -58,8 +61,14 @@ class CodeReadout(Readout):
             raise ServingError(f"{CONFIG}: attention_mode {mode!r} is not one of {', '.join(BACKEND_FOR_ATTENTION)}")
         if pooling != "last":
             raise ServingError(f"{CONFIG}: pooling {pooling!r} is not served (only 'last')")
-        self.backend = BACKEND_FOR_ATTENTION[mode]
         self.attention_mode = mode
+
+    def make_backend(self) -> Backend:
+        """causal-lm for a causal checkpoint, noncausal-lm for `noncausal_full_attention` (read by `check`)."""
+        if self.attention_mode is None:
+            raise ServingError(f"readout {self.name!r} chooses its backend by the checkpoint's {CONFIG} "
+                               "attention_mode: check the checkpoint first")
+        return build_backend(BACKEND_FOR_ATTENTION[self.attention_mode])
 
     def load(self, loaded, builder) -> None:
         folder = loaded.folder
@@ -83,4 +92,4 @@ class CodeReadout(Readout):
         self.serve([Choice(), Score(), SpanKind()], Calibration.from_config(config, CONFIG))
 
     def describe(self) -> dict:
-        return {**super().describe(), "attention_mode": getattr(self, "attention_mode", None)}
+        return {**super().describe(), "attention_mode": self.attention_mode}

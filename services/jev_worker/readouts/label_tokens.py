@@ -7,12 +7,15 @@ checkpoint's `decision_config.json` when it ships one (Decider, StartLux, JEMM, 
 from __future__ import annotations
 
 from ..head import DecisionHead
+from ..protocols import Readout
 from ..questions.registry import QUESTION_KINDS
-from .base import Readout, Requirement
+from .base import Requirement
 from .calibration import Calibration
 
 
 class LabelTokens(Readout):
+    """On the causal-lm backend (the protocol's default); the recipe's chat template builds the rows."""
+
     name = "label-tokens"
     question_types = frozenset(QUESTION_KINDS)
     needs_lm_head = True

@@ -1,0 +1,37 @@
+"""Family name (a recipe's `serving.family`) -> its readout class. A new family is one folder under families/
+(its readout, prompt layout, heads and, only if no generic one fits, its backend) plus one line here.
+
+The generic readouts are families too: `label-tokens` (label-token rows of the LM head, for user-supplied
+checkpoints and SmolLM2, Decider, JEV, StartLux, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
+code-readout v1 checkpoint format of D3 and pplx-decider). The readout says which backend runs it
+(`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
+"""
+from __future__ import annotations
+
+from ..named import named_class
+from ..protocols import Readout
+
+FAMILIES = {
+    "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
+    "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
+    "clef": "jev_worker.families.clef.readout:ClefJointReadout",
+    "clm": "jev_worker.families.clm.readout:ClmCosine",
+    "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
+    "jemm": "jev_worker.families.jemm.readout:JemmLabels",
+    "laya": "jev_worker.families.laya.readout:LayaHeads",
+    "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
+    "open-jev": "jev_worker.families.open_jev.readout:ScalarHead",
+    "valen": "jev_worker.families.valen.readout:ValenHeadReadout",
+    "vela-decoder": "jev_worker.families.vela.readout:VelaHeadsReadout",
+    "vela-encoder": "jev_worker.families.vela.marker:VelaMarkerHeads",
+}
+
+
+def family_class(name: str) -> type[Readout]:
+    """The readout class of family `name` (ServingError naming the known ones when there is none)."""
+    return named_class(FAMILIES, name, "family", " (recipe serving.family)")
+
+
+def build_readout(name: str, options: dict) -> Readout:
+    """Family `name`'s readout with the recipe's `serving.options` (an unknown option is a ServingError)."""
+    return family_class(name)(options=dict(options))
