@@ -11,7 +11,6 @@ import copy
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -76,10 +75,9 @@ class EngineResult:
 
 
 class DecisionEngine(Engine):
-    def __init__(self, model: torch.nn.Module, device: torch.device, *, l3_bytes: int, batching: bool,
-                 max_batch_rows: int, pad_id: int = 0, vision=None, checkpoint_dir: str | None = None,
-                 head=None, on_l3_insert: Callable[[str, PrefixState], None] | None = None,
-                 on_l3_evict: Callable[[str, PrefixState], None] | None = None):
+    def __init__(self, model: torch.nn.Module, device: torch.device, *, l3: BudgetLRU | None = None,
+                 batching: bool, max_batch_rows: int, pad_id: int = 0, vision=None,
+                 checkpoint_dir: str | None = None, head=None):
         self.model = model
         self.device = device
         self.backbone = model.get_decoder()
@@ -90,8 +88,7 @@ class DecisionEngine(Engine):
         self.max_batch_rows = max(1, max_batch_rows)
         self.pad_id = pad_id
         self.vision = vision
-        self.l3: BudgetLRU[PrefixState] = BudgetLRU("l3", l3_bytes, size_of=lambda s: s.nbytes, on_evict=on_l3_evict)
-        self._on_l3_insert = on_l3_insert
+        self.l3: BudgetLRU[PrefixState] = l3 if l3 is not None else BudgetLRU("l3", 0)  # WorkerCaches' L3
         params = inspect.signature(self.backbone.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.kv_branching: bool | None = None  # can prefix state be reused? known after the first prefix forward
@@ -181,8 +178,8 @@ class DecisionEngine(Engine):
         return True
 
     def _store(self, key: str, state: PrefixState | None) -> None:
-        if state is not None and self.l3.put(key, state) and self._on_l3_insert:
-            self._on_l3_insert(key, state)
+        if state is not None:
+            self.l3.put(key, state)
 
     @property
     def _caching(self) -> bool:

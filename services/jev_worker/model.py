@@ -17,13 +17,13 @@ log = logging.getLogger("jev.worker.model")
 
 
 class LocalModel:
-    def __init__(self, settings, identity: str, metrics, index_link):
+    def __init__(self, settings, identity: str, metrics, caches):
         self.serving: Serving | None = None  # the family's readout and backend, checked against the checkpoint
         self.settings = settings
         self.recipe = settings.recipe
         self.identity = identity
         self.metrics = metrics
-        self.index_link = index_link
+        self.caches = caches  # caches.WorkerCaches: L2 goes to the asset store, L3 to the engine
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="jev-model")  # the one model thread
         self.loaded: LoadedModel | None = None
         self.builder = None
@@ -57,15 +57,12 @@ class LocalModel:
             from . import vision
 
             self.vision = vision
-            self.assets = vision.AssetStore(s.asset_dir, None, self.identity,
-                                            s.cache.l2_bytes if s.cache.l2_on else 0)
+            self.assets = vision.AssetStore(s.asset_dir, None, self.identity, self.caches.l2)
         self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(
-            self.loaded, head=readout.head, l3_bytes=s.cache.l3_bytes if s.cache.l3_on else 0,
-            batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
-            on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted,
-        )
+            self.loaded, head=readout.head, l3=self.caches.size_l3(self.serving.backend), batching=s.batching,
+            max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision)
 
     def image_placeholder(self, asset) -> str:
         return self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from jev_common.checkpoint_files import ServingError
 
@@ -63,10 +63,10 @@ class Backend(ABC):
         return configured
 
     @abstractmethod
-    def build(self, loaded: "LoadedModel", *, head: "Head", l3_bytes: int, batching: bool, max_batch_rows: int,
-              pad_id: int, vision=None, on_l3_insert: Callable | None = None,
-              on_l3_evict: Callable | None = None) -> Engine:
-        """The engine that runs this checkpoint's batches."""
+    def build(self, loaded: "LoadedModel", *, head: "Head", l3: "BudgetLRU", batching: bool, max_batch_rows: int,
+              pad_id: int, vision=None) -> Engine:
+        """The engine that runs this checkpoint's batches; it fills `l3` (caches.WorkerCaches' L3, sized by
+        `l3_bytes`) with prefix states."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}

@@ -20,7 +20,7 @@ from jev_common.schema import (
 from jev_common.vl import checkpoint_identity
 
 from . import envelope, legacy
-from .caches import BudgetLRU
+from .caches import WorkerCaches
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .registration import IndexLink, WorkerRegistration
@@ -44,9 +44,9 @@ class WorkerService:
         # the recipe's pin, or a content digest of JEV_MODEL_PATH: what image assets and index keys are made for
         self.identity = checkpoint_identity(self.recipe, settings.model_path)
         self.metrics = metrics or WorkerMetrics()
-        self.l1: BudgetLRU = BudgetLRU("l1", settings.cache.l1_max if settings.cache.l1_on else 0,
-                                       bytes_of=lambda p: p.nbytes)
         self.index_link = IndexLink()
+        self.caches = WorkerCaches(settings.cache, on_l3_insert=self.index_link.prefix_resident,
+                                   on_l3_evict=self.index_link.prefix_evicted)
         self.serving: Serving | None = None
         self.model = None  # model.LocalModel, when the network runs in this process
         self.pipeline: Pipeline | None = None
@@ -66,7 +66,7 @@ class WorkerService:
             else:
                 from .model import LocalModel
 
-                self.model = LocalModel(self.settings, self.identity, self.metrics, self.index_link)
+                self.model = LocalModel(self.settings, self.identity, self.metrics, self.caches)
                 try:
                     await self.model.start()
                 finally:
@@ -75,7 +75,7 @@ class WorkerService:
             if self.model is not None:
                 if self.model.assets is not None:
                     self.model.assets.index = self.index_link.index
-                self.pipeline = LocalPipeline(self.model, self.l1, self.settings, self.index_link, self.metrics)
+                self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
                 started = time.perf_counter()
                 await self.systemone(self._warmup_request())
                 self.warmup_seconds = time.perf_counter() - started
@@ -227,19 +227,14 @@ class WorkerService:
 
     # ----- caches -------------------------------------------------------------------------------
     def cache_stats(self) -> CacheStats:
-        assets, engine = self.assets, self.engine
-        levels = {"l1": self.l1.stats(),
-                  "l2": assets.stats() if assets is not None else BudgetLRU("l2", 0).stats(),
-                  "l3": engine.l3.stats() if engine is not None else BudgetLRU("l3", 0).stats()}
+        levels = self.caches.stats()
         prefix_reuse = self.serving.backend.prefix_reuse if self.serving else None
         return CacheStats(enabled=self.settings.cache.enabled, levels=levels, prefix_reuse=prefix_reuse)
 
     def reset_counters(self) -> None:
-        self.l1.reset_counters()
-        if self.engine is not None:
-            self.engine.l3.reset_counters()
+        self.caches.reset_counters()
         if self.assets is not None:
-            self.assets.reset_counters()
+            self.assets.reset_counters()  # and its index and disk counters
 
     # ----- health -------------------------------------------------------------------------------
     async def health(self) -> tuple[int, dict]:

@@ -127,13 +127,14 @@ class AssetStore:
     """data URI -> (ImageAsset, l2_hit). L2 holds parsed assets by byte budget (0 turns it off, so
     every request rereads its asset). Lookup: L2, then the index's path, then `<asset_dir>/<key>`."""
 
-    def __init__(self, asset_dir: str, index, identity: str, l2_budget_bytes: int, *,
+    def __init__(self, asset_dir: str, index, identity: str, l2: BudgetLRU | int, *,
                  processor_identity: str | None = None):
+        """`l2`: the worker's L2 (caches.WorkerCaches), or a byte budget for one of its own."""
         self.asset_dir = asset_dir
         self.index = index
         self.identity = identity
         self.processor_identity = processor_identity
-        self.l2: BudgetLRU[ImageAsset] = BudgetLRU("l2", l2_budget_bytes, size_of=lambda a: a.nbytes)
+        self.l2: BudgetLRU[ImageAsset] = l2 if isinstance(l2, BudgetLRU) else BudgetLRU("l2", l2, size_of=lambda a: a.nbytes)
         self._inflight: dict[str, asyncio.Future] = {}
         self.index_hits = self.index_misses = self.index_unavailable = self.stale_removed = 0
         self.disk_reads = 0

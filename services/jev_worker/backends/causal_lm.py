@@ -10,6 +10,5 @@ class CausalLM(Backend):
     engine_class = DecisionEngine
     prefix_reuse = "on: rows continue the state prefix's KV (L3)"
 
-    def build(self, loaded, *, head, l3_bytes: int, **kwargs) -> DecisionEngine:
-        return self.engine_class(loaded.model, loaded.device, head=head, l3_bytes=self.l3_bytes(l3_bytes),
-                                 checkpoint_dir=loaded.folder, **kwargs)
+    def build(self, loaded, *, head, l3, **kwargs) -> DecisionEngine:
+        return self.engine_class(loaded.model, loaded.device, head=head, l3=l3, checkpoint_dir=loaded.folder, **kwargs)

@@ -64,13 +64,13 @@ class SplitFolders(EncoderFiles):
 class EncoderEngine(Engine):
     """Whole-sequence rows in padded batches; each row's hidden states go to the readout's head."""
 
-    def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int):
+    def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int, l3: BudgetLRU | None = None):
         self.model = model
         self.device = device
         self.head = head
         self.pad_id = pad_id
         self.max_batch_rows = max(1, max_batch_rows)
-        self.l3 = BudgetLRU("l3", 0)  # nothing to cache: no prefix state exists
+        self.l3 = l3 if l3 is not None else BudgetLRU("l3", 0)  # stays empty: no prefix state exists (l3_bytes 0)
 
     def _hidden(self, rows: list[tuple[int, ...]]) -> list[torch.Tensor]:
         width = max(len(r) for r in rows)
@@ -127,5 +127,5 @@ class Encoder(Backend):
         load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
         return LoadedModel(placed(model, dev, torch_dtype), files.tokenizer(folder), None, dev, torch_dtype, folder)
 
-    def build(self, loaded, *, head, l3_bytes: int, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
-        return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows)
+    def build(self, loaded, *, head, l3, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
+        return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows, l3=l3)
