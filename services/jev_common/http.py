@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import signal
 import json
 import logging
 import uuid
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
@@ -226,8 +228,11 @@ def install_json_protocol_errors() -> None:
     web_server.RequestHandler = JsonErrorRequestHandler
 
 
-def run_app(app: web.Application, host: str, port: int) -> None:
-    """Serve on uvloop when it is there; aiohttp handles SIGTERM/SIGINT for a clean stop."""
+def run_app(app: web.Application, host: str, port: int,
+            on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve on uvloop when it is there. Without `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first
+    SIGTERM/SIGINT awaits `on_stop()` while the port still answers (a service drains there, refusing new work
+    with its own error), then the server closes and the process exits 0."""
     try:
         import uvloop
 
@@ -235,6 +240,26 @@ def run_app(app: web.Application, host: str, port: int) -> None:
     except ImportError:  # pragma: no cover - uvloop is a pinned dependency
         pass
     install_json_protocol_errors()
-    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+    if on_stop is None:
+        web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+        return
+    asyncio.run(_serve_until_signalled(app, host, port, on_stop))
+
+
+async def _serve_until_signalled(app: web.Application, host: str, port: int,
+                                 on_stop: Callable[[], Awaitable[None]]) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        signalled = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, signalled.set)
+        await signalled.wait()
+        log.info("signal received: stopping")
+        await on_stop()
+    finally:
+        await runner.cleanup()
 
 install_json_protocol_errors()

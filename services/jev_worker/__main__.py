@@ -8,7 +8,7 @@ import sys
 from jev_common.http import run_app
 from jev_common.logs import setup_logging
 
-from .app import create_app
+from .app import SERVICE, create_app
 from .readouts.base import ServingError
 from .serving import preflight
 from .settings import WorkerSettings
@@ -23,7 +23,8 @@ def main() -> None:
         logging.getLogger("jev.worker").error("cannot serve %s: %s", settings.recipe.name, exc)
         print(f"jev_worker: cannot serve {settings.recipe.name}: {exc}", file=sys.stderr)
         sys.exit(2)
-    run_app(create_app(settings), settings.host, settings.port)
+    app = create_app(settings)
+    run_app(app, settings.host, settings.port, on_stop=lambda: app[SERVICE].drain(settings.shutdown_grace_s))
 
 
 if __name__ == "__main__":

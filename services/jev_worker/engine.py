@@ -209,8 +209,8 @@ class DecisionEngine(Engine):
         or the model's attention does not honour a custom mask and packing is turned off."""
         if path in self._packing_verified:
             return True
+        error = _relative_error(packed, padded())  # (a forward stopped in padded() leaves the path unchecked)
         self._packing_verified.add(path)
-        error = _relative_error(packed, padded())
         if error <= 1e-3:
             return True
         log.warning("packed %s differ from a padded batch (relative %.2e): packing disabled", path, error)

@@ -27,6 +27,14 @@ class WorkerMetrics(HttpMetrics):
             "jev_worker_prefix_boundary_mismatch_total",
             "Prepared requests whose rows disagreed on the state prefix's last tokens (prefix shortened "
             "to their common tokens; answers stay exact, L3 reuse may drop)", registry=r)
+        self.abandoned_batches = Counter(
+            "jev_worker_abandoned_batches_total",
+            "Batches stopped between two layers because no job in them was wanted any more (deadline passed, "
+            "client gone, or shutting down)", registry=r)
+        self.abandoned_rows = Counter("jev_worker_abandoned_rows_total", "Rows of the stopped batches", registry=r)
+        self.abandoned_layers = Counter(
+            "jev_worker_abandoned_layers_total",
+            "Layer passes the stopped batches did not run: compute freed for the requests behind them", registry=r)
         self._cache_source = None
         r.register(self)  # collect() below exports the caches' own counters
 
@@ -34,6 +42,12 @@ class WorkerMetrics(HttpMetrics):
         self.batch_requests.observe(requests)
         self.batch_rows.observe(rows)
         self.forward_seconds.observe(seconds)
+
+    def observe_abandoned(self, rows: int, stopped) -> None:
+        """A batch stopped before layer `stopped.layer` of `stopped.layers` (abandon.ForwardAbandoned)."""
+        self.abandoned_batches.inc()
+        self.abandoned_rows.inc(rows)
+        self.abandoned_layers.inc(stopped.layers - stopped.layer)
 
     def watch_caches(self, source) -> None:
         """source() -> jev_common.schema.CacheStats"""

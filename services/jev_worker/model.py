@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from .abandon import LayerChecks
 from .loader import LoadedModel
 from .scheduler import Scheduler
 from .serving import Serving, build_serving
@@ -41,7 +42,8 @@ class LocalModel:
         s = self.settings
         self.scheduler = Scheduler(
             self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
-            max_wait_ms=s.max_wait_ms, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set)
+            max_wait_ms=s.max_wait_ms, checks=LayerChecks(self.loaded.model), on_batch=self.metrics.observe_batch,
+            on_depth=self.metrics.queue_depth.set, on_abandoned=self.metrics.observe_abandoned)
         self.scheduler.start()
 
     def _load(self) -> None:

@@ -11,7 +11,8 @@ from typing import Callable
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import (
-    DeadlineExceeded, DomainError, ModelNotServed, NotReady, UnsupportedRequestForm, domain_error_type,
+    DeadlineExceeded, DomainError, ModelNotServed, NotReady, ShuttingDown, UnsupportedRequestForm,
+    domain_error_type,
 )
 from jev_common.schema import (
     LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
@@ -35,6 +36,7 @@ WARMUP_REQUEST = SystemOneRequest(
                "light": {"type": "choice", "criteria": {"bright": None, "dark": None}},
                "level": {"type": "score", "criteria": ["dark", "dim", "bright"]}},
 )
+WARMUP_TIMEOUT_S = 600.0  # the first forward also checks packing and prefix branching once: not a request's deadline
 
 
 class WorkerService:
@@ -77,7 +79,7 @@ class WorkerService:
                     self.model.assets.index = self.index_link.index
                 self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
                 started = time.perf_counter()
-                await self.systemone(self._warmup_request())
+                await self.systemone(self._warmup_request(), timeout_s=WARMUP_TIMEOUT_S)
                 self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
             self.state = "ok"
@@ -107,6 +109,30 @@ class WorkerService:
                 "ns": index.ns if index else "", "state": self.state, "queue_depth": self.depth,
                 "max_queue": self.settings.max_queue}
 
+    async def drain(self, grace_s: float) -> None:
+        """On SIGTERM: take no new work (503 with Retry-After: another replica may answer), let running decisions
+        finish for up to `grace_s`, then answer the rest 503 and stop their forward at its next layer."""
+        if self.state == "stopping":
+            return
+        self.state = "stopping"
+        log.info("stopping: new requests are refused; %d running, %.3g s to finish", self.depth, grace_s)
+        if self.registration is not None:  # frontends that discover workers stop sending here
+            await self.registration.stop()
+            self.registration = None
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace_s
+        while scheduler.depth and loop.time() < until:
+            await asyncio.sleep(0.02)
+        if scheduler.depth:
+            log.warning("stopping: %d decisions still running after %.3g s: answered 503, forward stopped",
+                        scheduler.depth, grace_s)
+        scheduler.abort()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(scheduler.idle(), timeout=max(1.0, grace_s))
+
     async def stop(self) -> None:
         if self.registration is not None:  # frontends stop sending here first
             await self.registration.stop()
@@ -127,6 +153,8 @@ class WorkerService:
 
     def _admit(self, model: str | None, single_question: bool) -> None:
         """A request this worker answers now: ready, its model, its form."""
+        if self.state == "stopping":
+            raise ShuttingDown("worker is shutting down; retry on another replica")
         if self.pipeline is None or self.state == "unavailable":
             raise NotReady("the model is still loading" if self.state == "loading"
                            else f"worker is {self.state}" + (f": {self.error}" if self.error else ""))
@@ -139,12 +167,13 @@ class WorkerService:
                 f"serves with readout {self.serving.readout.name!r}: send the System One envelope "
                 "({model, state, questions})")
 
-    async def run(self, label: str, make_job: Callable[[], Job], deadline_s: float | None = None
-                  ) -> tuple[Decision, float]:
-        """The one path: the job made from its request, answered by the strategy within the deadline, counted
-        by outcome (jev_worker_decisions_total{kind=label}). Returns the decision and the seconds it took."""
+    async def run(self, label: str, make_job: Callable[[], Job], deadline_s: float | None = None,
+                  timeout_s: float | None = None) -> tuple[Decision, float]:
+        """The one path: the job made from its request, answered by the strategy within the deadline (the
+        worker's, or the request's when shorter; `timeout_s` replaces both), counted by outcome
+        (jev_worker_decisions_total{kind=label}). Returns the decision and the seconds it took."""
         started = time.perf_counter()
-        timeout = min(deadline_s or self.settings.deadline_s, self.settings.deadline_s)
+        timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.deadline_s)
         with self._counted(label, timeout):
             decision = await self.pipeline.answer(make_job(), started, timeout)
         elapsed = time.perf_counter() - started
@@ -168,11 +197,11 @@ class WorkerService:
         finally:
             self.metrics.decisions.labels(label, outcome).inc()
 
-    async def systemone(self, request: SystemOneRequest, parts: dict[str, bytes] | None = None
-                        ) -> tuple[SystemOneResponse, dict[str, str]]:
+    async def systemone(self, request: SystemOneRequest, parts: dict[str, bytes] | None = None, *,
+                        timeout_s: float | None = None) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
         self._admit(request.model, single_question=False)
-        decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}))
+        decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}), timeout_s=timeout_s)
         usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(model=self.recipe.name, answers=decision.answers, usage=usage,

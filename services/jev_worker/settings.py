@@ -32,7 +32,12 @@ ENV = EnvTable("worker", [
     str_var("JEV_DTYPE", _recipe_default(ModelSpec, "dtype"), "`auto` (BF16 on GPU, FP32 on CPU), `float32`, "
             "`bfloat16`, `float16`; the decision head is FP32 always", from_recipe=True),
     int_var("JEV_MAX_QUEUE", 64, "requests queued or running before 429 `overloaded`"),
-    float_var("JEV_DEADLINE_S", 30.0, "per-request deadline (a request's `deadline_s` may shorten it); past it: 504"),
+    float_var("JEV_DEADLINE_S", 30.0, "per-request deadline (a request's `deadline_s` may shorten it); past it: 504, "
+              "and a forward nobody waits for any more stops at its next layer"),
+    float_var("JEV_SHUTDOWN_GRACE_S", 5.0, "on SIGTERM (or SIGINT) the worker answers new requests 503 "
+              "`unavailable` with Retry-After at once, lets running decisions finish for this long, then answers "
+              "the rest 503 and stops their forward at its next layer, and exits 0 (compose waits 10 s before "
+              "SIGKILL)"),
     bool_var("JEV_BATCHING", _recipe_default(BatchingSpec, "enabled"),
              "batch concurrent same-prefix requests and branch rows from one prefix", from_recipe=True),
     int_var("JEV_MAX_BATCH_ROWS", _recipe_default(BatchingSpec, "max_batch_rows"), "rows per forward",
@@ -110,6 +115,7 @@ class WorkerSettings:
     dtype: str = ENV["JEV_DTYPE"].field()
     max_queue: int = ENV["JEV_MAX_QUEUE"].field()
     deadline_s: float = ENV["JEV_DEADLINE_S"].field()
+    shutdown_grace_s: float = ENV["JEV_SHUTDOWN_GRACE_S"].field()
     batching: bool = ENV["JEV_BATCHING"].field()
     max_batch_rows: int = ENV["JEV_MAX_BATCH_ROWS"].field()
     max_wait_ms: float = ENV["JEV_MAX_WAIT_MS"].field()
@@ -149,6 +155,7 @@ class WorkerSettings:
             dtype=ENV["JEV_DTYPE"].get(recipe.model.dtype),
             max_queue=ENV["JEV_MAX_QUEUE"].get(),
             deadline_s=ENV["JEV_DEADLINE_S"].get(),
+            shutdown_grace_s=ENV["JEV_SHUTDOWN_GRACE_S"].get(),
             batching=ENV["JEV_BATCHING"].get(recipe.batching.enabled),
             max_batch_rows=ENV["JEV_MAX_BATCH_ROWS"].get(recipe.batching.max_batch_rows),
             max_wait_ms=ENV["JEV_MAX_WAIT_MS"].get(recipe.batching.max_wait_ms),
