@@ -17,6 +17,7 @@ FAMILIES = {
     "clef": "jev_worker.families.clef.readout:ClefJointReadout",
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
+    "decider": "jev_worker.families.decider.readout:DeciderLabels",
     "jemm": "jev_worker.families.jemm.readout:JemmLabels",
     "laya": "jev_worker.families.laya.readout:LayaHeads",
     "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
