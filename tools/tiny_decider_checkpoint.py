@@ -43,12 +43,12 @@ DECIDER_CONFIG = {"version": "2b-v11", "layout": "plain", "chat_template": False
                   "temperature_by_type": {"choice": 1.164, "noul": 1.624, "score": 1.124}}
 
 
-def qwen3_5_style_tokenizer(extra: tuple[str, ...] = ()):
-    """SmolLM2's tokenizer with Qwen3.5's special tokens (and `extra` plain added tokens) and the Qwen3.5-shaped
-    chat template."""
+def qwen3_5_style_tokenizer(base=None, extra: tuple[str, ...] = ()):
+    """`base` (default SmolLM2's tokenizer) with Qwen3.5's special tokens it lacks (and `extra` plain added tokens)
+    and the Qwen3.5-shaped chat template."""
     from transformers import AddedToken
 
-    tokenizer = smollm2_tokenizer()
+    tokenizer = smollm2_tokenizer() if base is None else base
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN3_5_SPECIAL_TOKENS],
                          special_tokens=True)
     if extra:

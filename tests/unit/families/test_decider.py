@@ -22,13 +22,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jev_common.recipe import load_recipe
-from jev_common.schema import SystemOneRequest
-from jev_worker.envelope import rows_for
 from jev_worker.families.decider.readout import DeciderLabels, read_config
 from jev_worker.readouts.base import ServingError
 
-from ..family_helpers import TOL, ask, assert_probs, served
+from ..family_helpers import (TOL, ask, assert_probs, local_recipe, prepared_request, served,
+                              upstream_annotate_indices)
 
 TEMPERATURES = {"choice": 1.164, "noul": 1.624, "score": 1.124}  # v11's, system1-omni README / cpu.json
 
@@ -56,19 +54,8 @@ def txt(v):
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
 
 
-def annotate(x):
-    if isinstance(x, list):
-        if len(x) >= 8:
-            return [{"_index": i, **annotate(v)} if isinstance(v, dict) else {"_index": i, "value": annotate(v)}
-                    for i, v in enumerate(x)]
-        return [annotate(v) for v in x]
-    if isinstance(x, dict):
-        return {k: annotate(v) for k, v in x.items()}
-    return x
-
-
 def render_state(state):
-    return state if isinstance(state, str) else json.dumps(annotate(state), ensure_ascii=False)
+    return state if isinstance(state, str) else json.dumps(upstream_annotate_indices(state), ensure_ascii=False)
 
 
 def render_question(spec: dict):
@@ -173,9 +160,7 @@ def reference(decider_dir):
 
 
 def decider_recipe():
-    recipe = load_recipe("decider-2b-v11")
-    model = recipe.model.model_copy(update={"hub_repo": "test/tiny-decider", "revision": "local", "dtype": "float32"})
-    return recipe.model_copy(update={"name": "tiny-decider", "model": model})
+    return local_recipe("decider-2b-v11")
 
 
 TEXT_STATE = "Ticket: I was charged twice for order #4411.\nThe app still shows it as unpaid.\n"
@@ -205,9 +190,7 @@ def test_the_written_out_contract_renders_cpu_json_literally():
 
 
 def prepared(service, state, questions: dict):
-    request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions})
-    rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)
-    return rows, service.builder.prepare("", rows, (), plan)
+    return prepared_request(service.builder, service.model.readout.kinds, state, questions)
 
 
 async def test_decider_answers_equal_its_own_contract(worker_settings, decider_dir, reference):
@@ -348,9 +331,7 @@ def test_served_ids_are_cpu_json_ids_with_qwen3_5_tokenizer():
     kinds = {k.type: k for k in (DeciderChoice(), DeciderNoul(), DeciderScore())}
 
     def ids(state, question):
-        request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": {"q": question}})
-        rows, plan = rows_for(request.questions, request.state, builder, kinds)
-        prep = builder.prepare("", rows, (), plan)
+        prep = prepared_request(builder, kinds, state, {"q": question})[1]
         return [list(prep.full_ids(i)) for i in range(len(prep.rows))]
 
     assert ids(CPU_STATE_2, CPU_CHOICE_2) == [CPU_CHOICE_2_IDS]
