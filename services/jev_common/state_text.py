@@ -4,10 +4,16 @@ Text is sent as is; objects and arrays become compact-spaced JSON text with non-
 (`json.dumps(value, ensure_ascii=False)`). The worker's prompts, the route key a frontend computes
 (route_key.py) and the families that read the state this way (Laya, Cua-S1) all use this function, so
 they cannot drift apart. Families whose upstream renders differently (Clef, JEMM, Vela) keep their own.
+
+`indexed_json` is the variant of upstreams that number the items of long arrays (Decider's `systemone.py` and
+StartLux's `jevfmt.py`, both `annotate_indices`): every array of `INDEX_MIN` or more items, at any depth, has
+each item `i` written as `{"_index": i, **item}` (an object) or `{"_index": i, "value": item}`.
 """
 from __future__ import annotations
 
 import json
+
+INDEX_MIN = 8  # arrays this long get `_index` on every item (upstream's ANNOTATE_MIN)
 
 
 def render_state(value: object) -> str:
@@ -15,3 +21,21 @@ def render_state(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
+
+
+def annotate_indices(value: object, min_len: int = INDEX_MIN) -> object:
+    """`value` with every array of `min_len` or more items numbered (`_index`), recursively."""
+    if isinstance(value, list):
+        if len(value) >= min_len:
+            return [{"_index": i, **annotate_indices(item, min_len)} if isinstance(item, dict)
+                    else {"_index": i, "value": annotate_indices(item, min_len)} for i, item in enumerate(value)]
+        return [annotate_indices(item, min_len) for item in value]
+    if isinstance(value, dict):
+        return {key: annotate_indices(item, min_len) for key, item in value.items()}
+    return value
+
+
+def indexed_json(value: object) -> str:
+    """Python's `json.dumps(annotate_indices(value), ensure_ascii=False)`: separators ", " and ": ", keys in
+    request order, floats as Python writes them."""
+    return json.dumps(annotate_indices(value), ensure_ascii=False)

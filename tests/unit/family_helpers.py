@@ -83,3 +83,35 @@ def assert_probs(served: dict[str, float], expected: list[float], names: list[st
     assert list(served) == names
     for name, p in zip(names, expected):
         assert abs(served[name] - p) <= TOL, (name, served[name], p)
+
+
+def local_recipe(name: str):
+    """Recipe `name` pointed at a local tiny checkpoint (FP32), renamed tiny-<name>."""
+    from jev_common.recipe import load_recipe
+
+    recipe = load_recipe(name)
+    model = recipe.model.model_copy(update={"hub_repo": f"test/tiny-{name}", "revision": "local", "dtype": "float32"})
+    return recipe.model_copy(update={"name": f"tiny-{name}", "model": model})
+
+
+def prepared_request(builder, kinds: dict, state, questions: dict):
+    """(rows, PreparedRequest) `builder` makes of a System One request (state, questions) with the question `kinds`."""
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.envelope import rows_for
+
+    request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions})
+    rows, plan = rows_for(request.questions, request.state, builder, kinds)
+    return rows, builder.prepare("", rows, (), plan)
+
+
+def upstream_annotate_indices(x, min_len: int = 8):
+    """`annotate_indices` as Mapika/decider `systemone.py` and StartLux-Decision `jevfmt.py` both write it (the same
+    function in both upstreams), written out here for family references, independent of jev_common.state_text."""
+    if isinstance(x, list):
+        if len(x) >= min_len:
+            return [{"_index": i, **upstream_annotate_indices(v, min_len)} if isinstance(v, dict)
+                    else {"_index": i, "value": upstream_annotate_indices(v, min_len)} for i, v in enumerate(x)]
+        return [upstream_annotate_indices(v, min_len) for v in x]
+    if isinstance(x, dict):
+        return {k: upstream_annotate_indices(v, min_len) for k, v in x.items()}
+    return x

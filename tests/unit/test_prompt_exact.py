@@ -242,3 +242,19 @@ def test_image_placeholders_are_tokenised_in_the_same_pass(tiny_recipe):
     assert list(prepared.prefix_ids).count(pad) == 4  # the image lies in the shared prefix
     for i, row in enumerate(rows):
         assert list(prepared.full_ids(i)) == one_pass_ids(builder, state, row.content)
+
+
+def test_indexed_json_numbers_the_items_of_long_arrays():
+    """jev_common.state_text.indexed_json is upstream's `json.dumps(annotate_indices(state), ensure_ascii=False)`
+    (Mapika/decider systemone.py, StartLux-Decision jevfmt.py): literal outputs from system1-omni
+    tests/decider/data/cpu.json@42d1f04e (fixtures score_2 and structured_mixed)."""
+    from jev_common.state_text import indexed_json
+
+    item = {"_index": 77, "text": "保留"}
+    assert indexed_json({"items": [1, item] * 4}) == (
+        '{"items": [{"_index": 0, "value": 1}, {"_index": 77, "text": "保留"}, {"_index": 2, "value": 1}, '
+        '{"_index": 77, "text": "保留"}, {"_index": 4, "value": 1}, {"_index": 77, "text": "保留"}, '
+        '{"_index": 6, "value": 1}, {"_index": 77, "text": "保留"}]}')
+    assert indexed_json({"b": "é", "a": [-0.0, 1e-05, 1e+16, None]}) == '{"b": "é", "a": [-0.0, 1e-05, 1e+16, null]}'
+    assert indexed_json([[1] * 7, {"k": [True] * 8}]) == (
+        '[[1, 1, 1, 1, 1, 1, 1], {"k": [' + ", ".join(f'{{"_index": {i}, "value": true}}' for i in range(8)) + "]}]")

@@ -113,6 +113,13 @@ def test_calibration_values_are_checked():
     calibration = Calibration.from_config({"temperature": 2.0, "biases": {"noul": 1.0}}, "c.json")
     assert torch.allclose(calibration.apply("set", torch.tensor([1.0, 3.0])), torch.tensor([1.0, 1.5]))
     assert torch.allclose(calibration.apply("choice", torch.tensor([1.0, 3.0])), torch.tensor([0.5, 1.5]))
+    by_type = Calibration.from_config({"temperature_by_type": {"choice": 1.3872, "noul": 2.0}, "letter_token_ids": [32]},
+                                      "decision_config.json")  # StartLux's file: a missing type keeps T = 1
+    assert by_type.temperatures == {"choice": 1.3872, "noul": 2.0}
+    assert torch.allclose(by_type.apply("noul", torch.tensor([1.0, 3.0])), torch.tensor([0.5, 1.5]))
+    assert torch.equal(by_type.apply("score", torch.tensor([1.0, 3.0])), torch.tensor([1.0, 3.0]))
+    with pytest.raises(ServingError, match="temperature_by_type.score must be a positive finite number"):
+        Calibration.from_config({"temperature_by_type": {"score": "1.4"}}, "decision_config.json")
 
 
 def test_readme_served_by_column_matches_every_recipe():

@@ -1,7 +1,8 @@
 """Calibration from the checkpoint's own config: a temperature (and for yes/no a log-odds bias) per type.
 
 Read from a JSON file of the checkpoint (`decision_config.json` by default; Open-Jev's `calibration.json`):
-`temperature` (every type), `temperatures` {type: T} (wins for its type) and `biases` {type: b}.
+`temperature` (every type), `temperatures` or `temperature_by_type` {type: T} (wins for its type; the name
+StartLux's and Decider's releases use) and `biases` {type: b}.
 For a type, FP32 logits become `(logits + b * e0) / T`: the bias moves the first label's logit (noul's
 Yes: its log-odds) before the temperature. `set` falls back to noul's values, `span` to choice's.
 Every readout applies it the same way (CalibratedKind); /health reports what was loaded.
@@ -40,8 +41,9 @@ class Calibration:
         temperatures = {}
         if "temperature" in config:
             temperatures = dict.fromkeys(TYPES, number(config["temperature"], "temperature", True))
-        for type_, value in (config.get("temperatures") or {}).items():
-            temperatures[type_] = number(value, f"temperatures.{type_}", True)
+        for key in ("temperatures", "temperature_by_type"):
+            for type_, value in (config.get(key) or {}).items():
+                temperatures[type_] = number(value, f"{key}.{type_}", True)
         biases = {type_: number(value, f"biases.{type_}", False) for type_, value in (config.get("biases") or {}).items()}
         unknown = sorted((set(temperatures) | set(biases)) - set(TYPES))
         if unknown:
