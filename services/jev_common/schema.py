@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 Kind = Literal["choice", "noul", "score", "span", "set"]
 KINDS: tuple[str, ...] = ("choice", "noul", "score", "span", "set")
 
-MAX_OPTIONS = 255  # option codes: letters, then two-letter single-token codes
+MAX_OPTIONS = 255  # options of a choice, candidates of a span, options of the single-question form
 MAX_TEXT_CHARS = 64_000
 MAX_OPTION_CHARS = 2_000
 PROBABILITY_SUM_TOLERANCE = 1e-3
@@ -203,7 +203,6 @@ class CacheStats(BaseModel):
 # ===== the System One envelope ===================================================================
 
 Content = Union[str, dict[str, Any], list[Any]]  # text, or a JSON object or array rendered as JSON text
-MAX_CHOICE_OPTIONS = 255
 MAX_SCORE_LEVELS = 10
 MAX_QUESTIONS = 128
 MAX_CONTENT_DEPTH = 32
@@ -286,7 +285,7 @@ class ChoiceQuestion(_Question):
 
     type: Literal["choice"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)
+    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_OPTIONS)
 
     @field_validator("criteria")
     @classmethod
@@ -314,7 +313,7 @@ class SpanQuestion(_Question):
 
     type: Literal["span"]
     instructions: Content | None = None
-    criteria: list[str] = Field(min_length=2, max_length=MAX_CHOICE_OPTIONS)
+    criteria: list[str] = Field(min_length=2, max_length=MAX_OPTIONS)
 
     @field_validator("criteria")
     @classmethod
