@@ -32,8 +32,10 @@ log = logging.getLogger("jev.worker")
 WARMUP_REQUEST = SystemOneRequest(
     model=LATEST_ALIAS, state="The lamp is switched on and the room is bright.",
     questions={"on": {"type": "noul", "instructions": "Is the lamp on?"},
-               "light": {"type": "choice", "criteria": {"bright": None, "dark": None}},
-               "level": {"type": "score", "criteria": ["dark", "dim", "bright"]}},
+               "light": {"type": "choice", "instructions": "Is the room bright or dark?",
+                         "criteria": {"bright": None, "dark": None}},
+               "level": {"type": "score", "instructions": "How bright is the room?",
+                         "criteria": ["dark", "dim", "bright"]}},
 )
 
 
