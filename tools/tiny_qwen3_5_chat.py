@@ -51,15 +51,15 @@ def set_chat_template(path: str | os.PathLike) -> None:
         template.write_text(QWEN3_5_CHAT_TEMPLATE, encoding="utf-8")
 
 
-def make_tiny_qwen3_5_chat(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64) -> Path:
+def make_tiny_qwen3_5_chat(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, **layout) -> Path:
     """A Qwen3_5ForConditionalGeneration (three Gated DeltaNet layers, one gated full-attention layer, a tiny
     vision tower: tools.tiny_checkpoints.make_tiny_qwen3_5_vl) with `<think>` / `</think>` and the Qwen3.5-style
     chat template: the layout of the Qwen/Qwen3.5 base checkpoints (`model.language_model.*`, `model.visual.*`,
-    `lm_head.weight`)."""
+    `lm_head.weight`); `layout` as make_tiny_qwen3_5_vl takes it (e.g. `layer_types`)."""
     from tools.tiny_checkpoints import make_tiny_qwen3_5_vl
     from tools.tiny_clef_checkpoint import add_think_tokens
 
-    path = Path(make_tiny_qwen3_5_vl(path, seed=seed, hidden=hidden))
+    path = Path(make_tiny_qwen3_5_vl(path, seed=seed, hidden=hidden, **layout))
     add_think_tokens(path)
     set_chat_template(path)
     return path

@@ -25,12 +25,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-from jev_common.recipe import load_recipe
 from jev_common.schema import SystemOneRequest
-from jev_worker.envelope import rows_for
 from jev_worker.readouts.base import ServingError
 
-from ..family_helpers import TOL, ask, served
+from ..family_helpers import TOL, ask, ask_twice, served, served_ids, tiny_recipe_of
 
 CASES = json.loads((Path(__file__).parent / "data" / "open_jev_contract.json").read_text(encoding="utf-8"))
 THINKING_OFF = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -46,12 +44,7 @@ def release(tmp_path_factory):
 
 
 def open_jev_recipe(**prompt):
-    recipe = load_recipe("open-jev-9b")
-    model = recipe.model.model_copy(update={"hub_repo": "test/tiny-open-jev", "revision": "local", "dtype": "float32"})
-    update = {"name": "tiny-open-jev", "model": model}
-    if prompt:
-        update["prompt"] = recipe.prompt.model_copy(update=prompt)
-    return recipe.model_copy(update=update)
+    return tiny_recipe_of("open-jev-9b", **prompt)
 
 
 class Reference:
@@ -151,20 +144,11 @@ async def test_open_jev_serves_the_golden_prompts_ids_and_probabilities(worker_s
     async with served(settings) as (front, worker, service):
         for case in CASES:
             questions, golden = answerable(case)
-            request = SystemOneRequest.model_validate({"model": "jev-latest", "state": case["request"]["state"],
-                                                       "questions": questions})
-            rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)
-            prepared = service.builder.prepare("", rows, (), plan)
-            served_ids = [list(prepared.full_ids(i)) for i in range(len(rows))]
-            assert served_ids == [reference.ids(p) for _, prompts, _ in golden for p in prompts]
-            assert all(reference.tokenizer.decode(ids[-2:]) == "</think>\n\n" for ids in served_ids)  # the head's token
-            for attempt in range(2):  # the second time the state prefix comes from L3
-                response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": request.state,
-                                                                   "questions": questions})
-                body = await response.json()
-                assert response.status == 200, body
-                if attempt:
-                    assert "l3=hit" in response.headers["x-jev-cache"]
+            state = case["request"]["state"]
+            ids = served_ids(service, state, questions)
+            assert ids == [reference.ids(p) for _, prompts, _ in golden for p in prompts]
+            assert all(reference.tokenizer.decode(row[-2:]) == "</think>\n\n" for row in ids)  # the head's token
+            for body in await ask_twice(front, state, questions):  # the second from L3
                 for qid, prompts, _ in golden:
                     question = questions[qid]
                     keys = (list(question["criteria"]) if question["type"] == "choice"
@@ -207,9 +191,7 @@ async def test_a_state_with_spaces_at_its_edges_is_sent_unchanged_and_the_trim_c
     prompt = (f"Context:\n{state}\n\nQuestion:  Is it hot? \n\nYes means:  yes \nNo means: "
               '{"a": 2, "b": 1}\nIs the answer to this question yes? Answer Yes or No.')
     async with served(worker_settings(recipe=open_jev_recipe(), model_path=str(release[2]))) as (front, _, service):
-        request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": {"q": question}})
-        rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)
-        assert list(service.builder.prepare("", rows, (), plan).full_ids(0)) == reference.ids(prompt)
+        assert served_ids(service, state, {"q": question}) == [reference.ids(prompt)]
         body = await ask(front, state, {"q": question})
         assert abs(body["answers"]["q"]["noul"] - reference.probabilities([prompt], "noul")[1]) <= TOL
 
