@@ -618,12 +618,15 @@ def head_ids_from_json(path: str | os.PathLike) -> list[int]:
 
 
 def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_globs: Iterable[str] = (),
-                       head_json: str | None = None, argv: list[str] | None = None) -> int:
+                       head_json: str | None = None, extras_subdir: str | None = None,
+                       extras_into: str = "adapter_extras", decision_head: bool = True,
+                       argv: list[str] | None = None) -> int:
     """CLI of a recipe's export.py: --base (checkpoint) [--adapter (downloaded adapter repo)] --out.
 
-    The LoRA is ``<adapter>/<adapter_subdir>``; files matching ``extra_globs`` there are copied into
-    ``<out>/adapter_extras/``; head rows come from --label-ids, else ``<adapter>/<head_json>``, else the
-    recipe's verbalizer through the base tokenizer.
+    The LoRA is ``<adapter>/<adapter_subdir>``; files matching ``extra_globs`` in ``<adapter>/<extras_subdir>``
+    (default: the LoRA folder) are copied into ``<out>/<extras_into>/`` (``"."``: beside the weights, where a
+    readout reads them); head rows come from --label-ids, else ``<adapter>/<head_json>``, else the recipe's
+    verbalizer through the base tokenizer, unless ``decision_head`` is off (a checkpoint read by its own head).
     """
     from jev_common.recipe import load_recipe
 
@@ -646,32 +649,40 @@ def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_
         root = Path(args.adapter)
         lora_dir = root / adapter_subdir if adapter_subdir not in ("", ".") else root
         skip = {ADAPTER_CONFIG, *ADAPTER_WEIGHTS}
+        extras_dir = root / extras_subdir if extras_subdir is not None else lora_dir
         for pattern in extra_globs:
-            extras.extend(p for p in sorted(lora_dir.glob(pattern)) if p.is_file() and p.name not in skip)
+            found = [p for p in sorted(extras_dir.glob(pattern)) if p.is_file() and p.name not in skip]
+            if not found and not any(ch in pattern for ch in "*?["):
+                parser.error(f"{extras_dir / pattern} is missing")
+            extras.extend(found)
     label_ids = args.label_ids
     if label_ids is None and head_json and lora_dir is not None and (lora_dir / head_json).is_file():
         label_ids = head_ids_from_json(lora_dir / head_json)
     try:
         export_checkpoint(args.base, args.out, lora_dir=lora_dir, dtype=args.dtype, label_ids=label_ids,
-                          recipe=None if label_ids is not None else loaded,
+                          recipe=loaded if label_ids is None and decision_head else None,
                           tokenizer_dir=args.tokenizer, max_length=args.max_length)
         if extras:
-            _add_extras(Path(args.out), extras)
+            _add_extras(Path(args.out), extras, extras_into)
     except (ExportError, FileExistsError) as exc:
         print(f"export ({recipe}): {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _add_extras(out_dir: Path, extras: list[Path]) -> None:
-    """Copy adapter-side files (calibration, head configs) into out/adapter_extras/ and re-list the manifest."""
-    target = out_dir / "adapter_extras"
-    target.mkdir()
+def _add_extras(out_dir: Path, extras: list[Path], into: str = "adapter_extras") -> None:
+    """Copy adapter-side files (calibration, head configs) into out/<into>/ (never over an exported file) and
+    re-list the manifest."""
+    target = out_dir / into
+    target.mkdir(exist_ok=True)
     for extra in dict.fromkeys(extras):
+        if (target / extra.name).exists():
+            raise ExportError(f"extra file {extra.name} would overwrite an exported file")
         shutil.copy2(extra, target / extra.name)
     manifest_path = out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    for path in sorted(target.iterdir()):
+    for extra in dict.fromkeys(extras):
+        path = target / extra.name
         manifest["files"].append({"path": path.relative_to(out_dir).as_posix(), "sha256": _sha256(path),
                                   "size": path.stat().st_size})
     manifest["files"].sort(key=lambda item: item["path"])

@@ -296,21 +296,6 @@ def make_tiny_code_readout(path: str | os.PathLike, *, seed: int = 0, hidden: in
     return path
 
 
-def make_tiny_open_jev(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 2,
-                       temperature: float = 1.6) -> Path:
-    """An Open-Jev export: the merged causal LM plus the files of `package/checkpoint` copied beside it:
-    `head.pt` (the scalar head's `nn.Linear(hidden, 1)` state dict, a plain tensor pickle),
-    `calibration.json` (`temperature`) and `model.json` (the base model it was trained on)."""
-    import torch
-
-    path = make_tiny_text(path, seed=seed, hidden=hidden, layers=layers)
-    torch.manual_seed(seed + 1)
-    torch.save({"weight": torch.randn(1, hidden) * 0.5, "bias": torch.randn(1)}, path / "head.pt")
-    _write_json(path / "calibration.json", {"temperature": temperature})
-    _write_json(path / "model.json", {"base_model": "Qwen/Qwen3.5-9B", "hidden_size": hidden})
-    return path
-
-
 def make_tiny_calibrated(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 1,
                          temperatures: dict | None = None, biases: dict | None = None) -> Path:
     """A label-token checkpoint that ships its calibration (`decision_config.json`: per-type temperatures,

@@ -50,7 +50,7 @@ def clef_head_modules(config: dict):
     return Head().eval()
 
 
-def _add_think_tokens(path: Path) -> None:
+def add_think_tokens(path: Path) -> None:
     """Qwen's tokenizer has `<think>` / `</think>` (added, not special); SmolLM2's has not: add them and
     grow the embeddings and LM head to match."""
     import torch
@@ -76,7 +76,7 @@ def make_tiny_clef(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, 
 
     path = Path(make_tiny_qwen3_5_vl(path, seed=seed, hidden=hidden))
     torch.manual_seed(seed + 1)
-    _add_think_tokens(path)
+    add_think_tokens(path)
     config = {"hidden_size": hidden, "width": width, "routing_layers": routing_layers, "layers": layers,
               "heads": heads, "feedforward": feedforward}
     head = clef_head_modules(config)

@@ -358,8 +358,12 @@ class AssetRef(BaseModel):
         return self
 
 
+SIDE_MEDIA = ("images", "videos")  # other APIs' media beside the state (Clef's record, vLLM-SR's request)
+
+
 class SystemOneRequest(BaseModel):
-    """`{"model", "state", "questions": {id: question}}`; unknown top-level fields are ignored."""
+    """`{"model", "state", "questions": {id: question}}`; unknown top-level fields are ignored, except media
+    sent beside the state (`images`, `videos`): ignoring them would answer without them, so they are refused."""
 
     model_config = ConfigDict(extra="ignore")
     model: str
@@ -367,6 +371,16 @@ class SystemOneRequest(BaseModel):
     questions: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)], Question] = Field(
         min_length=1, max_length=MAX_QUESTIONS)
     assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_side_media(cls, data):
+        for key in SIDE_MEDIA if isinstance(data, dict) else ():
+            if key in data:
+                raise ValueError(f"top-level `{key}` is not read by this API (it would be answered without them): "
+                                 "send each image as an `assets` entry, e.g. {\"<image:1>\": {\"type\": \"image\", "
+                                 "\"data_base64\": \"...\"}}, and put its reference where it belongs in the state")
+        return data
 
     @field_validator("state")
     @classmethod

@@ -14,8 +14,9 @@ import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import TooManyOptions
-from jev_common.recipe import Recipe
+from jev_common.recipe import PromptSpec, Recipe
 
 from .control_tokens import ControlTokens
 from .protocols import PromptBuilder
@@ -51,6 +52,15 @@ class PreparedRequest:
 
     def full_ids(self, row: int) -> tuple[int, ...]:
         return self.prefix_ids + self.rows[row]
+
+
+def family_prompt(recipe: Recipe, prompt: PromptSpec, family: str) -> Recipe:
+    """`recipe` laid out by its family's own `prompt` (written from the family's upstream source). A recipe
+    that sets prompt fields of its own would only seem to change the prompt, so it is refused."""
+    if recipe.prompt.model_fields_set:
+        raise ServingError(f"recipe {recipe.name}: family {family!r} lays its prompt out as its upstream does; "
+                           f"remove prompt.{', prompt.'.join(sorted(recipe.prompt.model_fields_set))} from the recipe")
+    return recipe.model_copy(update={"prompt": prompt})
 
 
 def ids_key(head: str, ids: Iterable[int]) -> str:

@@ -85,15 +85,6 @@ def assert_probs(served: dict[str, float], expected: list[float], names: list[st
         assert abs(served[name] - p) <= TOL, (name, served[name], p)
 
 
-def local_recipe(name: str):
-    """Recipe `name` pointed at a local tiny checkpoint (FP32), renamed tiny-<name>."""
-    from jev_common.recipe import load_recipe
-
-    recipe = load_recipe(name)
-    model = recipe.model.model_copy(update={"hub_repo": f"test/tiny-{name}", "revision": "local", "dtype": "float32"})
-    return recipe.model_copy(update={"name": f"tiny-{name}", "model": model})
-
-
 def prepared_request(builder, kinds: dict, state, questions: dict):
     """(rows, PreparedRequest) `builder` makes of a System One request (state, questions) with the question `kinds`."""
     from jev_common.schema import SystemOneRequest
@@ -115,3 +106,40 @@ def upstream_annotate_indices(x, min_len: int = 8):
     if isinstance(x, dict):
         return {k: upstream_annotate_indices(v, min_len) for k, v in x.items()}
     return x
+
+
+def tiny_recipe_of(name: str, **prompt):
+    """Recipe `name` pointed at a local tiny checkpoint (FP32), its prompt fields replaced by `prompt` if given."""
+    from jev_common.recipe import load_recipe
+
+    recipe = load_recipe(name)
+    model = recipe.model.model_copy(update={"hub_repo": f"test/tiny-{name}", "revision": "local", "dtype": "float32"})
+    update = {"name": f"tiny-{name}", "model": model}
+    if prompt:
+        update["prompt"] = recipe.prompt.model_copy(update=prompt)
+    return recipe.model_copy(update=update)
+
+
+def served_ids(service, state, questions: dict) -> list[list[int]]:
+    """The token ids the served worker runs for each row of `questions` about `state` (its own builder and
+    question types), whole (prefix + row)."""
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.envelope import rows_for
+
+    request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
+    rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)
+    prepared = service.builder.prepare("", rows, (), plan)
+    return [list(prepared.full_ids(i)) for i in range(len(rows))]
+
+
+async def ask_twice(client, state, questions: dict) -> list[dict]:
+    """The same request twice, both answered; the second one's state prefix comes from L3."""
+    bodies = []
+    for attempt in range(2):
+        response = await client.post("/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions})
+        body = await response.json()
+        assert response.status == 200, body
+        if attempt:
+            assert "l3=hit" in response.headers["x-jev-cache"]
+        bodies.append(body)
+    return bodies

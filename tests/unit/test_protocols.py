@@ -17,6 +17,7 @@ from jev_worker import protocols
 from jev_worker.backends.encoder import EncoderFiles
 from jev_worker.backends.registry import BACKENDS, build_backend
 from jev_worker.families.registry import FAMILIES, build_readout, family_class
+from jev_worker.readouts.code_readout import CodeReadout
 
 WORKER = Path(jev_worker.__file__).resolve().parent
 # getattr / hasattr whose object is one of ours: the worker itself, a readout, backend, builder, head, engine,
@@ -117,7 +118,7 @@ def test_every_family_declares_its_readout_builder_and_backend(family, code_dir)
     assert issubclass(cls, protocols.Readout) and not inspect.isabstract(cls), cls
     assert cls.__module__.startswith(("jev_worker.families.", "jev_worker.readouts.")), cls.__module__
     readout = build_readout(family, {})
-    if family == "code-readout":  # its backend follows the checkpoint's attention_mode, read by check
+    if isinstance(readout, CodeReadout):  # its backend follows the checkpoint's attention_mode, read by check
         readout.check(str(code_dir))
     backend = readout.make_backend()
     assert isinstance(backend, protocols.Backend), backend

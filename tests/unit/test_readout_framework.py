@@ -27,9 +27,9 @@ def code_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def open_jev_dir(tmp_path_factory) -> Path:
-    from tools.tiny_checkpoints import make_tiny_open_jev
+    from tools.tiny_open_jev_checkpoint import make_tiny_open_jev
 
-    return make_tiny_open_jev(tmp_path_factory.mktemp("open-jev"), seed=8)
+    return make_tiny_open_jev(tmp_path_factory.mktemp("open-jev"), seed=8)  # the export of a tiny release
 
 
 def test_worker_exits_naming_an_unknown_family(tmp_path, tiny_recipe, tiny_text_dir):
@@ -84,10 +84,10 @@ def test_unknown_family_and_option_are_named(tiny_recipe, tiny_text_dir):
 
 def test_scalar_head_requires_its_files_and_refuses_pickled_code(tmp_path, tiny_recipe, open_jev_dir):
     recipe = family_recipe(tiny_recipe, "tiny-open-jev", family="open-jev")
-    with pytest.raises(ServingError, match="needs calibration.json"):
-        preflight(recipe, str(copy_without(open_jev_dir, tmp_path, "calibration.json")))
+    with pytest.raises(ServingError, match="needs temperature.json"):
+        preflight(recipe, str(copy_without(open_jev_dir, tmp_path, "temperature.json")))
     folder = tmp_path / "checkpoint"
-    torch.save({"weight": torch.zeros(1, 32), "bias": Calibration()}, folder / "head.pt")  # an object, not tensors
+    torch.save({"weight": torch.zeros(1, 64), "bias": Calibration()}, folder / "head.pt")  # an object, not tensors
     with pytest.raises(ServingError, match="weights_only=True"):
         preflight(recipe, str(folder))
 

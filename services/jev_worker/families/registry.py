@@ -3,7 +3,8 @@
 
 The generic readouts are families too: `label-tokens` (label-token rows of the LM head, for user-supplied
 checkpoints and SmolLM2, JEV, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
-code-readout v1 checkpoint format of D3 and pplx-decider). The readout says which backend runs it
+code-readout v1 checkpoint format, served with the recipe's prompt; D3 and pplx-decider are families of their
+own on the same readout, each with its upstream's prompt). The readout says which backend runs it
 (`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
 """
 from __future__ import annotations
@@ -17,11 +18,13 @@ FAMILIES = {
     "clef": "jev_worker.families.clef.readout:ClefJointReadout",
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
+    "d3": "jev_worker.families.d3.readout:D3CodeReadout",
     "decider": "jev_worker.families.decider.readout:DeciderLabels",
     "jemm": "jev_worker.families.jemm.readout:JemmLabels",
     "laya": "jev_worker.families.laya.readout:LayaHeads",
     "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
     "open-jev": "jev_worker.families.open_jev.readout:ScalarHead",
+    "pplx-decider": "jev_worker.families.pplx_decider.readout:PplxCodeReadout",
     "startlux": "jev_worker.families.startlux.readout:StartLuxLabels",
     "valen": "jev_worker.families.valen.readout:ValenHeadReadout",
     "vela-decoder": "jev_worker.families.vela.readout:VelaHeadsReadout",

@@ -234,7 +234,8 @@ async def test_clef_refuses_what_it_has_no_head_for(worker_settings, clef_dir, q
 async def test_clef_image_states_place_the_images_after_the_prefix(worker_settings, clef_dir, reference, tmp_path):
     """The preencoder runs the checkpoint's own vision tower; the worker puts the image after the prefix, then a
     newline, then the state as sent (its reference included), as `encode_record` places a record's images; the
-    answers equal the model's own forward on the pixels."""
+    answers equal the model's own forward on the pixels. Clef's own request form (a top-level `images` list) is a
+    422 naming the asset form: ignored, it would be answered text-only."""
     from jev_preencoder.encode import Encoder
     from jev_preencoder.settings import PreencoderSettings
 
@@ -246,7 +247,12 @@ async def test_clef_image_states_place_the_images_after_the_prefix(worker_settin
     asset = {"type": "image", "format": "png", "data_base64": png_uri(seed, size).split(",", 1)[1]}
     questions = {k: QUESTIONS[k] for k in ("damaged", "action")}
     settings = worker_settings(recipe=clef_recipe(), model_path=str(clef_dir), asset_dir=str(tmp_path / "assets"))
-    async with served(settings) as (front, _, _):
+    async with served(settings) as (front, worker, _):
+        for client in (front, worker):  # Clef's own form, images beside the state: refused, never answered without
+            response = await client.post("/v1/systemone", json={
+                "model": "jev-latest", "state": state[0], "questions": questions, "images": [png_uri(seed, size)]})
+            assert response.status == 422
+            assert "top-level `images` is not read" in (text := await response.text()) and "`assets`" in text
         response = await front.post("/v1/systemone", json={
             "model": "jev-latest", "state": state, "questions": questions, "assets": {"<image:photo>": asset}})
         body = await response.json()

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from jev_worker.families.decider.readout import DeciderLabels, read_config
 from jev_worker.readouts.base import ServingError
 
-from ..family_helpers import (TOL, ask, assert_probs, local_recipe, prepared_request, served,
+from ..family_helpers import (TOL, ask, assert_probs, tiny_recipe_of, prepared_request, served,
                               upstream_annotate_indices)
 
 TEMPERATURES = {"choice": 1.164, "noul": 1.624, "score": 1.124}  # v11's, system1-omni README / cpu.json
@@ -160,7 +160,7 @@ def reference(decider_dir):
 
 
 def decider_recipe():
-    return local_recipe("decider-2b-v11")
+    return tiny_recipe_of("decider-2b-v11")
 
 
 TEXT_STATE = "Ticket: I was charged twice for order #4411.\nThe app still shows it as unpaid.\n"

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jev_worker.readouts.base import ServingError
 
-from ..family_helpers import (TOL, ask, assert_probs, local_recipe, prepared_request, served,
+from ..family_helpers import (TOL, ask, assert_probs, tiny_recipe_of, prepared_request, served,
                               upstream_annotate_indices)
 
 SYSTEM = "Apply the criterion to the evidence. Choose exactly one listed option. Answer with its letter only."
@@ -157,7 +157,7 @@ MORE = {
 async def test_startlux_answers_equal_its_own_contract(worker_settings, startlux_dir, reference):
     questions = {**README_QUESTIONS, **MORE}
     states = (README_STATE, "Ticket: charged twice.\n", "   ", [{"id": i} for i in range(8)], {})
-    async with served(worker_settings(recipe=local_recipe(RECIPE), model_path=str(startlux_dir))) as (front, worker, service):
+    async with served(worker_settings(recipe=tiny_recipe_of(RECIPE), model_path=str(startlux_dir))) as (front, worker, service):
         for state in states:
             body = await ask(front, state, questions)
             answers = body["answers"]
@@ -210,7 +210,7 @@ def test_startlux_checks_its_letters_and_thinking_off_prompt(startlux_dir):
     from jev_worker.families.startlux.readout import StartLuxBuilder, letter_ids
 
     tok = AutoTokenizer.from_pretrained(startlux_dir)
-    recipe = local_recipe(RECIPE)
+    recipe = tiny_recipe_of(RECIPE)
     builder = StartLuxBuilder(tok, recipe, "test")
     assert letter_ids(builder) == json.loads((startlux_dir / "decision_config.json").read_text())["letter_token_ids"]
     thinking = recipe.model_copy(update={"prompt": recipe.prompt.model_copy(update={"chat_template_kwargs": {}})})
@@ -227,7 +227,7 @@ def test_readme_request_is_290_tokens_with_qwen3_5_tokenizer():
     from jev_worker.families.startlux.readout import StartLuxBuilder, StartLuxChoice, StartLuxNoul, StartLuxScore, letter_ids
     from tools.tiny_decider_checkpoint import qwen3_5_tokenizer
 
-    builder = StartLuxBuilder(qwen3_5_tokenizer(), local_recipe(RECIPE), "test")
+    builder = StartLuxBuilder(qwen3_5_tokenizer(), tiny_recipe_of(RECIPE), "test")
     assert letter_ids(builder) == list(range(32, 58))
     kinds = {k.type: k for k in (StartLuxChoice(), StartLuxNoul(), StartLuxScore())}
     prep = prepared_request(builder, kinds, README_STATE, README_QUESTIONS)[1]

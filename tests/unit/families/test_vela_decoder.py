@@ -245,6 +245,29 @@ async def test_vela_object_states_are_read_as_the_packages_typed_parts(worker_se
         assert_probs(one["probabilities"], text_state, ["reset", "refund", "other"])
 
 
+async def test_vela_applies_the_packages_noul_fit_when_its_calibration_turns_it_on(worker_settings, vela_recipe,
+                                                                                    vela_dir, tmp_path):
+    """calibration.json `noul_calibration` {T, b, default}: with `default: true` every noul answer is
+    sigmoid(logit(p) / T + b) (vLLM-SR vela2 `calibration.py` @ 4ac45f7c `Calibration.noul`); the recipe's
+    `serving.options.noul_calibration: false` turns it off, as vLLM-SR's model option does."""
+    ref = Reference(vela_dir)
+    logits = ref.option_logits("choice", "Is this urgent?", [
+        ("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True)
+    p = softmax(logits[:2], ref.cal["temperature"]["choice"])[1]
+    fit = ref.cal["noul_calibration"]
+    fitted = 1 / (1 + math.exp(-(math.log(p / (1 - p)) / fit["T"] + fit["b"])))
+    folder = copy_without(vela_dir, tmp_path / "on")
+    (folder / "calibration.json").write_text(json.dumps({**ref.cal, "noul_calibration": {**fit, "default": True}}))
+    for options, want in (({}, fitted), ({"noul_calibration": False}, p)):
+        recipe = vela_recipe.model_copy(update={"serving": vela_recipe.serving.model_copy(update={"options": options})})
+        async with served(worker_settings(recipe=recipe, model_path=str(folder))) as (front, worker, _):
+            answer = (await ask(front, STATE, {"q": QUESTIONS["urgent"]}))["answers"]["q"]
+            assert abs(answer["noul"] - want) <= TOL, (options, answer, want)
+            health = (await (await worker.get("/health")).json())["detail"]["serving"]
+            assert health["calibration"]["noul_calibration"] == ({"T": 2.0, "b": 0.25} if not options else "off")
+    assert abs(fitted - p) > 1e-3
+
+
 async def test_vela_refuses_what_it_cannot_answer(worker_settings, vela_recipe, vela_dir):
     async with served(worker_settings(recipe=vela_recipe, model_path=str(vela_dir))) as (front, _, _):
         body = await ask(front, OBJECT_STATE, {"q": QUESTIONS["pii"]}, status=422)

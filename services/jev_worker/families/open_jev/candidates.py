@@ -1,14 +1,18 @@
-"""Per-candidate rows: every candidate of a question is its own row after the shared state prefix, and
-the readout gives each row one FP32 scalar. Choice and score normalise a question's scalars with a
-softmax; noul is one row whose scalar s is read as the logits [0, s] (P(yes) = sigmoid(s)).
+"""Open-Jev's question types: every candidate its own row after the shared `Context:` prefix (layout.py), one
+scalar s per row from the head (readout.py), already divided by the temperature (Calibration).
 
-The row text is the question line, then (for a candidate) `candidate` with the option, or (noul)
-`noul`; the recipe's `serving.options` may replace either text.
+- choice: one candidate per option, `name` or `name: description`, in request order; softmax over the scalars.
+- score: one candidate per level; softmax over the scalars; score = sum(i * p_i).
+- noul: one row; the logits are [0, s], so noul = P(yes) = softmax([0, s])[1].
+
+As upstream's `compile_request` does, `instructions` are required (text, an object or an array) and a noul's
+`criteria`, when given, must describe both `true` and `false`; the softmax is in float64, as upstream's.
 """
 from __future__ import annotations
 
 import torch
 
+from jev_common.errors import UnreadableInput
 from jev_common.schema import (
     ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
     score_answer,
@@ -17,65 +21,74 @@ from jev_common.schema import (
 from ...prompt import RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-
-CANDIDATE = "Proposed answer: {option}\nIs this proposed answer correct? Answer Yes or No."
-NOUL = "Is the answer to this question yes? Answer Yes or No."
-NOUL_CRITERIA = "\nYes means: {true}\nNo means: {false}"
+from .layout import CANDIDATE, NOUL, NOUL_CRITERIA, QUESTION, render
 
 
-def _softmax(logits) -> list[float]:
-    return torch.softmax(torch.cat([row.reshape(-1)[:1].to(torch.float32) for row in logits]), dim=-1).tolist()
+def text(value, ctx: BuildContext, where: str) -> str:
+    """A value as Open-Jev renders it, checked for the model's control tokens."""
+    rendered = render(value)
+    ctx.builder.check_user_text(rendered, where)
+    return rendered
 
 
-class _Candidates(QuestionKind):
-    def __init__(self, candidate: str = CANDIDATE):
-        self.candidate = candidate
-
-    def candidate_rows(self, question, ctx: BuildContext, where: str, options: list[str]) -> list[RowSpec]:
-        head = ctx.question_line(question, where)
-        return [RowSpec(head + self.candidate.format(option=option), ()) for option in options]
+def question_text(question, ctx: BuildContext, where: str) -> str:
+    if question.instructions is None:
+        raise UnreadableInput(f"{where}.instructions: Open-Jev needs the question's instructions (text, an object "
+                              "or an array); it has no default question")
+    return text(question.instructions, ctx, f"{where}.instructions")
 
 
-class CandidateChoice(_Candidates):
+def softmax(logits) -> list[float]:
+    """Softmax in float64 over the rows' scalars (each row's one logit)."""
+    values = torch.cat([row.reshape(-1)[:1] for row in logits]).to(torch.float64)
+    return torch.softmax(values, dim=-1).tolist()
+
+
+def candidate_rows(question, ctx: BuildContext, where: str, options: list[str]) -> list[RowSpec]:
+    head = QUESTION.format(question=question_text(question, ctx, where))
+    return [RowSpec(head + CANDIDATE.format(option=option), ()) for option in options]
+
+
+class CandidateChoice(QuestionKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        options = [name if text is None else f"{name}: {text}" for name, text in ctx.criteria(question, where)]
-        return self.candidate_rows(question, ctx, where, options)
+        options = []
+        for name, description in question.criteria.items():
+            ctx.builder.check_user_text(name, f"{where}.criteria")
+            options.append(name if description is None
+                           else f"{name}: {text(description, ctx, f'{where}.criteria[{name!r}]')}")
+        return candidate_rows(question, ctx, where, options)
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
-        probs = _softmax(logits)
-        names = list(question.criteria)
-        return choice_answer(names, probs)
+        return choice_answer(list(question.criteria), softmax(logits))
 
 
-class CandidateScore(_Candidates):
+class CandidateScore(QuestionKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        levels = [ctx.user_text(level, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)]
-        return self.candidate_rows(question, ctx, where, levels)
+        levels = [text(level, ctx, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)]
+        return candidate_rows(question, ctx, where, levels)
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
-        probs = _softmax(logits)
-        return score_answer(question.criteria, probs)
+        return score_answer(question.criteria, softmax(logits))
 
 
 class CandidateNoul(QuestionKind):
     type = "noul"
 
-    def __init__(self, noul: str = NOUL, criteria: str = NOUL_CRITERIA):
-        self.noul = noul
-        self.criteria = criteria
-
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        text = ctx.instructions(question, where)
-        if question.criteria is not None:
-            sides = {side: "" if value is None else ctx.user_text(value, f"{where}.criteria.{side}")
-                     for side, value in (("true", question.criteria.true), ("false", question.criteria.false))}
-            text += self.criteria.format(**sides)
-        return [RowSpec(ctx.prompt.question_block.format(question=text) + self.noul, ())]
+        asked = question_text(question, ctx, where)
+        criteria = question.criteria
+        if criteria is not None:
+            if criteria.true is None or criteria.false is None:
+                raise UnreadableInput(f"{where}.criteria: Open-Jev reads noul criteria only with both a true and a "
+                                      "false description (text, an object or an array)")
+            asked += NOUL_CRITERIA.format(true=text(criteria.true, ctx, f"{where}.criteria.true"),
+                                          false=text(criteria.false, ctx, f"{where}.criteria.false"))
+        return [RowSpec(QUESTION.format(question=asked) + NOUL, ())]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:
-        score = logits[0].reshape(-1)[0].to(torch.float32)
-        return NoulAnswer(noul=float(torch.softmax(torch.stack([torch.zeros_like(score), score]), dim=-1)[1]))
+        score = logits[0].reshape(-1)[:1].to(torch.float64)
+        return NoulAnswer(noul=float(torch.softmax(torch.cat([torch.zeros_like(score), score]), dim=-1)[1]))

@@ -1,10 +1,12 @@
-"""scalar-head: Open-Jev's trained FP32 scalar head, one scalar per candidate row (candidates.py), over
-the saved calibration temperature.
+"""scalar-head: Open-Jev's trained FP32 scalar head, one scalar per candidate row (candidates.py, layout.py),
+over the saved temperature; on the causal-lm backend.
 
-Checkpoint (an export of `package/checkpoint`: merged backbone + the head and calibration files copied
-beside it): `head.pt`, an `nn.Linear(hidden, 1)` state dict (`weight` [1, hidden], `bias` [1]) read with
-`torch.load(weights_only=True)`, and `calibration.json` with `temperature`. The head reads the final
-hidden state of each candidate row's last token. File names: serving.options head_file / calibration_file.
+Checkpoint (recipes/open-jev-*/export.py: the base with the `package/checkpoint/adapter` LoRA merged, and
+`package/checkpoint`'s `head.pt`, `temperature.json` and `model.json` copied beside it): `head.pt` is an
+`nn.Linear(hidden, 1)` state dict (`weight` [1, hidden], `bias` [1]) read with `torch.load(weights_only=True)`,
+`temperature.json` holds `{"temperature": T}`. The head reads the final hidden state of each candidate's last
+token (the `\\n\\n` after `</think>`) in FP32: s = h @ w.T + b, then s / T. Options (recipe `serving.options`):
+`head_file`, `calibration_file` (the files' names) and `max_length` (tokens per candidate, 4096).
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import torch
 from ...protocols import Head, Readout
 from ...readouts.base import Requirement, ServingError, load_torch_state, read_json
 from ...readouts.calibration import Calibration
-from .candidates import CANDIDATE, NOUL, NOUL_CRITERIA, CandidateChoice, CandidateNoul, CandidateScore
 from ...readouts.code_readout import hidden_size
+from .candidates import CandidateChoice, CandidateNoul, CandidateScore
+from .layout import MAX_LENGTH, OpenJevBuilder
 
 
 class LinearScalarHead(Head):
@@ -31,18 +34,24 @@ class LinearScalarHead(Head):
 
 
 class ScalarHead(Readout):
-    """On the causal-lm backend with the recipe's chat template (the protocol's defaults)."""
+    """On the causal-lm backend (the protocol's default), with Open-Jev's own prompt layout."""
 
     name = "scalar-head"
     question_types = frozenset({"choice", "score", "noul"})
 
     def known_options(self) -> dict:
-        return {"head_file": "head.pt", "calibration_file": "calibration.json", "candidate": CANDIDATE,
-                "noul": NOUL, "noul_criteria": NOUL_CRITERIA}
+        return {"head_file": "head.pt", "calibration_file": "temperature.json", "max_length": MAX_LENGTH}
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(self.option("head_file"), ("weight", "bias")),
                 Requirement(self.option("calibration_file"), ("temperature",))]
+
+    def prompt_builder(self, tokenizer, recipe, identity: str) -> OpenJevBuilder:
+        limit = self.option("max_length")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ServingError(f"readout {self.name!r}: serving.options.max_length must be a positive integer, "
+                               f"got {limit!r}")
+        return OpenJevBuilder(tokenizer, recipe, identity, max_length=limit)
 
     def load(self, loaded, builder) -> None:
         state = load_torch_state(os.path.join(loaded.folder, self.option("head_file")))
@@ -55,5 +64,7 @@ class ScalarHead(Readout):
         calibration_file = self.option("calibration_file")
         config = read_json(os.path.join(loaded.folder, calibration_file))
         calibration = Calibration.from_config({"temperature": config["temperature"]}, calibration_file)
-        self.serve([CandidateChoice(self.option("candidate")), CandidateScore(self.option("candidate")),
-                    CandidateNoul(self.option("noul"), self.option("noul_criteria"))], calibration)
+        self.serve([CandidateChoice(), CandidateScore(), CandidateNoul()], calibration)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "max_length": self.option("max_length")}

@@ -10,7 +10,8 @@ Package files read: `config.json` (model_type vela2-unified, format_version 1, `
 Question types, as vLLM-SR's reader (`request.py`) and answerer (`answers.py`) read them for both members:
 - choice: options + the [ABS] abstain marker; softmax over the real options' logits / T_choice (the abstain
   logit is read but not part of the answer: this API has no field for it).
-- noul: the two-option choice (no, yes) with [ABS]; P(yes) at T_choice.
+- noul: the two-option choice (no, yes) with [ABS]; P(yes) at T_choice, then the package's optional Noul fit
+  (noul_fit.py) when its calibration.json turns it on (or `serving.options.noul_calibration`).
 - score: the levels as options (`level` read alone), no [ABS]; softmax / T_score; score = sum(i p_i).
 - set: the labels as options, no [ABS]; sigmoid(logit / T_set) per label; selected: p > thresholds["set:*"].
 - span: the encoder reads a span question's [E] labels only (not its text). Vela's span questions take labels
@@ -32,6 +33,7 @@ from .encoder_files import VelaEncoderFiles
 from .layout import span_text
 from .marker_head import READOUTS, VelaMarkerHead, tensor_names
 from .marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
+from .noul_fit import NoulFit
 from .readout import VelaChoice, VelaNoul, VelaScore, VelaSet, VelaSpan, question_text
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
@@ -83,6 +85,10 @@ class VelaMarkerHeads(Readout):
     config: dict | None = None  # the package's config.json, read by `check`
     temperatures: dict[str, float] | None = None  # calibration.json's, once loaded
     thresholds: dict[str, float] | None = None
+    noul_fit: NoulFit | None = None  # the package's optional Noul fit, when on
+
+    def known_options(self) -> dict:
+        return {"noul_calibration": None}  # None: as the package's calibration.json says
 
     def make_backend(self) -> Backend:
         # one bidirectional marker sequence; the encoder from config.json encoder_config + tokenizer.json
@@ -139,6 +145,7 @@ class VelaMarkerHeads(Readout):
             raise ServingError(f"{CALIBRATION}: thresholds has no {SET_THRESHOLD!r} (the set questions' threshold)")
         self.temperatures = {t: float(temperatures[t]) for t in TEMPERATURES}
         self.thresholds = {k: float(v) for k, v in thresholds.items() if isinstance(v, (int, float))}
+        self.noul_fit = NoulFit.read(calibration, self.option("noul_calibration"))
 
     def temperature(self, type_: str) -> float:
         return self.temperatures[type_]
@@ -156,6 +163,7 @@ class VelaMarkerHeads(Readout):
         calibration = None
         if self.temperatures is not None:
             calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
-                           "set_threshold": self.set_threshold(), "abstain": "read, not part of an answer"}
+                           "set_threshold": self.set_threshold(), "abstain": "read, not part of an answer",
+                           "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off"}
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration,
                 "marker_readout": self.config.get("readout") if self.config is not None else None}

@@ -13,7 +13,8 @@ sees the prefix and itself only, as the packages' tree does.
 The question text is the instructions (canonical JSON when structured), or the recipe's default question
 of its kind where this API lets instructions out (Vela's own reader requires them).
 - choice: options + the abstain option; softmax over the real options' logits / T_choice.
-- noul: the packages' two-option choice (no, yes) with abstain; P(yes) at T_choice.
+- noul: the packages' two-option choice (no, yes) with abstain; P(yes) at T_choice, then the package's
+  optional Noul fit (noul_fit.py) when its calibration.json turns it on (or `serving.options.noul_calibration`).
 - score: levels as options, no abstain; softmax / T_score; score = sum(i p_i).
 - set: the candidate head + set_bias, sigmoid(/ T_set) per label; selected: p > thresholds["set:*"] (the
   packages also read per-question "set:<id>" entries; a question type here does not see its id).
@@ -45,6 +46,7 @@ from ...protocols import Backend, PromptBuilder, QuestionKind, Readout
 from ...readouts.base import Requirement, ServingError, read_json
 from .backend import VelaDecoder
 from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
+from .noul_fit import NoulFit
 from .layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
@@ -204,7 +206,9 @@ class VelaNoul(_Options):
     options = staticmethod(noul_options)
 
     def answer(self, question, logits, ctx) -> NoulAnswer:
-        return NoulAnswer(noul=_softmax(logits[0][:2], self.readout.temperature("choice"))[1])
+        yes = _softmax(logits[0][:2], self.readout.temperature("choice"))[1]
+        fit = self.readout.noul_fit
+        return NoulAnswer(noul=yes if fit is None else fit.apply(yes))
 
 
 class VelaScore(_Options):
@@ -276,6 +280,10 @@ class VelaHeadsReadout(Readout):
     temperatures: dict[str, float] | None = None  # calibration.json's, once loaded
     thresholds: dict[str, float] | None = None
     broad_temperature: float | None = None
+    noul_fit: NoulFit | None = None  # the package's optional Noul fit, when on
+
+    def known_options(self) -> dict:
+        return {"noul_calibration": None}  # None: as the package's calibration.json says
 
     def make_backend(self) -> Backend:
         return VelaDecoder()  # the package's backbone, built natively; each question block whole
@@ -337,6 +345,7 @@ class VelaHeadsReadout(Readout):
         self.thresholds = {k: float(v) for k, v in (calibration.get("thresholds") or {}).items()}
         broad = calibration.get("broad_head") or {}
         self.broad_temperature = float(broad.get("temperature", self.temperatures["span"]))
+        self.noul_fit = NoulFit.read(calibration, self.option("noul_calibration"))
 
     def temperature(self, type_: str) -> float:
         return self.temperatures[type_]
@@ -358,7 +367,7 @@ class VelaHeadsReadout(Readout):
         if self.temperatures is not None:
             calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
                            "set_threshold": self.set_threshold(), "broad_span_temperature": self.broad_temperature,
-                           "noul_calibration": "off (the packages' optional Noul fit is not applied)"}
+                           "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off"}
         heads = sorted({ROUTER_SPAN: "router", BROAD_SPAN: "broad"}[k] for k in self.head.spans) if self.head else []
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration,
                 "span_heads": heads}
