@@ -2,7 +2,7 @@
 (its readout, prompt layout, heads and, only if no generic one fits, its backend) plus one line here.
 
 The generic readouts are families too: `label-tokens` (label-token rows of the LM head, for user-supplied
-checkpoints and SmolLM2, Decider, JEV, StartLux, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
+checkpoints and SmolLM2, Decider, StartLux, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
 code-readout v1 checkpoint format of D3 and pplx-decider). The readout says which backend runs it
 (`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
 """
@@ -18,6 +18,7 @@ FAMILIES = {
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
     "jemm": "jev_worker.families.jemm.readout:JemmLabels",
+    "jev-vl": "jev_worker.families.jev_vl.readout:JevVlReadout",
     "laya": "jev_worker.families.laya.readout:LayaHeads",
     "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
     "open-jev": "jev_worker.families.open_jev.readout:ScalarHead",
