@@ -161,7 +161,8 @@ class Span(BaseModel):
 
 
 class DecisionResponse(BaseModel):
-    """probabilities[i] belongs to options[i].
+    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.legacy; JEV-VL's noul
+    is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
 
     kind noul: `noul` is P(none of these); probabilities + noul sum to 1, and when none wins
     choice_index and choice are null. kind set: `yes_probabilities` are independent P(yes) per

@@ -38,6 +38,7 @@ from .contract import (HEAD_CONFIG, MAX_LENGTH, NOUL_OPTIONS, SCORE_OPTIONS, Bad
 from .head import LabelHead
 from .layout import JevRow, JevVlBuilder
 
+
 def softmax(values: list[float]) -> list[float]:
     """serve_decide.py's `_softmax`, in FP64."""
     top = max(values)
