@@ -19,7 +19,7 @@ What it does, one tensor at a time (peak host memory ~ the largest tensor in FP3
 * exports the selected rows of the LM head (the label token ids, given explicitly or read from the
   recipe's verbalizer through the checkpoint's tokenizer) in FP32, taken from the merged FP32 head
   before rounding, to ``decision_head.safetensors`` (``weight`` [n, hidden] float32, ``token_ids``
-  [n] int64, labels in the metadata);
+  [n] int64, labels in the metadata), or to the file and tensor names a family reads (``HeadFile``);
 * copies config/tokenizer/chat-template files (``config.json``'s dtype is set to the target dtype),
   regenerates the shard index, and writes ``manifest.json`` last, listing every output file with its
   sha256 and size.
@@ -44,6 +44,16 @@ from typing import Iterable
 
 MANIFEST_FORMAT = "jev-export/1"
 HEAD_FILE = "decision_head.safetensors"
+
+
+@dataclass(frozen=True)
+class HeadFile:
+    """Where the exported FP32 head rows go: the file, its rows tensor [n, hidden] and its token-id tensor [n]."""
+
+    name: str = HEAD_FILE
+    rows: str = "weight"
+    ids: str = "token_ids"
+
 INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
@@ -446,6 +456,7 @@ def export_checkpoint(
     tokenizer_dir: str | os.PathLike | None = None,
     extra_files: Iterable[str | os.PathLike] = (),
     max_length: int | None = None,
+    head_file: HeadFile = HeadFile(),
     log=print,
 ) -> dict:
     """Export model_dir (+ LoRA) to out_dir; returns the manifest. See the module docstring."""
@@ -520,14 +531,15 @@ def export_checkpoint(
 
             metadata = {"format": "pt", "source_tensor": head_name, "token_ids": json.dumps(label_ids),
                         "labels": json.dumps(label_strings) if label_strings else "null", "dtype": "float32"}
-            save_file({"weight": head_rows.contiguous(), "token_ids": torch.tensor(label_ids, dtype=torch.int64)},
-                      str(partial / HEAD_FILE), metadata=metadata)
-            head_info = {"file": HEAD_FILE, "source_tensor": head_name, "token_ids": label_ids,
+            save_file({head_file.rows: head_rows.contiguous(),
+                       head_file.ids: torch.tensor(label_ids, dtype=torch.int64)},
+                      str(partial / head_file.name), metadata=metadata)
+            head_info = {"file": head_file.name, "source_tensor": head_name, "token_ids": label_ids,
                          "labels": label_strings, "rows": len(label_ids), "hidden": int(head_rows.shape[1])}
 
         copied = []
         for src in sorted(model_dir.iterdir()):
-            if not src.is_file() or src.name in (INDEX_FILE, HEAD_FILE, "manifest.json"):
+            if not src.is_file() or src.name in (INDEX_FILE, head_file.name, "manifest.json"):
                 continue
             if src.suffix in SKIP_SUFFIXES:
                 continue
@@ -673,18 +685,22 @@ def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_
 def _add_extras(out_dir: Path, extras: list[Path], into: str = "adapter_extras") -> None:
     """Copy adapter-side files (calibration, head configs) into out/<into>/ (never over an exported file) and
     re-list the manifest."""
-    target = out_dir / into
-    target.mkdir(exist_ok=True)
-    for extra in dict.fromkeys(extras):
-        if (target / extra.name).exists():
-            raise ExportError(f"extra file {extra.name} would overwrite an exported file")
-        shutil.copy2(extra, target / extra.name)
+    add_files(out_dir, {f"{into}/{extra.name}": extra for extra in dict.fromkeys(extras)})
+
+
+def add_files(out_dir: str | os.PathLike, files: dict[str, Path]) -> None:
+    """Copy `files` (path in the export -> source file) into a finished export and list them in its manifest."""
+    out_dir = Path(out_dir)
     manifest_path = out_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    for extra in dict.fromkeys(extras):
-        path = target / extra.name
-        manifest["files"].append({"path": path.relative_to(out_dir).as_posix(), "sha256": _sha256(path),
-                                  "size": path.stat().st_size})
+    for relative, source in files.items():
+        target = out_dir / relative
+        if target.exists():
+            raise ExportError(f"{relative} would overwrite an exported file")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+        manifest["files"].append({"path": target.relative_to(out_dir).as_posix(), "sha256": _sha256(target),
+                                  "size": target.stat().st_size})
     manifest["files"].sort(key=lambda item: item["path"])
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

@@ -4,6 +4,8 @@ Two request forms share the route, told apart by shape (`is_envelope`):
 - the System One envelope (TypeSafe's public API, what typesafe-sdk and jevcompat speak):
   `{"model", "state", "questions": {id: question}}` -> `{"model", "answers": {id: answer}, "usage"}`;
 - the older single-question form of the JEV-VL worker contract: `{"kind", "state", "question", "options"}`.
+  Its `state` is text, `{text, image}`, or JEV-VL's own forms (a list of text and image parts, a JSON
+  object); which forms and kinds a served model answers is its family's (jev_worker.legacy).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 Kind = Literal["choice", "noul", "score", "span", "set"]
 KINDS: tuple[str, ...] = ("choice", "noul", "score", "span", "set")
@@ -47,20 +49,41 @@ class State(_Strict):
         return self
 
 
+STATE_KEYS = frozenset({"text", "image"})
+
+
+def _state_form(value) -> str:
+    """Which state form a single-question `state` is: `{text, image}` (a string is its text), a list of
+    parts, or any other JSON object."""
+    if isinstance(value, dict):
+        return "state" if set(value) <= STATE_KEYS else "object"
+    return "parts" if isinstance(value, list) else "state"
+
+
+StateForm = Annotated[Union[Annotated[State, Tag("state")], Annotated[list[Any], Tag("parts")],
+                            Annotated[dict[str, Any], Tag("object")]], Discriminator(_state_form)]
+NEEDS_OPTIONS = ("choice", "span", "set")  # the kinds whose options are the question
+
+
 class DecisionRequest(_Strict):
     kind: Kind
     model: str | None = Field(default=None, description="accepted as upstream examples send it; the worker "
                                                          "serves its own recipe whatever it names")
-    state: State
+    state: StateForm = Field(description="text, {text, image}, or JEV-VL's forms: a list of text and image "
+                                         "parts ({\"image\": data URI}) in prompt order, or a JSON object")
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-    options: list[str] = Field(min_length=2, max_length=MAX_OPTIONS)
+    options: list[str] | None = Field(default=None, min_length=2, max_length=MAX_OPTIONS,
+                                      description="required for choice, span and set; a family may ask noul "
+                                                  "and score without them (JEV-VL)")
     request_id: str | None = Field(default=None, max_length=200)
     deadline_s: float | None = Field(default=None, gt=0, le=600)
 
     @field_validator("state", mode="before")
     @classmethod
     def _text_shorthand(cls, value):
-        return {"text": value} if isinstance(value, str) else value
+        if isinstance(value, str):
+            return {"text": value}
+        return _shallow(value, "state") if isinstance(value, (list, dict)) else value
 
     @field_validator("question")
     @classmethod
@@ -71,18 +94,22 @@ class DecisionRequest(_Strict):
 
     @field_validator("options")
     @classmethod
-    def _options_valid(cls, options: list[str]) -> list[str]:
-        for i, option in enumerate(options):
+    def _options_valid(cls, options: list[str] | None) -> list[str] | None:
+        for i, option in enumerate(options or ()):
             if not option.strip():
                 raise ValueError(f"option {i} is empty")
             if len(option) > MAX_OPTION_CHARS:
                 raise ValueError(f"option {i} is longer than {MAX_OPTION_CHARS} characters")
-        if len(set(options)) != len(options):
+        if options is not None and len(set(options)) != len(options):
             raise ValueError("options must be unique")
         return options
 
     @model_validator(mode="after")
     def _kind_specific(self) -> "DecisionRequest":
+        if self.options is None:
+            if self.kind in NEEDS_OPTIONS:
+                raise ValueError(f"kind {self.kind!r} needs options (2 to {MAX_OPTIONS})")
+            return self
         if self.kind == "score":
             for option in self.options:
                 try:
@@ -92,11 +119,34 @@ class DecisionRequest(_Strict):
                 if not math.isfinite(number):
                     raise ValueError(f"kind 'score' needs finite numeric options, got {option!r}")
         if self.kind == "span":
-            text = self.state.text or ""
+            text = (self.state.text or "") if isinstance(self.state, State) else ""
             missing = [o for o in self.options if o not in text]
             if missing:
                 raise ValueError(f"kind 'span' options must be substrings of state.text; not found: {missing[:3]!r}")
         return self
+
+    def route_state(self) -> tuple[str, list[str]]:
+        """What the route key hashes (jev_common.route_key): the state's text and its image data URIs, in
+        order (`{text, image}`: the text as sent; a list or object: its JSON text and the parts' images)."""
+        if isinstance(self.state, State):
+            return self.state.text or "", [self.state.image] if self.state.image else []
+        from .state_text import render_state
+
+        return render_state(self.state), [url for url in map(image_part_url, self.state if isinstance(
+            self.state, list) else []) if isinstance(url, str)]
+
+
+def image_part_url(part) -> object:
+    """The image of a state part in JEV-VL's list form (`{"image": url}` or an OpenAI-style
+    `{"type": "image_url", "image_url": {"url": url}}`; `image` wins when both), else None."""
+    if not isinstance(part, dict):
+        return None
+    if "image" in part:
+        return part["image"]
+    if part.get("type") == "image_url":
+        inner = part.get("image_url")
+        return inner.get("url") if isinstance(inner, dict) else None
+    return None
 
 
 class Usage(BaseModel):
@@ -111,7 +161,8 @@ class Span(BaseModel):
 
 
 class DecisionResponse(BaseModel):
-    """probabilities[i] belongs to options[i].
+    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.legacy; JEV-VL's noul
+    is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
 
     kind noul: `noul` is P(none of these); probabilities + noul sum to 1, and when none wins
     choice_index and choice are null. kind set: `yes_probabilities` are independent P(yes) per

@@ -67,8 +67,9 @@ async def handle_systemone(request: web.Request) -> web.Response:
         if decision.deadline_s is not None and decision.deadline_s + DEADLINE_GRACE_S < timeout_s:
             # the worker enforces deadline_s itself; the grace lets its own 504 answer arrive first
             timeout_s, note = decision.deadline_s + DEADLINE_GRACE_S, " (the request's deadline_s + grace)"
-        model, images = None, legacy_image_keys(decision.state.image)
-        route_key = state_route_key(decision.state.text or "", images)
+        text, uris = decision.route_state()
+        model, images = None, [key for uri in uris for key in legacy_image_keys(uri)]
+        route_key = state_route_key(text, images)
     call = dict(endpoint="systemone", timeout_s=timeout_s, data=body.raw,
                 headers=_backend_headers(request, body.content_type), timeout_note=note)
     answer = await _routed(request.app, model, route_key, images, call)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -75,9 +76,12 @@ def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
     return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 
-def job(request: SystemOneRequest, parts: dict[str, bytes]) -> Job:
+def job(request: SystemOneRequest, parts: dict[str, bytes],
+        render: Callable[[SystemOneRequest], str] | None = None) -> Job:
+    """`render`: the state as the served family's prompt writes it (Readout.envelope_state; by default
+    render_state), asset references still in place; the route key always hashes render_state's text."""
     refs = image_refs(request, parts)
-    state_text = render_state(request)
+    state_text = (render or render_state)(request)
     refuse_images_in_questions(request, refs, state_text)
     pieces: list = []
     at = 0

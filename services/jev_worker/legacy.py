@@ -1,6 +1,9 @@
 """The single-question form of the JEV-VL worker contract (`kind`, `state`, `question`, `options`), as a thin
-adapter: each kind is asked as the System One question it is (questions/), and the typed answer is read
-back into the form's fields. The pipeline (pipeline.py) runs it like any envelope.
+adapter: the served family says how it asks one (`Readout.single_question`, a `SingleQuestionForm`), the
+pipeline (pipeline.py) runs the job like any envelope, and the form's fields are read from the typed answer.
+
+The default (`QuestionForm`, every label-token recipe) asks each kind as the System One question it is
+(questions/); its state is text, an image, or both (the image first, then a newline, then the text):
 
 | kind | asked as | fields |
 |---|---|---|
@@ -9,17 +12,22 @@ back into the form's fields. The pipeline (pipeline.py) runs it like any envelop
 | set | a set of the options (one yes/no row each) | P(yes) each, normalised; selected >= 0.5 |
 | noul | a choice over the options + the verbalizer's "None of these" | none wins: choice null |
 | score | numeric levels (questions/numeric.py) | probabilities, argmax, sum(value * p) |
+
+A family with its own single-question contract (JEV-VL: families/jev_vl/) answers it its own way.
 """
 from __future__ import annotations
 
 import hashlib
+from typing import Callable
 
 from jev_common.errors import validation_error
-from jev_common.schema import ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, Usage
+from jev_common.schema import (ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, State,
+                               Usage)
 
 from .envelope import rows_for
 from .pipeline import ImageSlot, Job
 from .prompt import PreparedRequest
+from .protocols import SingleQuestionForm
 from .questions.numeric import NumericLevels, NumericQuestion
 from .questions.registry import QUESTION_KINDS
 
@@ -77,21 +85,39 @@ def l1_key(request: DecisionRequest, image_keys: tuple[str, ...]) -> str:
     return hashlib.sha256(("legacy|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 
-def job(request: DecisionRequest, image_key: str | None, noul_option: str) -> Job:
-    """`image_key`: the asset key of state.image (None without one)."""
-    keys = (image_key,) if image_key else ()
-    text = request.state.text or ""
-    pieces = ((ImageSlot(image_key), "\n") if image_key else ()) + (text,)
-    return Job(questions={QID: as_question(request, noul_option)}, state=text, pieces=pieces,
-               where="state.text", route_text=text, route_images=keys, l1_key=l1_key(request, keys),
-               extra_kinds=FORM_KINDS, has_images=request.state.image is not None)
+class QuestionForm(SingleQuestionForm):
+    """Each kind asked as the System One question it is (the table above); `noul_option` is the recipe's
+    verbalizer's name for none of the options."""
+
+    def __init__(self, noul_option: str):
+        self.noul_option = noul_option
+
+    def job(self, request: DecisionRequest, image_key: Callable[[str], str] | None) -> Job:
+        state = request.state
+        if not isinstance(state, State):
+            raise validation_error("this model reads the single-question form's state as text or {text, image}; "
+                                   "a list of parts or another JSON object is JEV-VL's form: send the System One "
+                                   "envelope ({model, state, questions})", ("state",))
+        if request.options is None:
+            raise validation_error(f"kind {request.kind!r} needs options for this model (2 to 255)", ("options",))
+        key = image_key(state.image) if state.image and image_key is not None else None
+        keys = (key,) if key else ()
+        text = state.text or ""
+        pieces = ((ImageSlot(key), "\n") if key else ()) + (text,)
+        return Job(questions={QID: as_question(request, self.noul_option)}, state=text, pieces=pieces,
+                   where="state.text", route_text=text, route_images=keys, l1_key=l1_key(request, keys),
+                   extra_kinds=FORM_KINDS, has_images=state.image is not None)
+
+    def fields(self, request: DecisionRequest, answer) -> dict:
+        return fields(request, answer)
 
 
-def response(request: DecisionRequest, model: str, answers: dict, prompt_tokens: int, cached_tokens: int,
+def response(request: DecisionRequest, model: str, fields: dict, prompt_tokens: int, cached_tokens: int,
              elapsed: float) -> DecisionResponse:
+    """The form's response from its fields (SingleQuestionForm.fields)."""
     return DecisionResponse(request_id=request.request_id, kind=request.kind, model=model,
                             usage=Usage(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens),
-                            elapsed_seconds=elapsed, **fields(request, answers[QID]))
+                            elapsed_seconds=elapsed, **fields)
 
 
 # ----- for tests and benchmarks: the form's rows and prompt with a builder, as the pipeline makes them ----

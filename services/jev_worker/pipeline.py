@@ -107,26 +107,40 @@ class LocalPipeline(Pipeline):
                 state_parts.append(piece)
         state_text = "".join(state_parts)
         kinds = {**job.extra_kinds, **model.readout.kinds}
+        groups = model.builder.prefix_groups(job.questions)
+        keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
+        parts = await asyncio.gather(*(self._sequence(job, questions, key, state_text, assets, kinds, started,
+                                                      timeout) for questions, key in zip(groups, keys)))
+        answered = {qid: answer for part in parts for qid, answer in part.answers.items()}
+        out = {qid: answered[qid] for qid in job.questions}
+        prompt_tokens = sum(part.prompt_tokens for part in parts)
+        cached_tokens = sum(part.cached_tokens for part in parts)
+        cache.update({level: _level([part.cache[level] for part in parts]) for level in ("l1", "l3")})
+        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels("cached").inc(cached_tokens)
+        return Decision(out, prompt_tokens, cached_tokens, cache=cache)
+
+    async def _sequence(self, job: Job, questions: dict, l1_key: str, state_text: str, assets: list, kinds: dict,
+                        started: float, timeout: float) -> Decision:
+        """One prefix group's questions (PromptBuilder.prefix_groups): prepared (L1), then run after its prefix."""
+        model = self.model
 
         def build():
             from .envelope import rows_for
 
-            rows, plan = rows_for(job.questions, job.state, model.builder, kinds, model.readout.name)
+            rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name)
             return model.builder.prepare(state_text, rows, job.image_keys, plan)
 
-        prepared, cache["l1"] = await asyncio.wait_for(self._prepared(job.l1_key, build), timeout)
+        prepared, l1 = await asyncio.wait_for(self._prepared(l1_key, build), timeout)
         self.index_link.note_route(prepared.prefix_key, state_route_key(job.route_text, job.route_images))
         remaining = timeout - (time.perf_counter() - started)
         if remaining <= 0:
             raise DeadlineExceeded("deadline passed while preparing the request")
         result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining)
-        cache["l3"] = result.l3
         from .envelope import answers
 
         out = answers(prepared.plan, result.row_logits, model.builder, kinds)
-        self.metrics.tokens.labels("prompt").inc(prepared.prompt_tokens)
-        self.metrics.tokens.labels("cached").inc(result.cached_tokens)
-        return Decision(out, prepared.prompt_tokens, result.cached_tokens, cache=cache)
+        return Decision(out, prepared.prompt_tokens, result.cached_tokens, cache={"l1": l1, "l3": result.l3})
 
     async def _prepared(self, key: str, build):
         """L1: the prepared prompt for `key`, built on the prep threads on a miss."""
@@ -154,6 +168,13 @@ class LocalPipeline(Pipeline):
         else:
             cache["l2"] = "off"
         return asset, model.image_placeholder(asset)
+
+
+def _level(outcomes: list[str]) -> str:
+    """One cache level's outcome over a request's sequences: a miss if any missed, off if all were off."""
+    if "miss" in outcomes:
+        return "miss"
+    return "off" if all(o == "off" for o in outcomes) else "hit"
 
 
 class ExternalPipeline(Pipeline):

@@ -124,7 +124,6 @@ class ChatPromptBuilder(PromptBuilder):
         self.yes_no_ids = (self.single_token(verbalizer.yes), self.single_token(verbalizer.no))
         digits = [self._try_single_token(d) for d in string.digits]
         self.digit_ids = tuple(digits) if all(d is not None for d in digits) and len(set(digits)) == 10 else None
-        self._fast = bool(getattr(tokenizer, "is_fast", False))
 
     # ----- labels -------------------------------------------------------------------------------
     def single_token(self, label: str) -> int:
@@ -172,53 +171,64 @@ class ChatPromptBuilder(PromptBuilder):
         return self.codes[:n], tuple(self.code_ids[:n])
 
     # ----- tokens -------------------------------------------------------------------------------
-    def _tokenize(self, texts: list[str], boundary: int) -> list[tuple[tuple[int, ...], int]]:
-        """One-pass ids of each text, and how many of them end inside the first `boundary` chars."""
-        add_special = self.layout.add_special_tokens
-        if self._fast:
-            encoded = self.tokenizer(texts, add_special_tokens=add_special, return_offsets_mapping=True)
-            out = []
-            for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
-                cut = 0
-                while cut < len(ids) and offsets[cut][1] <= boundary:
-                    cut += 1
-                out.append((tuple(ids), cut))
-            return out
-        head = tuple(self.tokenizer(texts[0][:boundary], add_special_tokens=add_special)["input_ids"])
-        out = []
-        for text in texts:
-            ids = tuple(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
-            cut = 0
-            while cut < min(len(ids), len(head)) and ids[cut] == head[cut]:
-                cut += 1
-            out.append((ids, max(0, cut - 1)))  # the head's last token may merge with what follows
-        return out
-
     def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         """`state_text` may already hold image placeholders (they are the model's own tokens)."""
         head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
         texts = [head + row.content + self.layout.tail + row.after for row in rows]
-        tokenized = self._tokenize(texts, len(head))
-        longest_cut = min(len(ids) for ids, _ in tokenized) - 1  # every row keeps at least one token
-        cut = min(min(c for _, c in tokenized), longest_cut)
-        prefix = tokenized[0][0][:cut]
-        differs = any(ids[:cut] != prefix for ids, _ in tokenized)
-        mismatch = differs or len({c for _, c in tokenized}) > 1
-        if differs:  # rows disagree before the boundary: share only their common tokens
-            cut = min(_common_prefix_length([ids for ids, _ in tokenized]), longest_cut)
-            prefix = tokenized[0][0][:cut]
+        prefix, row_ids, mismatch = split_prefix(self.tokenizer, texts, len(head),
+                                                 add_special_tokens=self.layout.add_special_tokens)
         return PreparedRequest(
-            prefix_ids=prefix, rows=tuple(ids[cut:] for ids, _ in tokenized),
-            row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
-            prefix_key=ids_key(f"{self.identity}|{','.join(image_keys)}|", prefix), plan=plan,
-            boundary_mismatch=mismatch,
+            prefix_ids=prefix, rows=row_ids, row_labels=tuple(row.labels for row in rows),
+            image_keys=tuple(image_keys), prefix_key=ids_key(f"{self.identity}|{','.join(image_keys)}|", prefix),
+            plan=plan, boundary_mismatch=mismatch,
         )
 
     def reference_text(self, state_text: str, row: RowSpec) -> str:
         """The whole prompt text of one row, as the model's own template renders it."""
         state = self.recipe.prompt.state_block.format(state=state_text)
         return self.layout.head + state + row.content + self.layout.tail + row.after
+
+
+def _tokenize(tokenizer, texts: list[str], boundary: int, add_special: bool) -> list[tuple[tuple[int, ...], int]]:
+    """One-pass ids of each text, and how many of them end inside the first `boundary` chars."""
+    if getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer(texts, add_special_tokens=add_special, return_offsets_mapping=True)
+        out = []
+        for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"]):
+            cut = 0
+            while cut < len(ids) and offsets[cut][1] <= boundary:
+                cut += 1
+            out.append((tuple(ids), cut))
+        return out
+    head = tuple(tokenizer(texts[0][:boundary], add_special_tokens=add_special)["input_ids"])
+    out = []
+    for text in texts:
+        ids = tuple(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+        cut = 0
+        while cut < min(len(ids), len(head)) and ids[cut] == head[cut]:
+            cut += 1
+        out.append((ids, max(0, cut - 1)))  # the head's last token may merge with what follows
+    return out
+
+
+def split_prefix(tokenizer, texts: list[str], boundary: int, *, add_special_tokens: bool
+                 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
+    """Rows whose texts share their first `boundary` characters (the head: template head and state), each
+    tokenised whole in one pass, as (prefix ids, each row's ids after it, whether the rows disagreed on
+    where the head ends). The prefix is cut at the last token that ends inside the head (or the rows'
+    common ids when they differ before it), every row keeping at least one token: prefix + row is always
+    that row's one-pass tokenisation."""
+    tokenized = _tokenize(tokenizer, texts, boundary, add_special_tokens)
+    longest_cut = min(len(ids) for ids, _ in tokenized) - 1  # every row keeps at least one token
+    cut = min(min(c for _, c in tokenized), longest_cut)
+    prefix = tokenized[0][0][:cut]
+    differs = any(ids[:cut] != prefix for ids, _ in tokenized)
+    mismatch = differs or len({c for _, c in tokenized}) > 1
+    if differs:  # rows disagree before the boundary: share only their common tokens
+        cut = min(_common_prefix_length([ids for ids, _ in tokenized]), longest_cut)
+        prefix = tokenized[0][0][:cut]
+    return prefix, tuple(ids[cut:] for ids, _ in tokenized), mismatch
 
 
 def _common_prefix_length(sequences: list[tuple[int, ...]]) -> int:

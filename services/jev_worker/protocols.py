@@ -5,9 +5,11 @@ written (no duck typing, no `getattr` plug points), and the pipeline calls only 
     recipe.serving.family ──▶ Readout (families/registry.py)
                                  ├─ make_backend() ──▶ Backend ── load() ──▶ LoadedModel
                                  │                         └──── build() ──▶ Engine (runs batches of EngineItems)
-                                 ├─ prompt_builder() ──▶ PromptBuilder (state + rows ──▶ PreparedRequest)
+                                 ├─ prompt_builder() ──▶ PromptBuilder (state + rows ──▶ PreparedRequest;
+                                 │                        prefix_groups: which questions share one prefix)
                                  ├─ kinds: {type: QuestionKind} (rows of a question, its answer from logits)
-                                 └─ head: Head (a row's hidden state ──▶ FP32 logits)
+                                 ├─ head: Head (a row's hidden state ──▶ FP32 logits)
+                                 └─ single_question() ──▶ SingleQuestionForm (the `kind` form ──▶ Job, fields)
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # imported for annotations only: these modules import torch a
     from .control_tokens import ControlTokens
     from .engine import EngineItem, EngineResult
     from .loader import LoadedModel
+    from .pipeline import Job
     from .prompt import PreparedRequest, RowSpec
     from .questions.base import BuildContext
     from .readouts.calibration import Calibration
@@ -134,6 +137,13 @@ class PromptBuilder(ABC):
                 plan: object = None) -> "PreparedRequest":
         """The prefix (what L3 caches) and rows; `state_text` may hold image placeholders already."""
 
+    def prefix_groups(self, questions: dict) -> list[dict]:
+        """A request's questions (id -> question) in groups whose rows share one prompt prefix; each group is
+        prepared and run as its own sequence. One group by default (every row follows the shared state
+        prefix); a layout that writes question text before the state splits them, so that each group's
+        prefix still holds the state and its images."""
+        return [questions]
+
 
 class QuestionKind(ABC):
     """One System One question type: its rows after the state prefix, and its answer from their logits."""
@@ -145,6 +155,20 @@ class QuestionKind(ABC):
 
     @abstractmethod
     def answer(self, question, logits: list["torch.Tensor"], ctx: "BuildContext") -> "BaseModel": ...
+
+
+# ----- the single-question form ----------------------------------------------------------------
+class SingleQuestionForm(ABC):
+    """How a family answers the single-question form (`kind`, `state`, `question`, `options`): the job that
+    asks it (one question, under legacy.QID) and the form's response fields from that question's answer."""
+
+    @abstractmethod
+    def job(self, request, image_key: Callable[[str], str] | None) -> "Job":
+        """The request as a Job; `image_key(data_uri)` names an image's asset (None: no image store)."""
+
+    @abstractmethod
+    def fields(self, request, answer) -> dict:
+        """DecisionResponse's `probabilities`, `choice_index`, `choice` and kind-specific fields."""
 
 
 # ----- readouts ---------------------------------------------------------------------------------
@@ -195,6 +219,25 @@ class Readout(ABC):
         from .prompt import ChatPromptBuilder
 
         return ChatPromptBuilder(tokenizer, recipe, identity)
+
+    # the request forms
+    def single_question(self, recipe: "Recipe") -> SingleQuestionForm:
+        """How this family asks a request of the single-question form (answered only when
+        `single_question_form`): by default as the System One question it is (legacy.QuestionForm)."""
+        from .legacy import QuestionForm
+
+        return QuestionForm(recipe.verbalizer.noul_option)
+
+    def envelope_state(self, request) -> str:
+        """A System One request's state as this family's prompt writes it, asset references still in place
+        (the envelope puts its images there): text as sent, objects and arrays as JSON text by default."""
+        from jev_common.state_text import render_state
+
+        return render_state(request.state)
+
+    def warmup_questions(self, questions: dict) -> dict:
+        """Which of the worker's warmup questions (id -> question) it asks this readout: those of its types."""
+        return {qid: q for qid, q in questions.items() if q.type in self.question_types}
 
     # the checkpoint
     def requirements(self) -> list:

@@ -101,8 +101,7 @@ class WorkerService:
 
     def _warmup_request(self) -> SystemOneRequest:
         """The warmup decision, asking only the question types the readout answers."""
-        served = self.serving.readout.question_types
-        questions = {qid: q for qid, q in WARMUP_REQUEST.questions.items() if q.type in served}
+        questions = self.serving.readout.warmup_questions(dict(WARMUP_REQUEST.questions))
         return WARMUP_REQUEST.model_copy(update={"questions": questions})
 
     def _registration_record(self) -> dict:
@@ -165,8 +164,8 @@ class WorkerService:
                                  f"(also as {LATEST_ALIAS!r}); GET /v1/models lists them")
         if single_question and not self.serving.readout.single_question_form:
             raise UnsupportedRequestForm(
-                f"the single-question form (`kind`) is answered by label-token recipes only; {self.recipe.name} "
-                f"serves with readout {self.serving.readout.name!r}: send the System One envelope "
+                f"the single-question form (`kind`) is answered by label-token and JEV-VL recipes only; "
+                f"{self.recipe.name} serves with readout {self.serving.readout.name!r}: send the System One envelope "
                 "({model, state, questions})")
 
     async def run(self, label: str, make_job: Callable[[], Job], deadline_s: float | None = None,
@@ -203,7 +202,9 @@ class WorkerService:
                         timeout_s: float | None = None) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
         self._admit(request.model, single_question=False)
-        decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}), timeout_s=timeout_s)
+        render = self.serving.readout.envelope_state
+        decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}, render),
+                                           timeout_s=timeout_s)
         usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(model=self.recipe.name, answers=decision.answers, usage=usage,
@@ -213,15 +214,16 @@ class WorkerService:
     async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract)."""
         self._admit(None, single_question=True)
+        form = self.serving.readout.single_question(self.recipe)
 
         def make_job() -> Job:
             assets = self.assets
-            key = assets.key_for(request.state.image) if request.state.image and assets is not None else None
-            return legacy.job(request, key, self.recipe.verbalizer.noul_option)
+            return form.job(request, assets.key_for if assets is not None else None)
 
         decision, elapsed = await self.run(request.kind, make_job, request.deadline_s)
-        return (legacy.response(request, self.recipe.name, decision.answers, decision.prompt_tokens,
-                                decision.cached_tokens, elapsed), decision.headers())
+        fields = form.fields(request, decision.answers[legacy.QID])
+        return (legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens,
+                                elapsed), decision.headers())
 
     # ----- the model's parts (tests, tools) ---------------------------------------------------------
     @property

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from aiohttp import web
 from prometheus_client import Counter
 
-from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_body
+from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_body, validation_error
 from jev_common.http import error_middleware, parse_model, read_json, read_model, request_id_middleware
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import (
@@ -52,6 +52,7 @@ from jev_common.schema import (
     SetAnswer,
     Span,
     SpanAnswer,
+    State,
     SystemOneRequest,
     SystemOneResponse,
     SystemOneUsage,
@@ -247,6 +248,9 @@ class FakeWorker:
         if is_envelope(payload):
             return await self._envelope(parse_model(SystemOneRequest, payload), headers)
         decision = parse_model(DecisionRequest, payload)
+        if not isinstance(decision.state, State) or decision.options is None:  # as a label-token worker refuses
+            raise validation_error("this fake reads the single-question form with options and a text or "
+                                   "{text, image} state", ("state",))
         await self._take(decision.model_dump(exclude_none=True), headers)
         key = _cache_key(decision)
         cached = self.knobs.cache and key in self.seen

@@ -64,10 +64,10 @@ def test_upstream_jev_vl_commands_as_written(tmp_path):
     busy = [port for port in (8001, 8080) if stack_run.port_in_use(port)]
     if busy:
         pytest.skip(f"ports {busy} are in use here; the upstream commands bind 8001 and 8080")
-    from tools.tiny_checkpoints import make_tiny_qwen3_5_vl
+    from tools.tiny_jev_vl_checkpoint import make_tiny_jev_vl
 
     cwd = tmp_path / "checkout"
-    make_tiny_qwen3_5_vl(cwd / "weights" / "jev-vl-merged")
+    make_tiny_jev_vl(cwd / "weights" / "jev-vl-merged")
     (cwd / "recipe" / "jev_vl").mkdir(parents=True)
     (cwd / "recipe" / "jev_vl" / "example-request.json").write_text(json.dumps(EXAMPLE, indent=2))
     python = shlex.quote(sys.executable)

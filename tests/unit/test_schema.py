@@ -1,6 +1,7 @@
 """The shared API schema accepts what it should and rejects what it should."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -53,3 +54,20 @@ def test_response_probability_invariants():
 def test_single_question_form_accepts_the_model_field_upstream_examples_send():
     request = DecisionRequest.model_validate(dict(BASE, model="jev-27b-vl"))
     assert request.model == "jev-27b-vl" and request.kind == "choice"
+
+
+def test_single_question_state_forms_and_optional_options():
+    """Besides text and {text, image}: a list of parts and any other JSON object (JEV-VL's forms; a family
+    says whether it reads them), and options only where the kind's options are the question."""
+    parts = ["shot ", {"image": "data:image/png;base64,AAAA"}, {"type": "image_url", "image_url": {"url": "data:x"}}]
+    request = DecisionRequest.model_validate(dict(BASE, state=parts))
+    assert request.state == parts
+    assert request.route_state() == (json.dumps(parts), ["data:image/png;base64,AAAA", "data:x"])
+    request = DecisionRequest.model_validate(dict(BASE, state={"text": "a", "extra": 1}))
+    assert request.state == {"text": "a", "extra": 1} and request.route_state() == ('{"text": "a", "extra": 1}', [])
+    assert DecisionRequest.model_validate(dict(BASE, state={"text": "a"})).route_state() == ("a", [])
+    for kind in ("noul", "score"):
+        assert DecisionRequest.model_validate({"kind": kind, "state": "s", "question": "q?"}).options is None
+    for kind in ("choice", "span", "set"):
+        with pytest.raises(ValidationError, match="needs options"):
+            DecisionRequest.model_validate({"kind": kind, "state": "s", "question": "q?"})

@@ -76,6 +76,12 @@ BAD_BODIES = [
     ("negative deadline", dict(GOOD, deadline_s=-1), 422, "validation_error"),
     ("image on a text recipe", dict(GOOD, state={"image": "data:image/png;base64,iVBORw0KGgo="}),
      422, "image_not_supported"),
+    # JEV-VL's own single-question forms, which a label-token recipe does not read (legacy.QuestionForm)
+    ("list state", dict(GOOD, state=["The kettle ", "whistles."]), 422, "validation_error"),
+    ("object state", dict(GOOD, state={"kettle": "whistles"}), 422, "validation_error"),
+    ("noul without options", {k: v for k, v in dict(GOOD, kind="noul").items() if k != "options"},
+     422, "validation_error"),
+    ("choice without options", {k: v for k, v in GOOD.items() if k != "options"}, 422, "validation_error"),
 ]
 
 
