@@ -187,7 +187,7 @@ class ChatPromptBuilder(PromptBuilder):
     def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         """`state_text` may already hold image placeholders (they are the model's own tokens)."""
-        head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
+        head = self.layout.head + self.state_block(state_text)
         texts = [head + row.content + self.layout.tail + row.after for row in rows]
         tokenized = self._tokenize(texts, len(head))
         longest_cut = min(len(ids) for ids, _ in tokenized) - 1  # every row keeps at least one token
@@ -205,10 +205,13 @@ class ChatPromptBuilder(PromptBuilder):
             boundary_mismatch=mismatch,
         )
 
+    def state_block(self, state_text: str) -> str:
+        """The state's text in the prompt, what the shared prefix ends with: the recipe's state_block around it."""
+        return self.recipe.prompt.state_block.format(state=state_text)
+
     def reference_text(self, state_text: str, row: RowSpec) -> str:
         """The whole prompt text of one row, as the model's own template renders it."""
-        state = self.recipe.prompt.state_block.format(state=state_text)
-        return self.layout.head + state + row.content + self.layout.tail + row.after
+        return self.layout.head + self.state_block(state_text) + row.content + self.layout.tail + row.after
 
 
 def _common_prefix_length(sequences: list[tuple[int, ...]]) -> int:
