@@ -2,8 +2,8 @@
 (its readout, prompt layout, heads and, only if no generic one fits, its backend) plus one line here.
 
 The generic readouts are families too: `label-tokens` (label-token rows of the LM head, for user-supplied
-checkpoints and SmolLM2, Decider, JEV, StartLux, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
-code-readout v1 checkpoint format of D3 and pplx-decider). The readout says which backend runs it
+checkpoints and SmolLM2, Decider, JEV, StartLux) and `code-readout` (the code-readout v1 checkpoint format
+of D3 and pplx-decider). The readout says which backend runs it
 (`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
 """
 from __future__ import annotations
@@ -17,8 +17,10 @@ FAMILIES = {
     "clef": "jev_worker.families.clef.readout:ClefJointReadout",
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
+    "cua-s1-screenshot": "jev_worker.families.cua_s1.screenshot:CuaS1ScreenshotLabels",
     "jemm": "jev_worker.families.jemm.readout:JemmLabels",
     "laya": "jev_worker.families.laya.readout:LayaHeads",
+    "lfm2": "jev_worker.families.lfm2.readout:Lfm2JsonValues",
     "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
     "open-jev": "jev_worker.families.open_jev.readout:ScalarHead",
     "valen": "jev_worker.families.valen.readout:ValenHeadReadout",
