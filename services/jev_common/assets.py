@@ -114,6 +114,7 @@ class DecodedImage:
     width: int
     height: int
     format: str
+    frames: int = 1  # frames in the file (an animated PNG or GIF has several; the first is decoded)
 
 
 def split_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> tuple[str, bytes]:
@@ -170,6 +171,7 @@ def decode_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
                                                        f"the limit is {max_pixels}")
             image.load()
             fmt = image.format or mime.upper()
+            frames = int(getattr(image, "n_frames", 1))
             image = image.convert("RGB")
     except ImageRejected:
         raise
@@ -180,7 +182,7 @@ def decode_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
                                          f"{str(exc)[:120]})") from None
     if width < 1 or height < 1:
         raise ImageRejected("not_image", "image has no pixels")
-    return DecodedImage(mime=mime, data=data, image=image, width=width, height=height, format=fmt)
+    return DecodedImage(mime=mime, data=data, image=image, width=width, height=height, format=fmt, frames=frames)
 
 
 @contextlib.contextmanager

@@ -227,6 +227,7 @@ class Encoder:
                 "identity": self.identity, "processor_identity": self.processor_identity,
                 "merge_size": self.merge_size, "mime": f"image/{decoded.mime}", "format_detected": decoded.format,
                 "width": decoded.width, "height": decoded.height, "source_bytes": len(decoded.data),
+                "frames": decoded.frames,
             })
         except (RuntimeError, ValueError, OSError) as exc:
             log.exception("line %d: encoding failed", line_no)

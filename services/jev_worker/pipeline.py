@@ -101,6 +101,7 @@ class LocalPipeline(Pipeline):
         for piece in job.pieces:
             if isinstance(piece, ImageSlot):
                 asset, placeholder = await asyncio.wait_for(self._image(piece.key, cache), timeout)
+                model.builder.check_image(asset, job.where)
                 assets.append(asset)
                 state_parts.append(placeholder)
             else:

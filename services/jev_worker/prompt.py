@@ -174,7 +174,7 @@ class ChatPromptBuilder(PromptBuilder):
     def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> PreparedRequest:
         """`state_text` may already hold image placeholders (they are the model's own tokens)."""
-        head = self.layout.head + self.recipe.prompt.state_block.format(state=state_text)
+        head = self.layout.head + self.state_block(state_text)
         texts = [head + row.content + self.layout.tail + row.after for row in rows]
         prefix, row_ids, mismatch = split_prefix(self.tokenizer, texts, len(head),
                                                  add_special_tokens=self.layout.add_special_tokens)
@@ -184,10 +184,13 @@ class ChatPromptBuilder(PromptBuilder):
             plan=plan, boundary_mismatch=mismatch,
         )
 
+    def state_block(self, state_text: str) -> str:
+        """The state's text in the prompt, what the shared prefix ends with: the recipe's state_block around it."""
+        return self.recipe.prompt.state_block.format(state=state_text)
+
     def reference_text(self, state_text: str, row: RowSpec) -> str:
         """The whole prompt text of one row, as the model's own template renders it."""
-        state = self.recipe.prompt.state_block.format(state=state_text)
-        return self.layout.head + state + row.content + self.layout.tail + row.after
+        return self.layout.head + self.state_block(state_text) + row.content + self.layout.tail + row.after
 
 
 def _tokenize(tokenizer, texts: list[str], boundary: int, add_special: bool) -> list[tuple[tuple[int, ...], int]]:

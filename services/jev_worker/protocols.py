@@ -23,7 +23,9 @@ if TYPE_CHECKING:  # imported for annotations only: these modules import torch a
     import torch
     from pydantic import BaseModel
 
+    from jev_common.assets import ImageAsset
     from jev_common.recipe import Recipe
+    from jev_common.schema import SystemOneRequest
 
     from .caches import BudgetLRU
     from .control_tokens import ControlTokens
@@ -132,6 +134,10 @@ class PromptBuilder(ABC):
         """Refuse text the model's layout cannot carry (raise UnreadableInput naming `where`)."""
         self.controls.check(text, where)
 
+    def check_image(self, asset: "ImageAsset", where: str) -> None:
+        """Refuse a prepared image the model's contract does not read (its asset's grid and the image facts the
+        preencoder recorded: a domain error naming `where`); by default every prepared image is read."""
+
     @abstractmethod
     def prepare(self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (),
                 plan: object = None) -> "PreparedRequest":
@@ -208,6 +214,13 @@ class Readout(ABC):
     def option(self, key: str):
         return self.options.get(key, self.known_options()[key])
 
+    def warmup_request(self, request: "SystemOneRequest") -> "SystemOneRequest | None":
+        """The decision that warms the worker up before /health says ok, from the worker's own (`request`): by
+        default its questions of the types this readout answers; None when the readout's contract answers no
+        request without the caller's data (e.g. a screenshot as the whole state): ready once loaded."""
+        questions = {qid: q for qid, q in request.questions.items() if q.type in self.question_types}
+        return request.model_copy(update={"questions": questions})
+
     # what runs it
     def make_backend(self) -> Backend:
         """The backend that runs this readout's checkpoint; called after `check` (it may depend on it)."""
@@ -234,10 +247,6 @@ class Readout(ABC):
         from jev_common.state_text import render_state
 
         return render_state(request.state)
-
-    def warmup_questions(self, questions: dict) -> dict:
-        """Which of the worker's warmup questions (id -> question) it asks this readout: those of its types."""
-        return {qid: q for qid, q in questions.items() if q.type in self.question_types}
 
     # the checkpoint
     def requirements(self) -> list:

@@ -80,16 +80,18 @@ class WorkerService:
                 if self.model.assets is not None:
                     self.model.assets.index = self.index_link.index
                 self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
-                started = time.perf_counter()
-                await self.systemone(self._warmup_request(), timeout_s=WARMUP_TIMEOUT_S)
-                self.warmup_seconds = time.perf_counter() - started
+                warmup = self.serving.readout.warmup_request(WARMUP_REQUEST)
+                if warmup is not None:  # None: the readout answers nothing without the caller's data
+                    started = time.perf_counter()
+                    await self.systemone(warmup, timeout_s=WARMUP_TIMEOUT_S)
+                    self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
             self.state = "ok"
             self.registration = WorkerRegistration(self.index_link.index, self._registration_record,
                                                    self.settings.register_ttl_s)
             self.registration.start()
-            log.info("ready: %s%s", self.recipe.name,
-                     f" on {self.model.loaded.device} (warmup {self.warmup_seconds:.3f} s)" if self.model else "")
+            warmed = "no warmup decision" if self.warmup_seconds is None else f"warmup {self.warmup_seconds:.3f} s"
+            log.info("ready: %s%s", self.recipe.name, f" on {self.model.loaded.device} ({warmed})" if self.model else "")
         except Exception as exc:  # noqa: BLE001 - health must say why the worker is not ready
             self.state = "unavailable"
             self.error = f"{type(exc).__name__}: {exc}"
@@ -98,11 +100,6 @@ class WorkerService:
     def _new_index(self) -> CacheIndex:
         return CacheIndex(self.settings.redis_url, self.identity, owner_id=self.settings.worker_id,
                           owner_url=self.settings.worker_url)
-
-    def _warmup_request(self) -> SystemOneRequest:
-        """The warmup decision, asking only the question types the readout answers."""
-        questions = self.serving.readout.warmup_questions(dict(WARMUP_REQUEST.questions))
-        return WARMUP_REQUEST.model_copy(update={"questions": questions})
 
     def _registration_record(self) -> dict:
         index = self.index_link.index

@@ -2,9 +2,9 @@
 (its readout, prompt layout, heads and, only if no generic one fits, its backend) plus one line here.
 
 The generic readouts are families too: `label-tokens` (label-token rows of the LM head, for user-supplied
-checkpoints and SmolLM2, LFM2.5, Cua-S1 screenshots) and `code-readout` (the
-code-readout v1 checkpoint format, served with the recipe's prompt; D3 and pplx-decider are families of their
-own on the same readout, each with its upstream's prompt). The readout says which backend runs it
+checkpoints and SmolLM2) and `code-readout` (the code-readout v1 checkpoint format, served with the recipe's
+prompt; D3 and pplx-decider are families of their own on the same readout, each with its upstream's prompt). The
+readout says which backend runs it
 (`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
 """
 from __future__ import annotations
@@ -18,11 +18,13 @@ FAMILIES = {
     "clef": "jev_worker.families.clef.readout:ClefJointReadout",
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
+    "cua-s1-screenshot": "jev_worker.families.cua_s1.screenshot:CuaS1ScreenshotLabels",
     "d3": "jev_worker.families.d3.readout:D3CodeReadout",
     "decider": "jev_worker.families.decider.readout:DeciderLabels",
     "jemm": "jev_worker.families.jemm.readout:JemmLabels",
     "jev-vl": "jev_worker.families.jev_vl.readout:JevVlReadout",
     "laya": "jev_worker.families.laya.readout:LayaHeads",
+    "lfm2": "jev_worker.families.lfm2.readout:Lfm2JsonValues",
     "omnijev": "jev_worker.families.omnijev.readout:OmniJevReadout",
     "open-jev": "jev_worker.families.open_jev.readout:ScalarHead",
     "pplx-decider": "jev_worker.families.pplx_decider.readout:PplxCodeReadout",

@@ -34,23 +34,43 @@ from ...readouts.base import ServingError
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def user_message(state, goal: str, codes: list[str], labels: list[str]) -> str:
+def user_message(goal: str, state_block: str, codes: list[str], labels: list[str]) -> str:
+    """The user message of both adapters' contracts; `state_block` is what shows the state (the accessibility
+    tree, or the screenshot line after the image)."""
     options = "\n".join(f'{code}. Decision "{label}" -> select' for code, label in zip(codes, labels))
     return ((f"Goal: {goal}\n\n" if goal else "") + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
-            + f"Accessibility tree:\n{render_state(state)}\n\nOptions:\n{options}\n\nAnswer with a single letter.")
+            + f"{state_block}Options:\n{options}\n\nAnswer with a single letter.")
+
+
+def option_sources(question: ChoiceQuestion) -> list[str]:
+    """What each option shows: its description as text, its name when the description is null."""
+    return [name if value is None else render_state(value) for name, value in question.criteria.items()]
+
+
+def escaped(source: str) -> str:
+    """An option's text JSON-escaped without the quotes, as upstream lists it."""
+    return json.dumps(source, ensure_ascii=False)[1:-1]
 
 
 class CuaChoice(QuestionKind):
+    """The text adapter's choice: the state as the accessibility tree."""
+
     type = "choice"
 
-    def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
+    def state_block(self, ctx: BuildContext, where: str) -> str:
         if ctx.state in ("", {}, []):
             raise UnreadableInput(f"{where}: Cua-S1 reads no empty state")
-        codes, ids = ctx.builder.coded(len(question.criteria))
+        return f"Accessibility tree:\n{render_state(ctx.state)}\n\n"
+
+    def texts(self, question: ChoiceQuestion, where: str) -> tuple[str, list[str]]:
+        """(goal, option labels): the instructions as text (no Goal line when null), the escaped labels."""
         goal = "" if question.instructions is None else render_state(question.instructions)
-        labels = [json.dumps(name if value is None else render_state(value), ensure_ascii=False)[1:-1]
-                  for name, value in question.criteria.items()]
-        content = user_message(ctx.state, goal, codes, labels)
+        return goal, [escaped(source) for source in option_sources(question)]
+
+    def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
+        codes, ids = ctx.builder.coded(len(question.criteria))
+        goal, labels = self.texts(question, where)
+        content = user_message(goal, self.state_block(ctx, where), codes, labels)
         ctx.builder.check_user_text(content, where)
         return [RowSpec(content, ids)]
 
@@ -64,13 +84,14 @@ class CuaS1Labels(Readout):
     name = "cua-s1-labels"
     question_types = frozenset({"choice"})
     needs_lm_head = True
+    choice = CuaChoice  # the question type answered (the screenshot adapter's shows the image instead of the tree)
 
     def load(self, loaded, builder) -> None:
         if builder.codes != list(LETTERS) or builder.recipe.prompt.state_block != "":
             raise ServingError(f"readout {self.name!r} needs the recipe's verbalizer labels {LETTERS!r} without "
                                "two-letter codes and an empty prompt.state_block (the question precedes the state)")
         self.head = DecisionHead(loaded.model, loaded.folder)
-        self.kinds = {"choice": CuaChoice()}
+        self.kinds = {"choice": self.choice()}
 
     def describe(self) -> dict:
         return {"readout": self.name, "question_types": sorted(self.question_types),

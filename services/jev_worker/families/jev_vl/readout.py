@@ -233,11 +233,12 @@ class JevVlReadout(Readout):
             out.append(value)
         return "".join(out)
 
-    def warmup_questions(self, questions: dict) -> dict:
-        """The warmup's questions, its score asked on JEV-VL's six levels."""
-        out = super().warmup_questions(questions)
-        return {qid: ScoreQuestion(type="score", instructions=q.instructions, criteria=list(SCORE_OPTIONS))
-                if q.type == "score" else q for qid, q in out.items()}
+    def warmup_request(self, request):
+        """The worker's warmup, its score asked on JEV-VL's six levels."""
+        out = super().warmup_request(request)
+        questions = {qid: ScoreQuestion(type="score", instructions=q.instructions, criteria=list(SCORE_OPTIONS))
+                     if q.type == "score" else q for qid, q in out.questions.items()}
+        return out.model_copy(update={"questions": questions})
 
     def describe(self) -> dict:
         out = {"readout": self.name, "question_types": sorted(self.question_types), "calibration": None}
