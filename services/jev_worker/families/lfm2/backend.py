@@ -97,6 +97,3 @@ class Lfm2Values(CausalLM):
     engine_class = Lfm2ValueEngine
     prefix_reuse = ("on: each question's prompt (schema system turn + state + '{\\n') is one prefill, kept in L3 "
                     "as a cache snapshot (attention KV and convolution state) and forked per candidate batch")
-
-    def build(self, loaded, *, head, l3_bytes: int, **kwargs) -> Lfm2ValueEngine:
-        return super().build(loaded, head=head, l3_bytes=l3_bytes, **kwargs)
