@@ -5,13 +5,17 @@ readout needs; otherwise the worker exits with status 2 and a message naming wha
 import logging
 import sys
 
-from jev_common.http import run_app
-from jev_common.logs import setup_logging
+from jev_common.cpu import prefer_passive_waits
 
-from .app import SERVICE, create_app
-from .readouts.base import ServingError
-from .serving import preflight
-from .settings import WorkerSettings
+prefer_passive_waits()  # before torch is imported (jev_common.cpu says why)
+
+from jev_common.http import run_app  # noqa: E402
+from jev_common.logs import setup_logging  # noqa: E402
+
+from .app import SERVICE, create_app  # noqa: E402
+from .readouts.base import ServingError  # noqa: E402
+from .serving import preflight  # noqa: E402
+from .settings import WorkerSettings  # noqa: E402
 
 
 def main() -> None:

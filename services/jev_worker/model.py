@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from jev_common.cpu import compute_threads
 
 from .abandon import LayerChecks
 from .loader import LoadedModel
@@ -48,8 +51,7 @@ class LocalModel:
 
     def _load(self) -> None:
         s = self.settings
-        if s.threads > 0:
-            torch.set_num_threads(s.threads)
+        torch.set_num_threads(compute_threads(s.threads))
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
         self.loaded = self.serving.load(s.device, s.dtype)
@@ -81,4 +83,5 @@ class LocalModel:
     def describe(self) -> dict:
         if self.loaded is None:
             return {}
-        return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch.")}
+        return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)")}

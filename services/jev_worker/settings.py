@@ -66,7 +66,10 @@ ENV = EnvTable("worker", [
               "in the index under `jev:worker:<id>` with this TTL, refreshed every TTL/3, for frontends that "
               "discover workers; a dead host drops out after it. `0` = do not announce"),
     bytes_var("JEV_WORKER_MAX_BODY_BYTES", 16 << 20, "request body cap (413 beyond)"),
-    int_var("JEV_TORCH_THREADS", 0, "intra-op threads", note="torch default"),
+    int_var("JEV_TORCH_THREADS", 0, "intra-op threads; `0` = the CPUs this process may use (its affinity, "
+            "capped by a container's CPU quota). `python -m jev_worker` also sets `OMP_WAIT_POLICY=PASSIVE` unless "
+            "it is set: idle OpenMP threads sleep instead of spinning, so another busy process on the host no longer "
+            "slows a forward several-fold", note="auto"),
     list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the worker", note="auth off"),
     LOG_LEVEL,
     RECIPES_DIR,
