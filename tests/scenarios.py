@@ -53,6 +53,23 @@ def check_every_kind(base: str) -> dict[str, DecisionResponse]:
     return answers
 
 
+def check_jev_vl_kinds(base: str) -> dict[str, DecisionResponse]:
+    """The JEV-VL worker's own single-question form (upstream's /v1/decide): choice over the options, noul over
+    false/true and score over 0..5 whatever options are sent, on a text state (families/jev_vl)."""
+    answers = {}
+    state = "The kettle on the stove is whistling and steam rises from its spout."
+    for kind, options, n in (("choice", ["a kettle", "a pan", "a pot"], 3), ("noul", None, 2), ("score", None, 6)):
+        body = {"kind": kind, "state": state, "question": "What is on the stove?",
+                **({"options": options} if options else {})}
+        status, headers, payload = decide(base, body)
+        assert status == 200, (kind, payload)
+        answer = DecisionResponse.model_validate(payload)
+        assert answer.kind == kind and len(answer.probabilities) == n, payload
+        assert "x-jev-cache" in headers, headers
+        answers[kind] = answer
+    return answers
+
+
 SYSTEMONE = {
     "model": "jev-latest",
     "state": "Hi, I was charged twice for my March invoice and the refund still hasn't arrived.",

@@ -20,14 +20,14 @@ from jev_common.assets import asset_key
 from jev_common.schema import DecisionResponse, ErrorEnvelope
 
 from .. import scenarios
-from ..unit.vl_helpers import png_uri, tiny_vl_checkpoint
+from ..unit.vl_helpers import png_uri, tiny_jev_vl_checkpoint
 from .engine import Project, engine_reason
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 IMAGE, UNPREPARED = png_uri(seed=7), png_uri(seed=8)
-LINE = {"kind": "choice", "state": {"image": IMAGE, "text": "A photo."}, "question": "What is shown?",
-        "options": ["a cat", "a dog", "a pattern"]}
+LINE = {"kind": "choice", "state": ["A photo: ", {"image": IMAGE}], "question": "What is shown?",
+        "options": ["a cat", "a dog", "a pattern"]}  # JEV-27B-VL's state form: parts, the image inline
 
 
 def _readable(path: Path) -> None:
@@ -41,9 +41,9 @@ def vl_stack(tmp_path_factory):
     if reason:
         pytest.skip(f"compose VL test skipped: {reason}")
     tmp = tmp_path_factory.mktemp("compose-vl")
-    shutil.copytree(tiny_vl_checkpoint(), tmp / "models" / "tiny-vl")
+    shutil.copytree(tiny_jev_vl_checkpoint(), tmp / "models" / "tiny-vl")
     (tmp / "preencode").mkdir()
-    (tmp / "preencode" / "manifest.jsonl").write_text(json.dumps(LINE) + "\n")
+    (tmp / "preencode" / "manifest.jsonl").write_text(json.dumps({"image": IMAGE}) + "\n")
     _readable(tmp)
     project = Project("jev-vl", tmp, extra_files=[HERE / "jev-vl-cpu.yml"],
                       env={"JEV_PREENCODE_DIR": str(tmp / "preencode"),

@@ -15,7 +15,7 @@ from tools.local_stack import start_profile
 
 from .. import scenarios
 from ..fakes.net import free_port
-from ..unit.vl_helpers import png_uri, tiny_vl_checkpoint
+from ..unit.vl_helpers import png_uri, tiny_jev_vl_checkpoint
 
 pytestmark = pytest.mark.slow
 REDIS_URL = os.environ.get("JEV_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -35,7 +35,7 @@ def test_cpu_profile_on_loopback(tmp_path):
 
 
 def test_jev_vl_profile_on_loopback(tmp_path):
-    checkpoint = tiny_vl_checkpoint()
+    checkpoint = tiny_jev_vl_checkpoint()  # the jev-vl profile serves JEV-27B-VL's contract
     assets = tmp_path / "assets"
     common = {"JEV_MODEL_PATH": checkpoint, "JEV_DEVICE": "cpu", "JEV_DTYPE": "float32",
               "JEV_ASSET_DIR": str(assets), "JEV_REDIS_URL": REDIS_URL}
@@ -48,9 +48,10 @@ def test_jev_vl_profile_on_loopback(tmp_path):
     unprepared = png_uri(seed=8)
     with start_profile("jev-vl", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         base = urls["frontend-jev-vl"]
-        line = {"kind": "choice", "state": {"image": image, "text": "A photo."}, "question": "What is shown?",
+        # upstream's state form: text and the image as parts, the image inline where it stands
+        line = {"kind": "choice", "state": ["A photo: ", {"image": image}], "question": "What is shown?",
                 "options": ["a cat", "a dog", "a pattern"]}
-        status, _, raw = scenarios.http("POST", urls["preencoder-jev-vl"] + "/v1/preencode", [line])
+        status, _, raw = scenarios.http("POST", urls["preencoder-jev-vl"] + "/v1/preencode", [{"image": image}])
         assert status == 200, raw
         summary = json.loads(raw)["summary"]
         assert summary.get("done") == 1, summary
@@ -70,5 +71,5 @@ def test_jev_vl_profile_on_loopback(tmp_path):
         status, _, payload = scenarios.decide(base, dict(line, state={"image": unprepared}))
         error = ErrorEnvelope.model_validate(payload)
         assert status == 422 and error.type == "asset_not_prepared" and asset_key(unprepared) in error.message
-        scenarios.check_every_kind(base)  # text decisions on the VL worker too
+        scenarios.check_jev_vl_kinds(base)  # text decisions on the VL worker too
         scenarios.check_health_and_metrics(base)

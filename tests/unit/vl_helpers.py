@@ -23,6 +23,15 @@ def tiny_vl_checkpoint() -> str:
     return str(make_tiny_vl(folder))
 
 
+def tiny_jev_vl_checkpoint() -> str:
+    """A tiny checkpoint in JEV-27B-VL's release layout (the jev-vl profile's family), removed at exit."""
+    from tools.tiny_jev_vl_checkpoint import make_tiny_jev_vl
+
+    folder = tempfile.mkdtemp(prefix="jev-tiny-jev-vl-")
+    atexit.register(shutil.rmtree, folder, True)
+    return str(make_tiny_jev_vl(folder))
+
+
 def pattern_image(seed: int = 0, size: tuple[int, int] = (56, 56)):
     """A deterministic RGB pattern (stripes + checks) that differs by seed."""
     from PIL import Image
