@@ -11,7 +11,8 @@ prompt builder for the embedded recipe, then scored whole (prefix + row, no cach
 - fp32: the embedded GGUF dequantised to FP32 in torch, as the worker loads it (the reference);
 - int8-dynamic: the backbone's Linear layers quantised to INT8 with dynamic activation scales
   (torch.ao.quantization.quantize_dynamic); the decision head stays FP32;
-- bf16: the backbone in BF16 (native only on CPUs with avx512_bf16/amx; emulated elsewhere), FP32 head;
+- bf16: the model in BF16 as `JEV_DTYPE=bfloat16` serves it (native only on CPUs with avx512_bf16 or AMX;
+  emulated elsewhere): the head's label rows are the BF16 weights widened to FP32, the logits FP32;
 - llama.cpp-q4_1: llama.cpp's own Q4_1 kernels on the GGUF (benchmarks/peers/llama_scorer.PrefixScorer).
 Per option: max |dp| over every row's label distribution, argmax agreement with fp32, and the summed
 forward time as a ratio to fp32's, measured in the same run (rows interleaved across options).
@@ -113,8 +114,9 @@ def scorers(names: list[str], threads: int) -> dict:
             backbone = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model.get_decoder()),
                                                               {torch.nn.Linear}, dtype=torch.qint8)
             out[name] = TorchScorer(backbone, head, torch.qint8)
-        elif name == "bf16":
-            out[name] = TorchScorer(copy.deepcopy(model.get_decoder()).to(torch.bfloat16), head, torch.bfloat16)
+        elif name == "bf16":  # as JEV_DTYPE=bfloat16 serves it: the head's rows are read from the BF16 weights
+            bf16 = copy.deepcopy(model).to(torch.bfloat16)
+            out[name] = TorchScorer(bf16.get_decoder(), DecisionHead(bf16), torch.bfloat16)
         elif name == "llama.cpp-q4_1":
             try:
                 out[name] = LlamaScorer(os.path.join(smollm2_folder(), SMOLLM2_GGUF), threads)

@@ -8,7 +8,8 @@ busy, and the worker's answer to jevcompat's 255-option choice, measured side by
   interleaved over rounds, medians; `busy` runs the same with a process spinning on one core beside it.
   Configurations: torch threads 2 or 1 x OpenMP waits spinning (libgomp's default) or passive (the worker's).
 - **served** (`--served`): `python -m jev_worker` on the embedded recipe, the old default (spinning) vs the new
-  one (passive), each quiet and busy: seconds for jevcompat's `choice-options` request with 255 options.
+  one (passive), and passive with JEV_DTYPE=bfloat16 (the fast option), each quiet and busy: seconds for
+  jevcompat's `choice-options` request with 255 options.
 - **llama.cpp** (`--llama-python`, a python with llama-cpp-python, e.g. benchmarks/peers/.venv/bin/python):
   the same GGUF on the same token ids (prompt evaluation, tok/s), built for this CPU (peers/cpu_flags.py).
 
@@ -73,6 +74,8 @@ print("RESULT " + json.dumps(out))
 '''
 
 BUSY = "import time\nwhile True:\n    pass\n"
+# served workers: (OpenMP waits, JEV_DTYPE); bfloat16 is the fast option's accuracy in benchmarks.cpu_accuracy
+SERVED = (("spin", "float32"), ("passive", "float32"), ("passive", "bfloat16"))
 
 
 def cpu_description() -> str:
@@ -155,12 +158,12 @@ def served(rounds: int) -> dict:
 
     results: dict = {}
     body = json.dumps(jevcompat_255()).encode()
-    for wait in ("spin", "passive"):
+    for wait, dtype in SERVED:
         port = free_port()
         env = child_env(wait)
         env.update(PYTHONPATH=f"{SERVICES}:{REPO}", JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port),
                    JEV_REDIS_URL="redis://127.0.0.1:1/0", JEV_WORKER_REGISTER_TTL_S="0", JEV_DEADLINE_S="300",
-                   JEV_CACHE="0")
+                   JEV_CACHE="0", JEV_DTYPE=dtype)
         worker = subprocess.Popen([sys.executable, "-m", "jev_worker"], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
@@ -183,8 +186,8 @@ def served(rounds: int) -> dict:
                         answer = json.loads(urllib.request.urlopen(request, timeout=600).read())
                     seconds = time.perf_counter() - started
                     tokens = answer["usage"]["input_tokens"]
-                    results.setdefault((wait, load), []).append(seconds)
-                    print(f"served {wait} {load}: {seconds:.1f} s ({tokens} tokens)", flush=True)
+                    results.setdefault((wait, dtype, load), []).append(seconds)
+                    print(f"served {wait} {dtype} {load}: {seconds:.1f} s ({tokens} tokens)", flush=True)
         finally:
             worker.terminate()
             worker.wait(timeout=60)
@@ -214,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.served:
         rows = served(args.rounds)
         print("\n| worker | quiet | busy |\n|---|---|---|")
-        for wait in ("spin", "passive"):
-            quiet, busy = rows[(wait, "quiet")], rows[(wait, "busy")]
-            label = "OpenMP waits spinning (before)" if wait == "spin" else "passive (the worker's default now)"
+        for wait, dtype in SERVED:
+            quiet, busy = rows[(wait, dtype, "quiet")], rows[(wait, dtype, "busy")]
+            label = {"spin": "OpenMP waits spinning (before)", "passive": "passive waits (the default now)"}[wait]
+            label += ", FP32 (exact, the default)" if dtype == "float32" else f", JEV_DTYPE={dtype} (fast)"
             print(f"| {label}, 255 options ({quiet[1]} tokens) | {quiet[0]:.1f} s | {busy[0]:.1f} s |")
     return 0
 
