@@ -30,7 +30,9 @@ ENV = EnvTable("worker", [
     int_var("JEV_WORKER_PORT", 8000, "listen port", ("JEV_VL_PORT",), upstream=8001),
     str_var("JEV_DEVICE", "auto", "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`"),
     str_var("JEV_DTYPE", _recipe_default(ModelSpec, "dtype"), "`auto` (BF16 on GPU, FP32 on CPU), `float32`, "
-            "`bfloat16`, `float16`; the decision head is FP32 always", from_recipe=True),
+            "`bfloat16`, `float16`; the decision head is FP32 always. On a CPU with native BF16 (`avx512_bf16` or "
+            "AMX) `bfloat16` is the fast option: about half the forward time at max abs dp 0.03 vs FP32 "
+            "(benchmarks/RESULTS.md, 'CPU speed and deadlines')", from_recipe=True),
     int_var("JEV_MAX_QUEUE", 64, "requests queued or running before 429 `overloaded`"),
     float_var("JEV_DEADLINE_S", 30.0, "per-request deadline (a request's `deadline_s` may shorten it); past it: 504, "
               "and a forward nobody waits for any more stops at its next layer"),
