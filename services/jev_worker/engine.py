@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -17,9 +18,11 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .caches import BudgetLRU
+from .graphs import Capture, GraphRunner
 from .head import DecisionHead
 from .prompt import PreparedRequest
 from .protocols import Engine
+from .reuse import LinearCost, ReuseCosts, ReusePolicy
 
 log = logging.getLogger("jev.worker.engine")
 
@@ -77,7 +80,8 @@ class EngineResult:
 class DecisionEngine(Engine):
     def __init__(self, model: torch.nn.Module, device: torch.device, *, l3: BudgetLRU | None = None,
                  batching: bool, max_batch_rows: int, pad_id: int = 0, vision=None,
-                 checkpoint_dir: str | None = None, head=None):
+                 checkpoint_dir: str | None = None, head=None, graph_capture: Capture | None = None,
+                 reuse: ReusePolicy | None = None):
         self.model = model
         self.device = device
         self.backbone = model.get_decoder()
@@ -95,6 +99,32 @@ class DecisionEngine(Engine):
         self.packing = True  # rows after one prefix state run packed; checked once against a padded batch
         self._packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
+        self.reuse = (reuse or ReusePolicy()).resolved(device.type)  # whether an L3 hit is used (reuse.py)
+        self.graphs: GraphRunner | None = None  # bucketed static-buffer forwards (graphs.py)
+        if graph_capture is not None:
+            why_not = self._graphs_unsupported()
+            if why_not:
+                log.info("graph path off: %s", why_not)
+            else:
+                self.graphs = GraphRunner(self._graph_forward, self._new_cache, device, capture=graph_capture,
+                                          max_rows=self.max_batch_rows, kv_budget_bytes=self.l3.budget,
+                                          pad_id=pad_id)
+
+    def _graphs_unsupported(self) -> str | None:
+        """Why this engine's forwards cannot go through graphs.py's static buffers, or None."""
+        if self.vision is not None:
+            return "vision-language positions (M-RoPE) and spliced image embeddings"
+        changed = [name for name in ("run", "_text_full", "_rows_after_states", "_last", "_positions", "_forward")
+                   if getattr(type(self), name) is not getattr(DecisionEngine, name)]
+        if changed:
+            return f"{type(self).__name__} overrides {', '.join(changed)}"
+        return None
+
+    def describe(self) -> dict:
+        out = {"l3_reuse": self.reuse.describe()}
+        if self.graphs is not None:
+            out["graphs"] = self.graphs.describe()
+        return out
 
     # ----- inputs -------------------------------------------------------------------------------
     def _ids(self, rows: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +154,35 @@ class DecisionEngine(Engine):
     def _forward(self, **kwargs) -> torch.Tensor:
         return self.backbone(**kwargs).last_hidden_state
 
+    def _graph_forward(self, ids, positions, mask, cache) -> torch.Tensor:
+        kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": cache is not None}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if cache is not None:
+            kwargs[self._cache_kwarg] = cache
+        return self._forward(**kwargs)
+
+    def _graph_whole(self, sequences, capture: bool) -> tuple[torch.Tensor, list[PrefixState | None]] | None:
+        """_text_full through a graph bucket, or None (run it eagerly)."""
+        if self.graphs is None:
+            return None
+        if capture and self.prefix_mode == "snapshot":
+            self.graphs.refuse("snapshot_cache", "prefix state is a cache snapshot, not plain attention KV")
+            return None
+        got = self.graphs.whole(sequences, capture)
+        if got is None:
+            return None
+        hidden, cache = got
+        states: list[PrefixState | None] = [None] * len(sequences)
+        layers = self._branchable(cache) if capture else None
+        if layers is not None:
+            self.kv_branching = True
+            for i, (prefix, _) in enumerate(sequences):
+                kv = [(layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
+                      for layer in layers]
+                states[i] = PrefixState(kv=kv, length=len(prefix))
+        return hidden, states
+
     @staticmethod
     def _last(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), lengths - 1]
@@ -150,6 +209,11 @@ class DecisionEngine(Engine):
         return cache
 
     def compute_prefix(self, item: EngineItem) -> PrefixState | None:
+        prefix = item.prepared.prefix_ids
+        if self.graphs is not None and not item.assets and self.prefix_mode == "kv":
+            graphed = self._graph_whole([(prefix, prefix[:0])], True)
+            if graphed is not None and graphed[1][0] is not None:
+                return graphed[1][0]
         inputs, rope_delta = self._prefix_inputs(item)
         cache = self._new_cache()
         self._forward(**inputs, use_cache=True, **{self._cache_kwarg: cache})
@@ -194,10 +258,16 @@ class DecisionEngine(Engine):
         states = [state for state, _ in pairs]
         first = states[0]
         if first.snapshot is not None:  # _state_chunks never mixes a snapshot with another state
+            if self.graphs is not None:
+                self.graphs.refuse("snapshot_cache", "prefix state is a cache snapshot, not plain attention KV")
             positions = self._positions(first.length, width, batch, first.rope_delta)
             hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True,
                                    **{self._cache_kwarg: self._branch_snapshot(first, batch)})
             return self._last(hidden, lengths)
+        if self.graphs is not None:
+            graphed = self.graphs.after(pairs)
+            if graphed is not None:
+                return graphed
         if batch > 1 and self.packing:
             packed = self._packed_rows_after(pairs)
             if self._packing_agrees("rows", packed, lambda: self._padded_rows_after(pairs, ids, lengths)):
@@ -298,7 +368,11 @@ class DecisionEngine(Engine):
         """Whole (prefix + row) text sequences, any prefixes, in one forward. With capture, each row's
         prefix KV is cut from the same forward (causal: positions < len(prefix) never saw the row), so
         a miss costs one forward and still fills L3. Packed end to end when the model's cache is plain
-        attention KV (checked once against the padded batch), else right-padded."""
+        attention KV (checked once against the padded batch), else right-padded. Through a graph
+        bucket when one fits (graphs.py)."""
+        graphed = self._graph_whole(sequences, capture)
+        if graphed is not None:
+            return graphed
         if len(sequences) > 1 and self.packing and self.prefix_mode == "kv":
             packed = self._text_packed(sequences, capture)
             if self._packing_agrees("whole", packed[0], lambda: self._text_padded(sequences, False)[0]):
@@ -376,6 +450,45 @@ class DecisionEngine(Engine):
         size = self._batch_limit
         return [rows[i : i + size] for i in range(0, len(rows), size)]
 
+    # ----- start-up -----------------------------------------------------------------------------
+    def calibrate(self, lengths: tuple[int, int] = (32, 512), row_tokens: int = 16, repeats: int = 3) -> None:
+        """Once at start-up when the reuse policy measures: time a row's forward with its prefix recomputed
+        against the same row after the cached prefix state, at a short and a long prefix (synthetic ids)."""
+        if not (self.reuse.measures and self._caching and self.vision is None):
+            return
+        vocab = self.embed.num_embeddings
+        row = tuple((7 + i) % vocab for i in range(row_tokens))
+        points = {"recompute": [], "reuse": []}
+        with torch.inference_mode():
+            for length in lengths:
+                prefix = tuple((1000 + 13 * i) % vocab for i in range(length))
+                _, states = self._text_full([(prefix, row)], True)
+                if states[0] is None:
+                    log.info("L3 reuse not measured: prefix states are cache snapshots")
+                    return
+                state = states[0]
+                points["recompute"].append((length, self._best_time(lambda: self._text_full([(prefix, row)], False),
+                                                                    repeats)))
+                points["reuse"].append((length, self._best_time(lambda: self._rows_after_states([(state, row)]),
+                                                                repeats)))
+        self.reuse.costs = ReuseCosts(LinearCost.through(*points["recompute"]), LinearCost.through(*points["reuse"]))
+        log.info("L3 reuse measured on %s: %s", self.device, self.reuse.describe())
+
+    def _best_time(self, work, repeats: int) -> float:
+        work()  # the first call may capture a graph
+        best = float("inf")
+        for _ in range(repeats):
+            self._synchronize()
+            started = time.perf_counter()
+            work()
+            self._synchronize()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     # ----- entry point --------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, items: list[EngineItem]) -> list[EngineResult]:
@@ -393,16 +506,22 @@ class DecisionEngine(Engine):
         whole: list[tuple[str, int]] = []  # single-row text groups without a state: run whole
         after: list[tuple[PrefixState, tuple[int, ...], int]] = []  # rows after a prefix state
         shared: set[str] = set()  # groups whose later items reuse the state the first one computed
+        bypassed: set[str] = set()  # groups whose cached state was not used (the reuse policy)
         for key, indices in groups.items():
             lead = items[indices[0]]
             rows = [(row, i) for i in indices for row in items[i].prepared.rows]
             state = self.l3.get(key) if self._caching else None
-            outcome[key] = "hit" if state is not None else ("miss" if self._caching else "off")
+            if state is not None and not self.reuse.use_cached(state.length):
+                state = None  # measured: recomputing this prefix costs less than assembling its cached state
+                bypassed.add(key)
+            outcome[key] = ("bypass" if key in bypassed else "hit" if state is not None
+                            else "miss" if self._caching else "off")
             if state is None and len(rows) == 1 and not lead.assets and (
                     self.prefix_mode != "snapshot" or not self._caching):
                 whole.append((key, indices[0]))  # a KV miss is cut from the whole forward itself
                 continue
-            if state is None and self.kv_branching is not False and (self._caching or (self.batching and len(rows) > 1)):
+            if (state is None and key not in bypassed and self.kv_branching is not False
+                    and (self._caching or (self.batching and len(rows) > 1))):
                 state = self.compute_prefix(lead)
                 if self._caching:
                     self._store(key, state)
@@ -421,12 +540,12 @@ class DecisionEngine(Engine):
             for h, (_, _, i) in zip(out, chunk):
                 hidden[i].append(h)
         for chunk in self._chunks(whole):
-            capture = self._caching
+            capture = self._caching and any(key not in bypassed for key, _ in chunk)
             out, states = self._text_full([(items[i].prepared.prefix_ids, items[i].prepared.rows[0])
                                            for _, i in chunk], capture)
             for (key, i), h, state in zip(chunk, out, states):
                 hidden[i].append(h)
-                if capture:
+                if capture and key not in bypassed:
                     self._store(key, state)
         results = []
         first_of_group = {indices[0] for indices in groups.values()}

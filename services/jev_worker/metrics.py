@@ -36,6 +36,7 @@ class WorkerMetrics(HttpMetrics):
             "jev_worker_abandoned_layers_total",
             "Layer passes the stopped batches did not run: compute freed for the requests behind them", registry=r)
         self._cache_source = None
+        self._engine_source = None
         r.register(self)  # collect() below exports the caches' own counters
 
     def observe_batch(self, requests: int, rows: int, seconds: float) -> None:
@@ -53,10 +54,15 @@ class WorkerMetrics(HttpMetrics):
         """source() -> jev_common.schema.CacheStats"""
         self._cache_source = source
 
+    def watch_engine(self, source) -> None:
+        """source() -> the engine's describe() (graphs and l3_reuse counters), {} before it is built"""
+        self._engine_source = source
+
     def describe(self):
         return []
 
     def collect(self):
+        yield from self._engine_families()
         if self._cache_source is None:
             return
         stats = self._cache_source()
@@ -73,3 +79,25 @@ class WorkerMetrics(HttpMetrics):
             resident.add_metric([level], s.resident_bytes)
         yield from families.values()
         yield resident
+
+    def _engine_families(self):
+        engine = self._engine_source() if self._engine_source is not None else {}
+        graphs = engine.get("graphs")
+        if graphs is not None:
+            replays = CounterMetricFamily("jev_worker_graph_replays", "Forwards replayed from a captured graph "
+                                          "(or its static-buffer program without capture)")
+            replays.add_metric([], graphs["replays"])
+            fallbacks = CounterMetricFamily("jev_worker_graph_fallbacks", "Forwards that fit no graph bucket and "
+                                            "ran eagerly, by reason", labels=["reason"])
+            for reason, count in sorted(graphs["fallbacks"].items()):
+                fallbacks.add_metric([reason], count)
+            yield replays
+            yield fallbacks
+        reuse = engine.get("l3_reuse")
+        if reuse is not None:
+            decisions = CounterMetricFamily("jev_worker_l3_reuse_decisions", "L3 hits used (reuse) or not "
+                                            "(recompute: the measured policy found recomputing cheaper)",
+                                            labels=["decision"])
+            for decision, count in sorted(reuse["decisions"].items()):
+                decisions.add_metric([decision], count)
+            yield decisions

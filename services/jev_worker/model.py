@@ -13,7 +13,9 @@ import torch
 from jev_common.cpu import compute_threads
 
 from .abandon import LayerChecks
+from .graphs import capture_for
 from .loader import LoadedModel
+from .reuse import ReusePolicy
 from .scheduler import Scheduler
 from .serving import Serving, build_serving
 
@@ -66,7 +68,9 @@ class LocalModel:
         readout.load(self.loaded, self.builder)
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, l3=self.caches.size_l3(self.serving.backend), batching=s.batching,
-            max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision)
+            max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
+            graph_capture=capture_for(s.cuda_graphs, self.loaded.device), reuse=ReusePolicy(s.l3_reuse))
+        self.engine.calibrate()
 
     def image_placeholder(self, asset) -> str:
         return self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)
@@ -84,4 +88,5 @@ class LocalModel:
         if self.loaded is None:
             return {}
         return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)")}
+                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+                **(self.engine.describe() if self.engine is not None else {})}

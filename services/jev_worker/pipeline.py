@@ -172,10 +172,13 @@ class LocalPipeline(Pipeline):
 
 
 def _level(outcomes: list[str]) -> str:
-    """One cache level's outcome over a request's sequences: a miss if any missed, off if all were off."""
+    """One cache level's outcome over a request's sequences: a miss if any missed, off if all were off, a
+    bypass (L3: cached but recomputed, the measured reuse policy) if none was used but some were cached."""
     if "miss" in outcomes:
         return "miss"
-    return "off" if all(o == "off" for o in outcomes) else "hit"
+    if all(o == "off" for o in outcomes):
+        return "off"
+    return "bypass" if "hit" not in outcomes and "bypass" in outcomes else "hit"
 
 
 class ExternalPipeline(Pipeline):

@@ -47,6 +47,13 @@ class Engine(ABC):
     def run(self, items: list["EngineItem"]) -> list["EngineResult"]:
         """One result per item, in order: the FP32 logits of each of its rows (or answer rows)."""
 
+    def calibrate(self) -> None:
+        """Once at start-up, on the model thread: measure what the engine's choices depend on (default: none)."""
+
+    def describe(self) -> dict:
+        """What /health shows about the engine's paths (default: nothing)."""
+        return {}
+
 
 class Backend(ABC):
     """What runs the network: loads the checkpoint and builds the engine that runs batches of rows."""
@@ -69,9 +76,10 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, loaded: "LoadedModel", *, head: "Head", l3: "BudgetLRU", batching: bool, max_batch_rows: int,
-              pad_id: int, vision=None) -> Engine:
+              pad_id: int, vision=None, graph_capture=None, reuse=None) -> Engine:
         """The engine that runs this checkpoint's batches; it fills `l3` (caches.WorkerCaches' L3, sized by
-        `l3_bytes`) with prefix states."""
+        `l3_bytes`) with prefix states. `graph_capture` (graphs.py) and `reuse` (reuse.ReusePolicy) are for
+        engines that replay graphed forwards and choose per request whether an L3 hit pays; others ignore them."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}

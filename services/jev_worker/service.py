@@ -59,6 +59,7 @@ class WorkerService:
         self.error: str | None = None
         self.warmup_seconds: float | None = None
         self.metrics.watch_caches(self.cache_stats)
+        self.metrics.watch_engine(lambda: self.model.engine.describe() if self.model and self.model.engine else {})
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:

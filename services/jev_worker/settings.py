@@ -11,9 +11,12 @@ import os
 import socket
 from dataclasses import dataclass, replace
 
-from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_var, bytes_var, float_var, int_var,
-                               list_var, optional_var, parse_bytes, str_var)
+from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_var, bytes_var, custom_var, float_var,
+                               int_var, list_var, optional_var, parse_bytes, str_var)
 from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec, Recipe, load_recipe
+
+from .graphs import graph_mode
+from .reuse import reuse_mode
 
 
 def _recipe_default(spec: type, name: str):
@@ -58,6 +61,14 @@ ENV = EnvTable("worker", [
     bytes_var("JEV_CACHE_L3_BYTES", parse_bytes(str(_recipe_default(CacheSpec, "l3_bytes"))),
               "L3 byte budget; `0` = off", ("JEV_VL_L3_BYTES", "JEV_VL_CACHE_L3_BYTES"), from_recipe=True,
               shown="recipe"),
+    custom_var("JEV_CUDA_GRAPHS", graph_mode, "auto", "`auto` (on when the device is CUDA), `on`, `off`: text "
+               "forwards replay a CUDA graph captured per shape bucket (rows x padded length, x padded prefix KV "
+               "length after an L3 state, the prefix KV in a static pool within the L3 budget); batches that fit "
+               "no bucket run eagerly (`jev_worker_graph_fallbacks_total{reason}`). `on` on CPU runs the same "
+               "static-buffer path without capture"),
+    custom_var("JEV_L3_REUSE", reuse_mode, "auto", "`auto` (`measured` on CUDA, `always` elsewhere), `always`, "
+               "`measured`: time a row after a cached prefix state against recomputing the prefix at start-up, "
+               "then use an L3 hit only where it is not slower (/health `l3_reuse`)"),
     str_var("JEV_ASSET_DIR", "/var/lib/jev/assets", "where the preencoder writes image assets", ("JEV_VL_IMGCACHE",)),
     str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "cache index"),
     str_var("JEV_WORKER_ID", COMPUTED, "owner name for prefixes registered in the index", shown="`hostname:port`"),
@@ -132,6 +143,8 @@ class WorkerSettings:
     register_ttl_s: float = ENV["JEV_WORKER_REGISTER_TTL_S"].field()
     max_body_bytes: int = ENV["JEV_WORKER_MAX_BODY_BYTES"].field()
     threads: int = ENV["JEV_TORCH_THREADS"].field()
+    cuda_graphs: str = ENV["JEV_CUDA_GRAPHS"].field()
+    l3_reuse: str = ENV["JEV_L3_REUSE"].field()
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
 
     @classmethod
@@ -172,6 +185,8 @@ class WorkerSettings:
             register_ttl_s=ENV["JEV_WORKER_REGISTER_TTL_S"].get(),
             max_body_bytes=ENV["JEV_WORKER_MAX_BODY_BYTES"].get(),
             threads=ENV["JEV_TORCH_THREADS"].get(),
+            cuda_graphs=ENV["JEV_CUDA_GRAPHS"].get(),
+            l3_reuse=ENV["JEV_L3_REUSE"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),
         )
         return replace(settings, **overrides)
