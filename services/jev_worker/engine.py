@@ -173,15 +173,7 @@ class DecisionEngine(Engine):
         if got is None:
             return None
         hidden, cache = got
-        states: list[PrefixState | None] = [None] * len(sequences)
-        layers = self._branchable(cache) if capture else None
-        if layers is not None:
-            self.kv_branching = True
-            for i, (prefix, _) in enumerate(sequences):
-                kv = [(layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
-                      for layer in layers]
-                states[i] = PrefixState(kv=kv, length=len(prefix))
-        return hidden, states
+        return hidden, self._states_of_padded(cache, sequences) if capture else [None] * len(sequences)
 
     @staticmethod
     def _last(hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -417,6 +409,10 @@ class DecisionEngine(Engine):
             return self._last(hidden, lengths), [None] * len(sequences)
         cache = self._new_cache()
         hidden = self._forward(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache})
+        return self._last(hidden, lengths), self._states_of_padded(cache, sequences)
+
+    def _states_of_padded(self, cache, sequences) -> list[PrefixState | None]:
+        """Each row's prefix state cut from a right-padded batch's cache (None where it is not plain KV)."""
         layers = self._branchable(cache)
         states: list[PrefixState | None] = [None] * len(sequences)
         if layers is not None:
@@ -425,7 +421,7 @@ class DecisionEngine(Engine):
                 kv = [(layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
                       for layer in layers]
                 states[i] = PrefixState(kv=kv, length=len(prefix))
-        return self._last(hidden, lengths), states
+        return states
 
     def _state_chunks(self, pairs: list) -> list[list]:
         """Chunks of (state, row, item) within the row limit; snapshot states never share a chunk
