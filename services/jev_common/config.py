@@ -242,6 +242,18 @@ def optional_var(name: str, doc: str, aliases: tuple[str, ...] = (), **options: 
     return EnvVar(name, OPTIONAL, None, doc, tuple(aliases), **options)
 
 
+def one_of(*choices: str) -> Callable[[str], str]:
+    """A custom_var parser: the value lower-cased and stripped, which must be one of `choices`."""
+
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+        return value
+
+    return parse
+
+
 def custom_var(name: str, parse: Callable[[str], T], default: T, doc: str, aliases: tuple[str, ...] = (),
                **options: Any) -> EnvVar[T]:
     """A variable with its own parser (text -> value; a ValueError names the variable)."""

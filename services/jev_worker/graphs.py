@@ -24,6 +24,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from jev_common.config import one_of
+
 log = logging.getLogger("jev.worker.graphs")
 
 LENGTH_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -118,11 +120,7 @@ class CudaGraphCapture:
 GRAPH_MODES = ("auto", "on", "off")
 
 
-def graph_mode(raw: str) -> str:
-    mode = raw.strip().lower()
-    if mode not in GRAPH_MODES:
-        raise ValueError(f"expected one of {', '.join(GRAPH_MODES)}, got {raw!r}")
-    return mode
+graph_mode = one_of(*GRAPH_MODES)
 
 
 def capture_for(mode: str, device: torch.device) -> Capture | None:

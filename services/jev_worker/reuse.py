@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jev_common.config import one_of
+
 
 @dataclass(frozen=True)
 class LinearCost:
@@ -46,11 +48,7 @@ def reuse_pays(prefix_tokens: int, costs: ReuseCosts | None) -> bool:
 MODES = ("auto", "always", "measured")
 
 
-def reuse_mode(raw: str) -> str:
-    mode = raw.strip().lower()
-    if mode not in MODES:
-        raise ValueError(f"expected one of {', '.join(MODES)}, got {raw!r}")
-    return mode
+reuse_mode = one_of(*MODES)
 
 
 @dataclass
