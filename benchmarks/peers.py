@@ -426,6 +426,7 @@ class Reference:
         from jev_worker import envelope as worker_envelope
         from jev_worker.loader import load_model
         from jev_worker.prompt import ChatPromptBuilder
+        from jev_worker.serving import build_serving
 
         # not timed, and run while the machine may be shared: one thread, so OpenMP barriers never spin
         # against a neighbour (benchmarks/RESULTS.md, peers: that is what slows a 2-thread torch here)
@@ -433,7 +434,8 @@ class Reference:
         self.torch = torch
         self.envelope = worker_envelope
         self.recipe = load_recipe("smollm2-135m-cpu")
-        self.loaded = load_model(self.recipe, None, "cpu", "float32")
+        # the embedded model's folder, resolved and checked as the worker resolves it (its package's folder)
+        self.loaded = load_model(self.recipe, build_serving(self.recipe).folder, "cpu", "float32")
         self.tokenizer = self.loaded.tokenizer
         self.builder = ChatPromptBuilder(self.tokenizer, self.recipe, "reference")
 
@@ -551,7 +553,8 @@ async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | N
     ours_stack = Stack(out / "logs")
     # benchmarks/peers/ holds the peers' entry points; `benchmarks.peers` is this module, so they run by name
     peer_path = {"PYTHONPATH": os.pathsep.join([str(REPO / "services"), str(REPO), str(PEERS_DIR)])}
-    peer_stack = Stack(out / "logs", python=str(peer_python()))
+    # the peers' own venv only when a peer arm runs (the ours arm alone is the smoke run in make test)
+    peer_stack = Stack(out / "logs", python=str(peer_python()) if set(arms) - {"ours"} else sys.executable)
     await ours_stack.__aenter__()
     await peer_stack.__aenter__()
     urls: dict[str, str] = {}

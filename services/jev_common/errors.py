@@ -58,6 +58,16 @@ class UnreadableInput(InvalidRequest):
     state or sequence past what its layout holds."""
 
 
+class PromptTooLong(UnreadableInput):
+    """A prompt (or the state or instructions in it) past the served model's limit, counted in tokens, or in
+    characters before any tokenising; decided before any forward."""
+
+
+class DuplicateKey(InvalidRequest):
+    """A JSON object in the body names the same key twice (a question id, an option name): JSON parsers keep
+    one of them silently, so the request would lose a question or an option."""
+
+
 class UnsupportedQuestionType(DomainError):
     """The served readout has no answer for this question type (e.g. noul on a code readout)."""
 
@@ -94,6 +104,10 @@ class NotJson(DomainError):
     """A body that is not UTF-8 JSON where the route reads JSON lines (the preencoder's manifest)."""
 
 
+class UnsupportedMediaType(DomainError):
+    """A body whose Content-Type the route does not read (JSON or multipart/form-data)."""
+
+
 class UnsupportedEncoding(DomainError):
     """A Content-Encoding this service does not decode."""
 
@@ -117,6 +131,16 @@ class RouteNotServed(DomainError):
 # ----- the service ------------------------------------------------------------------------------
 class Overloaded(DomainError):
     """The queue is full; retry shortly."""
+
+
+class ClientOverloaded(Overloaded):
+    """One client (API key, or address without keys) has as much work in flight as it may; the others are
+    still served. Retry after the Retry-After seconds."""
+
+
+class Stalled(DomainError):
+    """The worker made no progress (no layer or chunk finished, or its event loop blocked) for longer than
+    its stall limit while work was running: health answers 503 so that an orchestrator restarts it."""
 
 
 class NotReady(DomainError):
@@ -162,6 +186,8 @@ ERRORS: dict[type[DomainError], ErrorSpec] = {
     InvalidRequest: ErrorSpec(422, "validation_error"),
     TooManyOptions: ErrorSpec(422, "validation_error"),
     UnreadableInput: ErrorSpec(422, "validation_error"),
+    PromptTooLong: ErrorSpec(422, "validation_error"),
+    DuplicateKey: ErrorSpec(422, "validation_error"),
     UnsupportedQuestionType: ErrorSpec(422, "unsupported_question_type"),
     UnsupportedRequestForm: ErrorSpec(422, "unsupported_request_form"),
     ImagesNotSupported: ErrorSpec(422, "image_not_supported"),
@@ -172,11 +198,14 @@ ERRORS: dict[type[DomainError], ErrorSpec] = {
     UndecodableBody: ErrorSpec(400, "invalid_encoding"),
     NotJson: ErrorSpec(400, "invalid_json"),
     UnsupportedEncoding: ErrorSpec(415, "unsupported_media_type"),
+    UnsupportedMediaType: ErrorSpec(415, "unsupported_media_type"),
     BodyTooLarge: ErrorSpec(413, "body_too_large"),
     ApiKeyMissing: ErrorSpec(403, "authentication_error"),
     ApiKeyInvalid: ErrorSpec(401, "authentication_error"),
     RouteNotServed: ErrorSpec(404, "not_found"),
     Overloaded: ErrorSpec(429, "overloaded", retry_after=1),
+    ClientOverloaded: ErrorSpec(429, "overloaded", retry_after=1),
+    Stalled: ErrorSpec(503, "stalled"),
     NotReady: ErrorSpec(503, "not_ready"),
     ShuttingDown: ErrorSpec(503, "unavailable", retry_after=1),
     DeadlineExceeded: ErrorSpec(504, "deadline_exceeded"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import signal
 import json
@@ -15,15 +16,22 @@ from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
-    HTTP_ERROR_TYPES, ApiError, ApiKeyInvalid, ApiKeyMissing, BodyTooLarge, DomainError, InvalidRequest,
-    MalformedBody, UndecodableBody, UnsupportedEncoding, api_error_response, error_body, error_response,
-    validation_error,
+    HTTP_ERROR_TYPES, ApiError, ApiKeyInvalid, ApiKeyMissing, BodyTooLarge, DomainError, DuplicateKey, InvalidRequest,
+    MalformedBody, UndecodableBody, UnsupportedEncoding, UnsupportedMediaType, api_error_response, error_body,
+    error_response, validation_error,
 )
 from .schema import summarize_details
 
 log = logging.getLogger("jev.http")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+# How a request is carried (not what it asks: that is the body's): the caller's deadline, and who the caller is
+DEADLINE_HEADER = "x-jev-deadline-s"      # seconds this caller waits for the answer (the caller owns the deadline)
+CLIENT_HEADER = "x-jev-client"            # the fairness key, set by the frontend (API key digest or address)
+SDK_HEADER = "x-typesafe-sdk"             # typesafe-sdk sends it on every attempt
+RETRY_COUNT_HEADER = "x-typesafe-retry-count"  # ... and this on its retries
+RETRY_HEADERS = (SDK_HEADER, RETRY_COUNT_HEADER)
+MAX_DEADLINE_S = 600.0
 MULTIPART_REQUEST_PART = "request"
 MAX_MULTIPART_PARTS = 16
 REQUEST_ID = web.RequestKey("request_id", str)
@@ -96,6 +104,40 @@ def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
     return middleware
 
 
+# ----- how a request is carried ------------------------------------------------------------------
+def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
+    """The caller's deadline in seconds (`x-jev-deadline-s`), or None when it sent none; a value that is not a
+    positive number up to `limit_s` is refused (422), never silently replaced."""
+    raw = headers.get(DEADLINE_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= limit_s:  # also false for nan
+        raise InvalidRequest(f"header {DEADLINE_HEADER} must be a number of seconds in (0, {limit_s:g}], got "
+                             f"{raw[:50]!r}", ("headers", DEADLINE_HEADER))
+    return value
+
+
+def client_key(request: web.Request) -> str:
+    """Who is asking, for fairness: the frontend's `x-jev-client`, else a digest of the API key, else the
+    peer address."""
+    given = request.headers.get(CLIENT_HEADER, "").strip()
+    if given:
+        return given[:128]
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key.strip():
+        return "key:" + hashlib.sha256(key.strip().encode()).hexdigest()[:16]
+    return "addr:" + (request.remote or "unknown")
+
+
+def caller_retries(headers) -> bool:
+    """Whether the caller retries a request it gave up on (typesafe-sdk's headers say so)."""
+    return any(name in headers for name in RETRY_HEADERS)
+
+
 # ----- bodies -----------------------------------------------------------------------------------
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
     """The request body (decompressed when it came with Content-Encoding gzip/deflate/zstd), refused
@@ -123,10 +165,25 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     return bytes(body)
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """object_pairs_hook: a key given twice in one object is refused (json.loads would keep the last, so a
+    question id or option name given twice would silently lose the first)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(f"duplicate key {key[:200]!r} in a JSON object: a question id, option name or "
+                                   "field may appear only once", (key[:200],), kind="duplicate_key")
+            seen.add(key)
+    return out
+
+
 def decode_json(raw: bytes) -> object:
-    """JSON of any shape; malformed, undecodable, too deep or absurd numbers are a 422 like FastAPI's."""
+    """JSON of any shape; malformed, undecodable, too deep or absurd numbers are a 422 like FastAPI's, and so
+    is an object that names a key twice (DuplicateKey)."""
     try:
-        return json.loads(raw)
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise validation_error(f"JSON decode error: {exc.msg}", (exc.pos,), "json_invalid") from None
     except UnicodeDecodeError:
@@ -165,8 +222,24 @@ class SystemOneBody:
     content_type: str = "application/json"
 
 
+def is_json_type(content_type: str) -> bool:
+    """application/json, text/json or any +json type (parameters such as charset ignored)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("application/json", "text/json") or media.endswith("+json")
+
+
+def check_body_type(content_type: str | None) -> None:
+    """The body types /v1/systemone reads: JSON (also when no Content-Type is sent) or multipart/form-data;
+    anything else is refused (415) before the body is read."""
+    if not content_type or is_json_type(content_type) or content_type.lower().startswith("multipart/form-data"):
+        return
+    raise UnsupportedMediaType(f"Content-Type {content_type.split(';', 1)[0].strip()[:100]!r} is not read here: send "
+                               "application/json, or multipart/form-data with the JSON in a part named 'request'")
+
+
 async def read_systemone_body(request: web.Request, max_bytes: int) -> SystemOneBody:
     """JSON, or multipart/form-data whose part `request` is the JSON and the others are raw assets."""
+    check_body_type(request.headers.get("Content-Type"))
     raw = await read_body(request, max_bytes)
     content_type = request.headers.get("Content-Type", "application/json")
     if not content_type.lower().startswith("multipart/"):
@@ -230,8 +303,9 @@ def install_json_protocol_errors() -> None:
 
 def run_app(app: web.Application, host: str, port: int,
             on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Serve on uvloop when it is there. Without `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first
-    SIGTERM/SIGINT awaits `on_stop()` while the port still answers (a service drains there, refusing new work
+    """Serve on uvloop when it is there, with handler cancellation on: a client that disconnects cancels its
+    handler (aiohttp leaves handlers running unless told), so the work it started stops with it. Without
+    `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first SIGTERM/SIGINT awaits `on_stop()` while the port still answers (a service drains there, refusing new work
     with its own error), then the server closes and the process exits 0."""
     try:
         import uvloop
@@ -241,14 +315,16 @@ def run_app(app: web.Application, host: str, port: int,
         pass
     install_json_protocol_errors()
     if on_stop is None:
-        web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+        web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True,
+                    handler_cancellation=True)
         return
     asyncio.run(_serve_until_signalled(app, host, port, on_stop))
 
 
 async def _serve_until_signalled(app: web.Application, host: str, port: int,
                                  on_stop: Callable[[], Awaitable[None]]) -> None:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                           handler_cancellation=True)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

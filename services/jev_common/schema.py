@@ -231,7 +231,7 @@ class ErrorEnvelope(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok", "loading", "degraded", "unavailable"]
+    status: Literal["ok", "loading", "degraded", "unavailable", "stopping", "stalled"]
     detail: dict = Field(default_factory=dict)
 
 
@@ -258,6 +258,10 @@ MAX_SCORE_LEVELS = 10
 MAX_QUESTIONS = 128
 MAX_CONTENT_DEPTH = 32
 MAX_NAME_CHARS = 2_000
+# Text in one request (state, instructions, criteria), in characters: sized from the largest context a served
+# family reads (262,144 tokens, Qwen3.5's) at 8 characters a token. Each worker refuses far less by its own
+# model's limit (jev_worker.bounds); this cap keeps megabytes from being parsed, rendered or tokenised anywhere.
+MAX_CONTENT_CHARS = 2_097_152
 LATEST_ALIAS = "jev-latest"
 
 
@@ -276,9 +280,28 @@ def content_depth(value: object) -> int:
     return deepest
 
 
+def content_chars(value: object, stop_at: int = MAX_CONTENT_CHARS) -> int:
+    """Characters of every string (keys included) in a JSON value, without recursion; counting stops past
+    `stop_at`."""
+    total, stack = 0, [value]
+    while stack and total <= stop_at:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
 def _shallow(value, where: str):
     if content_depth(value) > MAX_CONTENT_DEPTH:
         raise ValueError(f"{where} is nested deeper than {MAX_CONTENT_DEPTH} levels")
+    if content_chars(value) > MAX_CONTENT_CHARS:
+        raise ValueError(f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any served model "
+                         "reads")
     return value
 
 
@@ -422,6 +445,26 @@ class SystemOneRequest(BaseModel):
     questions: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)], Question] = Field(
         min_length=1, max_length=MAX_QUESTIONS)
     assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_text(cls, data):
+        """The whole request's text within MAX_CONTENT_CHARS, checked before any field is parsed (each field's
+        own check names it; this one catches many fields that are each under the cap)."""
+        if isinstance(data, dict):
+            parts = [("state", data.get("state"))]
+            questions = data.get("questions")
+            if isinstance(questions, dict):
+                parts += [(f"questions[{qid[:100]!r}].{field}", value) for qid, q in questions.items()
+                          for field, value in (q.items() if isinstance(q, dict) else [("", q)])]
+            for where, value in parts:
+                if content_chars(value) > MAX_CONTENT_CHARS:
+                    raise ValueError(f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any "
+                                     "served model reads")
+            if content_chars([data.get("state"), questions]) > MAX_CONTENT_CHARS:
+                raise ValueError(f"the request's text is longer than {MAX_CONTENT_CHARS:,} characters, past what "
+                                 "any served model reads")
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -10,7 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
 from jev_common.http import (
-    REQUEST_ID, REQUEST_ID_HEADER, auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
+    CLIENT_HEADER, DEADLINE_HEADER, REQUEST_ID, REQUEST_ID_HEADER, RETRY_HEADERS, auth_middleware, client_key, error_middleware,
+    parse_model, read_systemone_body, request_deadline, request_id_middleware,
 )
 from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
@@ -44,19 +45,32 @@ GENERATION_ROUTES = (
 
 
 def _backend_headers(request: web.Request, content_type: str | None = None) -> dict[str, str]:
-    """What the worker needs of the caller's headers: the body's type, x-jev-* and the request id
-    (so both services log and answer the same id). The API key stays here: the frontend checked it."""
+    """What the worker needs of the caller's headers: the body's type, x-jev-* (the deadline among them), the
+    SDK's retry headers (a retry may join its first attempt's work) and the request id (so both services log
+    and answer the same id); and who the caller is, for the worker's fairness (`x-jev-client`, set here
+    whatever the caller sent). The API key stays here: the frontend checked it."""
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
-    headers.update({k: v for k, v in request.headers.items() if k.lower().startswith(DECISION_HEADER_PREFIX)})
+    headers.update({k: v for k, v in request.headers.items()
+                    if k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS})
+    headers = {k: v for k, v in headers.items() if k.lower() != CLIENT_HEADER}
+    headers[CLIENT_HEADER] = client_key(_without_client_header(request))
     return headers
+
+
+def _without_client_header(request: web.Request) -> web.Request:
+    """The caller may not name its own fairness key: the frontend derives it from the key or address."""
+    return request.clone(headers={k: v for k, v in request.headers.items() if k.lower() != CLIENT_HEADER})
 
 
 async def handle_systemone(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
+    deadline_s = request_deadline(request.headers)  # the caller's own deadline: the worker's and ours
     body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
     timeout_s, note = settings.timeout_s, ""
+    if deadline_s is not None:
+        timeout_s, note = deadline_s + DEADLINE_GRACE_S, f" (the request's {DEADLINE_HEADER} + grace)"
     if is_envelope(body.payload):
         envelope = parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker
         model: str | None = envelope.model

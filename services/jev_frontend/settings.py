@@ -74,8 +74,10 @@ ENV = EnvTable("frontend", [
             "more than this many requests in flight or queued beyond it"),
     float_var("JEV_FRONTEND_HEALTH_INTERVAL_S", 2.0, "how often every backend's `/health` is polled (and "
               "discovery re-read); a replica that fails it is taken out until it answers 200 again"),
-    float_var("JEV_FRONTEND_TIMEOUT_S", 30.0, "deadline for a backend answer, in seconds (every backend call); a "
-              "request's `deadline_s` lowers it for that request: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`"),
+    float_var("JEV_FRONTEND_TIMEOUT_S", 305.0, "deadline for a backend answer, in seconds (every backend call): "
+              "past the workers' own default deadline (`JEV_DEADLINE_S`, 300), so that their 504 arrives first. A "
+              "request's `x-jev-deadline-s` header replaces it (plus 0.25 s); the single-question form's "
+              "`deadline_s` lowers it: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`"),
     bytes_var("JEV_FRONTEND_MAX_BODY_BYTES", 16 << 20, "largest accepted request body (`512K`, `16M`, `1G` or "
               "plain bytes); larger is 413"),
     int_var("JEV_FRONTEND_MAX_CONNECTIONS", 64, "size of the pooled connection set to the worker (requests "

@@ -7,10 +7,12 @@ from aiohttp import web
 
 from jev_common.errors import error_body, validation_error
 from jev_common.http import (
-    auth_middleware, error_middleware, parse_model, read_systemone_body, request_id_middleware,
+    auth_middleware, caller_retries, client_key, error_middleware, parse_model, read_systemone_body,
+    request_deadline, request_id_middleware,
 )
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
+from .scheduler import Caller
 from .service import WorkerService
 from .settings import WorkerSettings
 
@@ -63,14 +65,17 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         return web.json_response(body)
 
     async def systemone(request: web.Request) -> web.Response:
+        deadline_s = request_deadline(request.headers, settings.max_deadline_s)
+        caller = Caller(client_key(request), caller_retries(request.headers))
         body = await read_systemone_body(request, settings.max_body_bytes)
         if not is_envelope(body.payload):
             if body.parts:
                 raise validation_error("multipart requests use the System One envelope (questions), not `kind`")
-            response, headers = await service.decide(parse_model(DecisionRequest, body.payload))
+            response, headers = await service.decide(parse_model(DecisionRequest, body.payload), caller=caller,
+                                                     deadline_s=deadline_s)
             return web.json_response(response_json(response), headers=headers)
         envelope = parse_model(SystemOneRequest, body.payload)
-        response, headers = await service.systemone(envelope, body.parts)
+        response, headers = await service.systemone(envelope, body.parts, caller=caller, deadline_s=deadline_s)
         return web.json_response(text=response.model_dump_json(), headers=headers)
 
     async def models(_request: web.Request) -> web.Response:

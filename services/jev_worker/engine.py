@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .abandon import ForwardAbandoned
 from .caches import BudgetLRU
 from .graphs import Capture, GraphRunner
 from .head import DecisionHead
@@ -40,6 +41,48 @@ def _layer_tensors(layer):
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+
+
+def _plain_kv(cache) -> bool:
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def chunked_forward(forward, kwargs: dict, chunk: int, cache_kwarg: str, new_cache) -> torch.Tensor:
+    """`forward(**kwargs)` (last hidden states), run over the sequence in chunks of `chunk` tokens that continue
+    one plain-KV cache (the caller's, or a new one): causal attention makes it the same computation as one pass.
+    Positions, the inputs and a 2D or 4D attention mask are cut per chunk (a mask's key axis to the cache's past
+    plus the chunk's end). Caches with recurrent or sliding state, and sequences within one chunk, run in one pass.
+    A forward stopped in chunk i (ForwardAbandoned) says so."""
+    x = kwargs.get("input_ids")
+    if x is None:
+        x = kwargs.get("inputs_embeds")
+    if not chunk or x is None or x.shape[1] <= chunk:
+        return forward(**kwargs)
+    cache = kwargs.get(cache_kwarg)
+    if cache is None:
+        cache = new_cache()
+    if not _plain_kv(cache):
+        return forward(**kwargs)
+    past, total = cache.get_seq_length(), x.shape[1]
+    positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+    out = []
+    for index, start in enumerate(range(0, total, chunk)):
+        end = min(total, start + chunk)
+        part = {**kwargs, "use_cache": True, cache_kwarg: cache}
+        for name in ("input_ids", "inputs_embeds"):
+            if kwargs.get(name) is not None:
+                part[name] = kwargs[name][:, start:end]
+        if positions is not None:
+            part["position_ids"] = positions[..., start:end]
+        if mask is not None:
+            part["attention_mask"] = mask[:, :, start:end, : past + end] if mask.dim() == 4 else mask[:, : past + end]
+        try:
+            out.append(forward(**part))
+        except ForwardAbandoned as stopped:
+            stopped.chunk = index
+            raise
+    return torch.cat(out, dim=1)
 
 
 @dataclass
@@ -78,6 +121,10 @@ class EngineResult:
 
 
 class DecisionEngine(Engine):
+    # Declared by each engine: causal attention, so a sequence may be prefilled in chunks (a noncausal engine,
+    # whose every position sees the whole prompt, sets False and runs one pass)
+    causal = True
+
     def __init__(self, model: torch.nn.Module, device: torch.device, *, l3: BudgetLRU | None = None,
                  batching: bool, max_batch_rows: int, pad_id: int = 0, vision=None,
                  checkpoint_dir: str | None = None, head=None, graph_capture: Capture | None = None,
@@ -100,6 +147,7 @@ class DecisionEngine(Engine):
         self._packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
         self.reuse = (reuse or ReusePolicy()).resolved(device.type)  # whether an L3 hit is used (reuse.py)
+        self.prefill_chunk = 0  # tokens per prefill chunk (0: one pass); the worker sets JEV_PREFILL_CHUNK_TOKENS
         self.graphs: GraphRunner | None = None  # bucketed static-buffer forwards (graphs.py)
         if graph_capture is not None:
             why_not = self._graphs_unsupported()
@@ -152,6 +200,12 @@ class DecisionEngine(Engine):
         return DynamicCache(config=self.model.config)
 
     def _forward(self, **kwargs) -> torch.Tensor:
+        """The backbone's last hidden states; a sequence longer than `prefill_chunk` tokens is prefilled in
+        chunks (chunked_forward) so that no layer step is long and a forward nobody waits for stops soon."""
+        return chunked_forward(self._backbone_forward, kwargs, self.prefill_chunk if self.causal else 0,
+                               self._cache_kwarg, self._new_cache)
+
+    def _backbone_forward(self, **kwargs) -> torch.Tensor:
         return self.backbone(**kwargs).last_hidden_state
 
     def _graph_forward(self, ids, positions, mask, cache) -> torch.Tensor:
@@ -160,7 +214,7 @@ class DecisionEngine(Engine):
             kwargs["attention_mask"] = mask
         if cache is not None:
             kwargs[self._cache_kwarg] = cache
-        return self._forward(**kwargs)
+        return self._backbone_forward(**kwargs)  # graph buckets are bounded in length: one pass
 
     def _graph_whole(self, sequences, capture: bool) -> tuple[torch.Tensor, list[PrefixState | None]] | None:
         """_text_full through a graph bucket, or None (run it eagerly)."""

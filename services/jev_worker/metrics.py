@@ -35,6 +35,17 @@ class WorkerMetrics(HttpMetrics):
         self.abandoned_layers = Counter(
             "jev_worker_abandoned_layers_total",
             "Layer passes the stopped batches did not run: compute freed for the requests behind them", registry=r)
+        self.flight = Counter(
+            "jev_worker_flight_rows_total",
+            "Rows by what became of them: computed (a batch finished), answered (a waiter got them), joined (a "
+            "request joined identical work in flight), kept (a retry answered from work finished for nobody while "
+            "it lingered), client_limited (refused: the client's limit of work in flight)", ["event"], registry=r)
+        self.stalled = Gauge("jev_worker_stalled", "1 while health reports a stall (no layer or chunk finished for "
+                             "JEV_STALL_S while a batch runs, or the event loop blocked)", registry=r)
+        self.progress_age = Gauge("jev_worker_progress_age_seconds", "Seconds since the running batch last finished "
+                                  "a layer or chunk (0 when idle)", registry=r)
+        self.loop_lag = Gauge("jev_worker_event_loop_lag_seconds", "The event loop's latest lag behind its "
+                              "heartbeat", registry=r)
         self._cache_source = None
         self._engine_source = None
         r.register(self)  # collect() below exports the caches' own counters
@@ -49,6 +60,9 @@ class WorkerMetrics(HttpMetrics):
         self.abandoned_batches.inc()
         self.abandoned_rows.inc(rows)
         self.abandoned_layers.inc(stopped.layers - stopped.layer)
+
+    def observe_flight(self, event: str, rows: int) -> None:
+        self.flight.labels(event).inc(rows)
 
     def watch_caches(self, source) -> None:
         """source() -> jev_common.schema.CacheStats"""

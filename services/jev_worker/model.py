@@ -13,6 +13,7 @@ import torch
 from jev_common.cpu import compute_threads
 
 from .abandon import LayerChecks
+from .bounds import PromptBounds
 from .graphs import capture_for
 from .loader import LoadedModel
 from .reuse import ReusePolicy
@@ -37,6 +38,8 @@ class LocalModel:
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes (L2)
         self.vision = None
+        self.bounds = PromptBounds(None)  # the longest prompt the model reads (bounds.py), known once loaded
+        self.checks: LayerChecks | None = None
 
     @property
     def readout(self):
@@ -45,10 +48,12 @@ class LocalModel:
     async def start(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.executor, self._load)
         s = self.settings
+        self.checks = LayerChecks(self.loaded.model)
         self.scheduler = Scheduler(
             self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
-            max_wait_ms=s.max_wait_ms, checks=LayerChecks(self.loaded.model), on_batch=self.metrics.observe_batch,
-            on_depth=self.metrics.queue_depth.set, on_abandoned=self.metrics.observe_abandoned)
+            max_wait_ms=s.max_wait_ms, checks=self.checks, max_per_client=s.max_per_client,
+            linger_s=s.retry_linger_s, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set,
+            on_abandoned=self.metrics.observe_abandoned, on_event=self.metrics.observe_flight)
         self.scheduler.start()
 
     def _load(self) -> None:
@@ -66,10 +71,12 @@ class LocalModel:
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity, self.caches.l2)
         self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
+        self.bounds = PromptBounds.of(self.loaded.model.config, self.builder)
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, l3=self.caches.size_l3(self.serving.backend), batching=s.batching,
             max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
             graph_capture=capture_for(s.cuda_graphs, self.loaded.device), reuse=ReusePolicy(s.l3_reuse))
+        self.engine.prefill_chunk = s.prefill_chunk_tokens
         self.engine.calibrate()
 
     def image_placeholder(self, asset) -> str:
@@ -89,4 +96,5 @@ class LocalModel:
             return {}
         return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+                **self.bounds.describe(),
                 **(self.engine.describe() if self.engine is not None else {})}

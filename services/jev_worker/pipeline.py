@@ -22,6 +22,7 @@ from jev_common.route_key import state_route_key
 
 from .caches import BudgetLRU
 from .engine import EngineItem
+from .scheduler import Caller
 
 log = logging.getLogger("jev.worker.pipeline")
 
@@ -71,7 +72,7 @@ class Pipeline(ABC):
     """How a job's questions are answered once the service has accepted it."""
 
     @abstractmethod
-    async def answer(self, job: Job, started: float, timeout: float) -> Decision: ...
+    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision: ...
 
 
 class LocalPipeline(Pipeline):
@@ -88,7 +89,7 @@ class LocalPipeline(Pipeline):
     def close(self) -> None:
         self.prep_executor.shutdown(wait=False, cancel_futures=True)
 
-    async def answer(self, job: Job, started: float, timeout: float) -> Decision:
+    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
         model = self.model
         if job.images and model.assets is None:
             raise ImagesNotSupported(f"model {model.recipe.name} reads text states only; send a text state or "
@@ -111,7 +112,7 @@ class LocalPipeline(Pipeline):
         groups = model.builder.prefix_groups(job.questions)
         keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
         parts = await asyncio.gather(*(self._sequence(job, questions, key, state_text, assets, kinds, started,
-                                                      timeout) for questions, key in zip(groups, keys)))
+                                                      timeout, caller) for questions, key in zip(groups, keys)))
         answered = {qid: answer for part in parts for qid, answer in part.answers.items()}
         out = {qid: answered[qid] for qid in job.questions}
         prompt_tokens = sum(part.prompt_tokens for part in parts)
@@ -122,7 +123,7 @@ class LocalPipeline(Pipeline):
         return Decision(out, prompt_tokens, cached_tokens, cache=cache)
 
     async def _sequence(self, job: Job, questions: dict, l1_key: str, state_text: str, assets: list, kinds: dict,
-                        started: float, timeout: float) -> Decision:
+                        started: float, timeout: float, caller: Caller) -> Decision:
         """One prefix group's questions (PromptBuilder.prefix_groups): prepared (L1), then run after its prefix."""
         model = self.model
 
@@ -130,14 +131,19 @@ class LocalPipeline(Pipeline):
             from .envelope import rows_for
 
             rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name)
-            return model.builder.prepare(state_text, rows, job.image_keys, plan)
+            bounds = model.bounds  # bounds before compute: cheapest first, the exact count last
+            bounds.check_chars(state_text, questions, job.where)
+            bounds.check_state_tokens(model.builder.tokenizer, state_text, job.where)
+            prepared = model.builder.prepare(state_text, rows, job.image_keys, plan)
+            bounds.check_prepared(prepared, job.where)
+            return prepared
 
         prepared, l1 = await asyncio.wait_for(self._prepared(l1_key, build), timeout)
         self.index_link.note_route(prepared.prefix_key, state_route_key(job.route_text, job.route_images))
         remaining = timeout - (time.perf_counter() - started)
         if remaining <= 0:
             raise DeadlineExceeded("deadline passed while preparing the request")
-        result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining)
+        result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining, caller)
         from .envelope import answers
 
         out = answers(prepared.plan, result.row_logits, model.builder, kinds)
@@ -188,7 +194,7 @@ class ExternalPipeline(Pipeline):
         self.readout = readout
         self.backend = backend
 
-    async def answer(self, job: Job, started: float, timeout: float) -> Decision:
+    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
         if job.images:
             raise ImagesNotSupported("this model reads text states only; send a text state")
         raw = await self.backend.post("/v1/systemone", self.readout.request_body(job.request), timeout)

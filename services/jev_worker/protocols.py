@@ -130,6 +130,14 @@ class PromptBuilder(ABC):
     Every builder refuses user text holding one of the model's control tokens the same way (`controls`, by
     default the tokenizer's special tokens; a family may name others)."""
 
+    # The family's own input limit in tokens (its upstream's documented cut), when it has one: the builder then
+    # refuses (or cuts the state, as upstream does) past it, in upstream's words. None: the model's positions
+    # bound the prompt (jev_worker.bounds).
+    max_length: int | None = None
+    # The family cuts an over-long input to fit, as its upstream does: nothing is refused by its length in
+    # characters before tokenising (the schema's cap still holds), only the prepared prompt is checked.
+    cuts_state: bool = False
+
     def __init__(self, tokenizer, recipe: "Recipe", identity: str, *, controls: "ControlTokens | None" = None):
         from .control_tokens import ControlTokens
 

@@ -1,23 +1,39 @@
-"""Admission, deadlines and micro-batching in front of the one model thread.
+"""Admission, deadlines, single flight, fairness and micro-batching in front of the one model thread.
 
 Requests are prepared concurrently on the event loop; model work runs serially on a single-thread
-executor. While the model is busy, new jobs queue; when it frees, the scheduler takes the oldest jobs up to
-the row budget and hands them to the engine as one batch (the engine shares prefixes within it).
+executor. While the model is busy, new jobs queue; when it frees, the scheduler takes jobs up to the row
+budget and hands them to the engine as one batch (the engine shares prefixes within it).
 
-A job is wanted while its client waits and its deadline has not passed. Jobs nobody wants are dropped before a
-batch starts, and a running batch nobody wants any more stops between two layers (abandon.py); `abort` (on
-shutdown) answers every job at once and stops the running batch the same way.
+- **Single flight.** A job is the work for one prepared prompt (prefix, rows, labels). A request whose
+  prompt is already queued or running joins that job instead of computing it again (a client's retry, or
+  two clients asking the same thing), and a job that finished for nobody while it lingered (below) answers a
+  retry from its kept result.
+- **Wanted.** A job is wanted while one of its waiters waits and the latest of their deadlines has not passed.
+  When the last waiter leaves, the job is abandoned at once, unless that caller said it retries (the SDK's
+  headers, `Caller.retries`): then it stays wanted for `linger_s` (the SDK's longest backoff) so that the
+  retry can join it. Jobs nobody wants are dropped before a batch starts; a running batch nobody wants stops
+  at its next layer or prefill chunk (abandon.py).
+- **Fairness.** Each job belongs to a client (API key, or address without keys). A client may have at most
+  `max_per_client` jobs queued or running (429 past it, the others still served), and batches are filled by
+  start-time fair queuing: a job's virtual start is the later of the scheduler's virtual time and the end of
+  its client's previous job (a job costs its rows), and the smallest start goes first. A client that floods
+  queues behind its own work; a client arriving then starts at the current virtual time, next in line.
+
+`abort` (on shutdown) answers every job at once and stops the running batch the same way.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Callable
 
-from jev_common.errors import DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
+from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
 from .abandon import ForwardAbandoned, LayerChecks
 from .engine import EngineItem, EngineResult
@@ -25,14 +41,43 @@ from .protocols import Engine
 
 log = logging.getLogger("jev.worker.scheduler")
 
+ANONYMOUS = "-"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who waits for a job: the fairness key, and whether the client retries a request it gave up on."""
+
+    client: str = ANONYMOUS
+    retries: bool = False
+
+
+def flight_key(item: EngineItem) -> str:
+    """The work an item asks for: its prefix key (checkpoint, images, prefix ids), rows and their labels."""
+    prepared = item.prepared
+    digest = hashlib.sha256(prepared.prefix_key.encode())
+    digest.update(repr((prepared.rows, prepared.row_labels)).encode())
+    return digest.hexdigest()
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """A job's exception is read even when nobody awaited it (no 'exception was never retrieved' log)."""
+    if not future.cancelled():
+        future.exception()
+
 
 @dataclass
 class Job:
     item: EngineItem
-    deadline: float           # loop time
+    key: str
+    client: str
+    expires: float            # time.monotonic() of the latest waiter's deadline
     future: asyncio.Future
-    expires: float = 0.0      # time.monotonic() of the deadline, read on the model thread
-    abandoned: bool = False   # the client went away or stopped waiting
+    seq: int = 0
+    start: float = 0.0        # virtual start (fair queuing): jobs are taken smallest first
+    waiters: int = 0
+    linger_until: float = 0.0  # wanted without waiters until then (a retrying caller left)
+    aborted: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
 
     @property
@@ -40,19 +85,30 @@ class Job:
         return len(self.item.prepared.rows)
 
     def wanted(self) -> bool:
-        """Someone waits for this job's answer (safe to ask from the model thread)."""
-        return not self.abandoned and time.monotonic() < self.expires
+        """Someone waits (or may come back) for this job's answer (safe to ask from the model thread)."""
+        now = time.monotonic()
+        return not self.aborted and now < self.expires and (self.waiters > 0 or now < self.linger_until)
+
+
+@dataclass(frozen=True)
+class KeptResult:
+    result: EngineResult
+    until: float
 
 
 class Scheduler:
     def __init__(self, engine: Engine, executor: ThreadPoolExecutor, *, max_queue: int, batching: bool,
                  max_batch_rows: int, max_wait_ms: float, checks: LayerChecks | None = None,
+                 max_per_client: int = 0, linger_s: float = 5.0,
                  on_batch: Callable[[int, int, float], None] | None = None,
                  on_depth: Callable[[int], None] | None = None,
-                 on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None):
+                 on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
+                 on_event: Callable[[str, int], None] | None = None):
         self.engine = engine
         self.executor = executor
         self.max_queue = max(1, max_queue)
+        self.max_per_client = max(0, max_per_client)  # 0: no per-client limit
+        self.linger_s = max(0.0, linger_s)
         self.batching = batching
         self.max_batch_rows = max(1, max_batch_rows)
         self.max_wait_s = max(0.0, max_wait_ms) / 1000
@@ -60,8 +116,15 @@ class Scheduler:
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._on_abandoned = on_abandoned
+        self._on_event = on_event  # (event, rows): joined, kept, computed, answered, client_limited
         self._pending: list[Job] = []
         self._batch: list[Job] = []  # the batch on the model thread now
+        self._flights: dict[str, Job] = {}  # key -> the job queued or running for it
+        self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
+        self._per_client: Counter[str] = Counter()  # jobs queued or running per client
+        self._finish: dict[str, float] = {}  # client -> virtual finish of its latest job (fair queuing)
+        self._vtime = 0.0  # virtual time: the start of the latest job taken
+        self._seq = count()
         self._running = 0
         self._aborting = False
         self._wakeup = asyncio.Event()
@@ -73,6 +136,10 @@ class Scheduler:
     def depth(self) -> int:
         return len(self._pending) + self._running
 
+    @property
+    def running(self) -> bool:
+        return self._running > 0
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-scheduler")
 
@@ -80,9 +147,10 @@ class Scheduler:
         """Answer every job now (503, shutting down) and stop the running batch at its next layer."""
         self._aborting = True
         for job in [*self._pending, *self._batch]:
-            job.abandoned = True
-            if not job.future.done():
-                job.future.set_exception(ShuttingDown("worker is shutting down; retry on another replica"))
+            job.aborted = True
+            self._settle(job, error=ShuttingDown("worker is shutting down; retry on another replica"))
+        for job in self._pending:
+            self._release(job)
         self._pending.clear()
         self._report_depth()
 
@@ -96,26 +164,92 @@ class Scheduler:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def submit(self, item: EngineItem, timeout_s: float) -> EngineResult:
+    # ----- admission ----------------------------------------------------------------------------
+    async def submit(self, item: EngineItem, timeout_s: float, caller: Caller = Caller()) -> EngineResult:
         if self._aborting:
             raise ShuttingDown("worker is shutting down; retry on another replica")
-        if self.depth >= self.max_queue:
-            raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
-        loop = asyncio.get_running_loop()
-        job = Job(item=item, deadline=loop.time() + timeout_s, future=loop.create_future(),
-                  expires=time.monotonic() + timeout_s)
-        self._pending.append(job)
-        self._report_depth()
-        self._wakeup.set()
+        key = flight_key(item)
+        kept = self._kept_result(key)
+        if kept is not None:
+            self._event("kept", len(item.prepared.rows))
+            return kept
+        job = self._flights.get(key)
+        if job is not None and not job.future.done() and not job.aborted:
+            self._event("joined", job.rows)
+        else:
+            job = self._new_job(item, key, caller.client, timeout_s)
+        job.waiters += 1
+        job.expires = max(job.expires, time.monotonic() + timeout_s)
+        left = "answered"
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout_s)
         except asyncio.TimeoutError:
-            job.abandoned = True
+            left = "deadline"
             raise DeadlineExceeded(f"no decision within the deadline of {timeout_s:g} s") from None
         except asyncio.CancelledError:
-            job.abandoned = True  # the client went away: don't spend the model on it
+            left = "gone"  # the client went away: don't spend the model on it, unless it comes back
             raise
+        finally:
+            job.waiters -= 1
+            if left == "gone" and caller.retries and self.linger_s:
+                job.linger_until = max(job.linger_until, time.monotonic() + self.linger_s)
+            if not job.wanted():
+                self._wakeup.set()  # a queued job nobody wants is dropped at the next batch
 
+    def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Job:
+        if self.depth >= self.max_queue:
+            raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
+        if self.max_per_client and self._per_client[client] >= self.max_per_client:
+            self._event("client_limited", len(item.prepared.rows))
+            raise ClientOverloaded(f"this client has {self._per_client[client]} requests queued or running, the most "
+                                   f"one client may (JEV_MAX_PER_CLIENT); retry once one is answered")
+        loop = asyncio.get_running_loop()
+        start = max(self._vtime, self._finish.get(client, 0.0))  # start-time fair queuing, a job costs its rows
+        self._finish[client] = start + len(item.prepared.rows)
+        job = Job(item=item, key=key, client=client, expires=time.monotonic() + timeout_s,
+                  future=loop.create_future(), seq=next(self._seq), start=start)
+        job.future.add_done_callback(_retrieve)
+        self._flights[key] = job
+        self._per_client[client] += 1
+        self._pending.append(job)
+        self._report_depth()
+        self._wakeup.set()
+        return job
+
+    def _kept_result(self, key: str) -> EngineResult | None:
+        now = time.monotonic()
+        for stale in [k for k, kept in self._kept.items() if kept.until <= now]:
+            del self._kept[stale]
+        kept = self._kept.pop(key, None)
+        return kept.result if kept is not None else None
+
+    def _release(self, job: Job) -> None:
+        """The job leaves the queue or the model thread: its client's slot and its flight entry are free."""
+        self._per_client[job.client] -= 1
+        if self._per_client[job.client] <= 0:
+            del self._per_client[job.client]
+            if self._finish.get(job.client, 0.0) <= self._vtime:  # nothing of its own ahead: forget it
+                self._finish.pop(job.client, None)
+        if self._flights.get(job.key) is job:
+            del self._flights[job.key]
+
+    def _settle(self, job: Job, result: EngineResult | None = None, error: Exception | None = None) -> None:
+        if job.future.done():
+            return
+        if error is not None:
+            job.future.set_exception(error)
+            return
+        job.future.set_result(result)
+        if job.waiters:
+            self._event("answered", job.rows)
+        elif job.linger_until > time.monotonic():  # finished for nobody while its caller may retry: kept
+            self._kept[job.key] = KeptResult(result, job.linger_until)
+
+    def _event(self, event: str, rows: int) -> None:
+        if self._on_event:
+            self._on_event(event, rows)
+
+    # ----- batches ------------------------------------------------------------------------------
     def _run(self, batch: list[Job]) -> list[EngineResult]:
         """On the model thread: the engine's forwards, each layer first asking whether the batch is wanted."""
         items = [job.item for job in batch]
@@ -129,22 +263,25 @@ class Scheduler:
             self._on_depth(self.depth)
 
     def _take_batch(self) -> list[Job]:
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         live = []
         for job in self._pending:
-            if job.abandoned or job.future.done():
-                continue
-            if job.deadline <= now:
-                job.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+            if job.future.done() or not job.wanted():
+                if not job.future.done():
+                    self._settle(job, error=DeadlineExceeded("deadline passed while queued" if now >= job.expires
+                                                             else "nobody waits for this decision any more"))
+                self._release(job)
                 continue
             live.append(job)
-        self._pending = live
         if not live:
+            self._pending = []
             return []
-        first = live[0]
+        order = sorted((job.start, job.seq, job) for job in live)  # fair: the smallest virtual start first
+        first = order[0][2]
+        self._vtime = max(self._vtime, first.start)
         batch, rows = [first], first.rows
         if self.batching:  # the engine groups the batch by prefix key itself
-            for job in live[1:]:
+            for _, _, job in order[1:]:
                 if rows + job.rows <= self.max_batch_rows:
                     batch.append(job)
                     rows += job.rows
@@ -167,30 +304,32 @@ class Scheduler:
                 self._idle.clear()
                 self._report_depth()
                 started = time.perf_counter()
+                rows = sum(j.rows for j in batch)
                 try:
                     results = await loop.run_in_executor(self.executor, self._run, batch)
                 except ForwardAbandoned as stopped:
-                    log.info("stopped a batch of %d nobody waits for before layer %d of %d", len(batch),
-                             stopped.layer, stopped.layers)
+                    log.info("stopped a batch of %d (%d rows) nobody waits for before layer %d of %d%s",
+                             len(batch), rows, stopped.layer, stopped.layers,
+                             f" (prefill chunk {stopped.chunk})" if stopped.chunk else "")
                     if self._on_abandoned:
-                        self._on_abandoned(sum(j.rows for j in batch), stopped)
+                        self._on_abandoned(rows, stopped)
                     for job in batch:
-                        if not job.future.done():
-                            job.future.set_exception(ShuttingDown("worker is shutting down") if self._aborting
-                                                     else DeadlineExceeded("no decision within the deadline"))
+                        self._settle(job, error=ShuttingDown("worker is shutting down") if self._aborting
+                                     else DeadlineExceeded("no decision within the deadline"))
                 except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the worker
                     log.exception("model forward failed for a batch of %d", len(batch))
                     error = ForwardFailed(f"model forward failed: {type(exc).__name__}: {exc}")
                     for job in batch:
-                        if not job.future.done():
-                            job.future.set_exception(error)
+                        self._settle(job, error=error)
                 else:
+                    self._event("computed", rows)
                     for job, result in zip(batch, results):
-                        if not job.future.done():
-                            job.future.set_result(result)
+                        self._settle(job, result)
                 finally:
+                    for job in batch:
+                        self._release(job)
                     self._running, self._batch = 0, []
                     self._idle.set()
                     self._report_depth()
                 if self._on_batch:
-                    self._on_batch(len(batch), sum(j.rows for j in batch), time.perf_counter() - started)
+                    self._on_batch(len(batch), rows, time.perf_counter() - started)

@@ -25,6 +25,8 @@ from .caches import WorkerCaches
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .registration import IndexLink, WorkerRegistration
+from .scheduler import Caller
+from .watchdog import Watchdog
 from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
 
@@ -58,6 +60,7 @@ class WorkerService:
         self.state = "loading"
         self.error: str | None = None
         self.warmup_seconds: float | None = None
+        self.watchdog: Watchdog | None = None
         self.metrics.watch_caches(self.cache_stats)
         self.metrics.watch_engine(lambda: self.model.engine.describe() if self.model and self.model.engine else {})
 
@@ -76,6 +79,10 @@ class WorkerService:
                     await self.model.start()
                 finally:
                     self.serving = self.model.serving
+                model = self.model
+                self.watchdog = Watchdog(self.settings.stall_s, lambda: model.scheduler.running,
+                                         lambda: model.checks.last_progress, self.metrics)
+                self.watchdog.start()
             self.index_link.connect(self._new_index(), loop)
             if self.model is not None:
                 if self.model.assets is not None:
@@ -133,6 +140,8 @@ class WorkerService:
             await asyncio.wait_for(scheduler.idle(), timeout=max(1.0, grace_s))
 
     async def stop(self) -> None:
+        if self.watchdog is not None:
+            await self.watchdog.stop()
         if self.registration is not None:  # frontends stop sending here first
             await self.registration.stop()
         if self.model is not None:
@@ -167,14 +176,15 @@ class WorkerService:
                 "({model, state, questions})")
 
     async def run(self, label: str, make_job: Callable[[], Job], deadline_s: float | None = None,
-                  timeout_s: float | None = None) -> tuple[Decision, float]:
+                  timeout_s: float | None = None, caller: Caller = Caller()) -> tuple[Decision, float]:
         """The one path: the job made from its request, answered by the strategy within the deadline (the
-        worker's, or the request's when shorter; `timeout_s` replaces both), counted by outcome
-        (jev_worker_decisions_total{kind=label}). Returns the decision and the seconds it took."""
+        caller's `deadline_s` when it sent one, up to JEV_MAX_DEADLINE_S, else the worker's JEV_DEADLINE_S;
+        `timeout_s` replaces both), counted by outcome (jev_worker_decisions_total{kind=label}). Returns the
+        decision and the seconds it took."""
         started = time.perf_counter()
-        timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.deadline_s)
+        timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.max_deadline_s)
         with self._counted(label, timeout):
-            decision = await self.pipeline.answer(make_job(), started, timeout)
+            decision = await self.pipeline.answer(make_job(), started, timeout, caller)
         elapsed = time.perf_counter() - started
         self.metrics.decision_seconds.labels(label).observe(elapsed)
         return decision, elapsed
@@ -197,20 +207,23 @@ class WorkerService:
             self.metrics.decisions.labels(label, outcome).inc()
 
     async def systemone(self, request: SystemOneRequest, parts: dict[str, bytes] | None = None, *,
-                        timeout_s: float | None = None) -> tuple[SystemOneResponse, dict[str, str]]:
+                        timeout_s: float | None = None, deadline_s: float | None = None,
+                        caller: Caller = Caller()) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
         self._admit(request.model, single_question=False)
         render = self.serving.readout.envelope_state
         decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}, render),
-                                           timeout_s=timeout_s)
+                                           deadline_s=deadline_s, timeout_s=timeout_s, caller=caller)
         usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(model=self.recipe.name, answers=decision.answers, usage=usage,
                                      x_elapsed_seconds=elapsed, **extra)
         return response, decision.headers()
 
-    async def decide(self, request: DecisionRequest) -> tuple[DecisionResponse, dict[str, str]]:
-        """One request of the single-question form (the JEV-VL worker contract)."""
+    async def decide(self, request: DecisionRequest, *, caller: Caller = Caller(),
+                     deadline_s: float | None = None) -> tuple[DecisionResponse, dict[str, str]]:
+        """One request of the single-question form (the JEV-VL worker contract); its body's `deadline_s`
+        (upstream's field) and the deadline header: the shorter wins."""
         self._admit(None, single_question=True)
         form = self.serving.readout.single_question(self.recipe)
 
@@ -218,7 +231,9 @@ class WorkerService:
             assets = self.assets
             return form.job(request, assets.key_for if assets is not None else None)
 
-        decision, elapsed = await self.run(request.kind, make_job, request.deadline_s)
+        deadlines = [d for d in (request.deadline_s, deadline_s) if d is not None]
+        decision, elapsed = await self.run(request.kind, make_job, min(deadlines) if deadlines else None,
+                                           caller=caller)
         fields = form.fields(request, decision.answers[legacy.QID])
         return (legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens,
                                 elapsed), decision.headers())
@@ -288,6 +303,10 @@ class WorkerService:
                 status = "degraded"  # text decisions still work; image lookups fall back to files
         if self.state == "ok" and self.model is None:
             code, status = await self._external_health(detail, code, status)
+        stalled = self.watchdog.problem() if self.watchdog is not None else None
+        if stalled and self.state == "ok":
+            detail["error"] = f"stalled: {stalled}"
+            code, status = 503, "stalled"
         return code, {"status": status, "detail": detail}
 
     async def _external_health(self, detail: dict, code: int, status: str) -> tuple[int, str]:

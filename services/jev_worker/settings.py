@@ -37,8 +37,24 @@ ENV = EnvTable("worker", [
             "AMX) `bfloat16` is the fast option: about half the forward time at max abs dp 0.03 vs FP32 "
             "(benchmarks/RESULTS.md, 'CPU speed and deadlines')", from_recipe=True),
     int_var("JEV_MAX_QUEUE", 64, "requests queued or running before 429 `overloaded`"),
-    float_var("JEV_DEADLINE_S", 30.0, "per-request deadline (a request's `deadline_s` may shorten it); past it: 504, "
-              "and a forward nobody waits for any more stops at its next layer"),
+    float_var("JEV_DEADLINE_S", 300.0, "the deadline of a request that sets none: a safety net, sized so that the "
+              "longest prompt the embedded model reads (8,192 tokens) is answered on a busy 2-core machine. The "
+              "caller owns its deadline: header `x-jev-deadline-s` (seconds; the single-question form's `deadline_s` "
+              "too). Past it: 504, and a forward nobody waits for any more stops at its next layer"),
+    float_var("JEV_MAX_DEADLINE_S", 600.0, "the longest deadline a request's `x-jev-deadline-s` may ask (422 beyond)"),
+    int_var("JEV_MAX_PER_CLIENT", 16, "requests one client (API key, else address; the frontend names it in "
+            "`x-jev-client`) may have queued or running; past it 429 `overloaded` with Retry-After while other "
+            "clients are still served. Batches are filled round-robin over clients. `0` = no limit"),
+    float_var("JEV_RETRY_LINGER_S", 5.0, "work whose caller disconnected is stopped at once, unless the caller said "
+              "it retries (typesafe-sdk's `X-TypeSafe-SDK` / `X-TypeSafe-Retry-Count`): then it lingers this long "
+              "(the SDK's longest backoff) for the retry to join it, and a result finished meanwhile answers the "
+              "retry. Requests for the same prompt already in flight are always joined, never computed twice"),
+    int_var("JEV_PREFILL_CHUNK_TOKENS", 512, "long prompts are prefilled in chunks of this many tokens (per "
+            "sequence), so that a forward nobody waits for stops within one chunk's layer (about 0.1 s on 2 CPU "
+            "cores for the embedded model) and health sees progress; `0` = one pass"),
+    float_var("JEV_STALL_S", 60.0, "`/health` answers 503 `stalled` when a batch has run this long without "
+              "finishing a layer or prefill chunk, or the event loop was blocked this long "
+              "(`jev_worker_stalled`); a liveness probe then restarts the worker. `0` = never"),
     float_var("JEV_SHUTDOWN_GRACE_S", 5.0, "on SIGTERM (or SIGINT) the worker answers new requests 503 "
               "`unavailable` with Retry-After at once, lets running decisions finish for this long, then answers "
               "the rest 503 and stops their forward at its next layer, and exits 0 (compose waits 10 s before "
@@ -131,6 +147,11 @@ class WorkerSettings:
     dtype: str = ENV["JEV_DTYPE"].field()
     max_queue: int = ENV["JEV_MAX_QUEUE"].field()
     deadline_s: float = ENV["JEV_DEADLINE_S"].field()
+    max_deadline_s: float = ENV["JEV_MAX_DEADLINE_S"].field()
+    max_per_client: int = ENV["JEV_MAX_PER_CLIENT"].field()
+    retry_linger_s: float = ENV["JEV_RETRY_LINGER_S"].field()
+    prefill_chunk_tokens: int = ENV["JEV_PREFILL_CHUNK_TOKENS"].field()
+    stall_s: float = ENV["JEV_STALL_S"].field()
     shutdown_grace_s: float = ENV["JEV_SHUTDOWN_GRACE_S"].field()
     batching: bool = ENV["JEV_BATCHING"].field()
     max_batch_rows: int = ENV["JEV_MAX_BATCH_ROWS"].field()
@@ -173,6 +194,11 @@ class WorkerSettings:
             dtype=ENV["JEV_DTYPE"].get(recipe.model.dtype),
             max_queue=ENV["JEV_MAX_QUEUE"].get(),
             deadline_s=ENV["JEV_DEADLINE_S"].get(),
+            max_deadline_s=ENV["JEV_MAX_DEADLINE_S"].get(),
+            max_per_client=ENV["JEV_MAX_PER_CLIENT"].get(),
+            retry_linger_s=ENV["JEV_RETRY_LINGER_S"].get(),
+            prefill_chunk_tokens=ENV["JEV_PREFILL_CHUNK_TOKENS"].get(),
+            stall_s=ENV["JEV_STALL_S"].get(),
             shutdown_grace_s=ENV["JEV_SHUTDOWN_GRACE_S"].get(),
             batching=ENV["JEV_BATCHING"].get(recipe.batching.enabled),
             max_batch_rows=ENV["JEV_MAX_BATCH_ROWS"].get(recipe.batching.max_batch_rows),

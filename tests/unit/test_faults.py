@@ -49,7 +49,7 @@ def envelope_type(body: bytes) -> str:
 @contextlib.asynccontextmanager
 async def frontend_client(backend_url: str, **overrides):
     app = create_frontend(FrontendSettings(backend_url=backend_url, **overrides))
-    async with TestClient(TestServer(app), timeout=TIMEOUT) as client:
+    async with TestClient(TestServer(app, handler_cancellation=True), timeout=TIMEOUT) as client:
         yield client
 
 
@@ -330,6 +330,42 @@ async def test_slow_real_worker_deadline_passes_through_the_frontend(worker_sett
             await wait_status(client, "/health", attempts=100)
             response = await client.post("/v1/systemone", json=REQUESTS["choice"])
             assert response.status == 200
+
+
+async def test_a_client_leaving_the_frontend_stops_the_workers_forward(worker_settings):
+    """The frontend's handler is cancelled on disconnect, which closes its call to the worker, whose handler is
+    cancelled in turn: the forward stops at its next layer instead of running for nobody."""
+    from .test_scheduler import abandoned, ask, leave_after, slow_layers, until
+
+    async with worker_client(worker_settings()) as (worker, service):
+        async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=30) as client:
+            with slow_layers(service, 0.5):
+                await leave_after(client, ask(), 0.3)
+                await until(lambda: abandoned(service) == 1)
+                await until(lambda: service.scheduler.depth == 0)
+            assert (await client.post("/v1/systemone", json=ask(1))).status == 200
+
+
+async def test_the_frontend_names_the_client_and_passes_the_deadline(worker_settings):
+    """x-jev-client is the frontend's to set (a caller cannot pick another client's fairness share), and the
+    caller's x-jev-deadline-s reaches the worker."""
+    from .test_scheduler import ask
+
+    async with worker_client(worker_settings()) as (worker, service):
+        seen = []
+        original = service.scheduler.submit
+
+        async def spy(item, timeout_s, caller):
+            seen.append((caller, timeout_s))
+            return await original(item, timeout_s, caller)
+
+        service.scheduler.submit = spy
+        async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=30) as client:
+            response = await client.post("/v1/systemone", json=ask(), headers={"x-jev-client": "someone-else",
+                                                                               "x-jev-deadline-s": "7"})
+            assert response.status == 200
+        caller, timeout_s = seen[0]
+        assert caller.client.startswith("addr:127.0.0.1") and 6 < timeout_s <= 7
 
 
 # --- over capacity ----------------------------------------------------------------------------------

@@ -91,7 +91,8 @@ async def test_forwards_original_bytes_and_passes_answer_through_unchanged():
     raw = b'{ "options": ["stop", "go on"],\n "question": "What now?", "kind": "choice", "state": "The light is red." }'
     async with backend.serve() as url, frontend(url) as client:
         resp = await client.post("/v1/systemone", data=raw,
-                                 headers={"Content-Type": "application/json", "x-jev-client": "t1"})
+                                 headers={"Content-Type": "application/json", "x-jev-trace-id": "t1",
+                                          "x-jev-client": "spoofed", "X-TypeSafe-Retry-Count": "1"})
         body = await resp.read()
         assert resp.status == 200
         assert body == backend.body
@@ -102,7 +103,9 @@ async def test_forwards_original_bytes_and_passes_answer_through_unchanged():
     assert len(backend.received) == 1
     forwarded, headers = backend.received[0]
     assert forwarded == raw  # the original bytes, not a re-serialisation
-    assert headers["x-jev-client"] == "t1"
+    assert headers["x-jev-trace-id"] == "t1"  # x-jev-* pass through ...
+    assert headers["x-jev-client"].startswith("addr:127.0.0.1")  # ... but the fairness key is the frontend's
+    assert headers["X-TypeSafe-Retry-Count"] == "1"  # the SDK's retry headers too (a retry joins its work)
 
 
 async def test_decision_from_fake_worker_with_cache_header(fake):

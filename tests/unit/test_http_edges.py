@@ -80,3 +80,44 @@ async def test_well_formed_raw_request_still_answers(servers):
         status, headers, body = await exchange(port, raw)
         assert status == 200, body
         assert json.loads(body)["answers"]["q"]["type"] == "noul"
+
+
+# --- duplicate keys and body types (jev_common.http.decode_json, check_body_type) -------------------
+
+DUPLICATE_QUESTION = (b'{"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "a?"},'
+                      b' "q": {"type": "noul", "instructions": "b?"}}}')
+DUPLICATE_OPTION = (b'{"model": "jev-latest", "state": "x", "questions": {"c": {"type": "choice", "instructions": "?",'
+                    b' "criteria": {"red": null, "blue": null, "red": "again"}}}}')
+
+
+@pytest.mark.parametrize("raw,key", [(DUPLICATE_QUESTION, "q"), (DUPLICATE_OPTION, "red")], ids=["question", "option"])
+async def test_a_duplicated_key_is_a_422_naming_it(servers, raw, key):
+    """json.loads keeps the last of two equal keys: a question or option would vanish before the schema."""
+    status, _, body = await exchange(servers["frontend"], b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    assert status == 422
+    detail = json.loads(body)["detail"]
+    assert detail[0]["type"] == "duplicate_key" and detail[0]["loc"] == ["body", key]
+    assert f"duplicate key {key!r}" in detail[0]["msg"]
+
+
+@pytest.mark.parametrize("content_type,status", [("text/xml", 415), ("application/x-www-form-urlencoded", 415),
+                                                 ("text/plain; charset=utf-8", 415), (None, 200),
+                                                 ("application/json; charset=utf-8", 200),
+                                                 ("application/vnd.api+json", 200)])
+async def test_body_types_the_api_does_not_read_are_415(servers, content_type, status):
+    header = b"" if content_type is None else b"Content-Type: %s\r\n" % content_type.encode()
+    got, _, body = await exchange(servers["frontend"], b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n%sContent-Length: "
+                                  b"%d\r\n\r\n%s" % (header, len(BODY), BODY.encode()))
+    assert got == status, body
+    if status == 415:
+        assert json.loads(body)["detail"]["error_type"] == "unsupported_media_type"
+
+
+def test_the_shared_decoder_refuses_duplicates_at_any_depth():
+    from jev_common.errors import DuplicateKey
+    from jev_common.http import decode_json
+
+    assert decode_json(b'{"a": {"b": 1, "c": 2}}') == {"a": {"b": 1, "c": 2}}
+    with pytest.raises(DuplicateKey, match="'b'"):
+        decode_json(b'{"a": [{"b": 1, "b": 2}]}')

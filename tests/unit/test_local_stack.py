@@ -43,7 +43,7 @@ def test_cpu_profile_plan(tmp_path):
     assert frontend.depends_on == ["worker-cpu"] and worker.depends_on == []  # redis dropped: not ours
     assert worker.env["JEV_ASSET_DIR"] == str(tmp_path / "state" / "jev-assets")
     assert worker.env["HF_HOME"] == str(ROOT / ".cache" / "huggingface")
-    assert worker.env["JEV_DEADLINE_S"] == "30"
+    assert worker.env["JEV_DEADLINE_S"] == "300"
 
 
 def test_env_paths_and_overrides(tmp_path):

@@ -40,7 +40,7 @@ def slow_engine(engine, seconds: float):
 @contextlib.asynccontextmanager
 async def worker_client(settings):
     app = create_app(settings, wait_until_ready=True)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app, handler_cancellation=True)) as client:
         service = app[SERVICE]
         assert service.state == "ok", service.error
         yield client, service

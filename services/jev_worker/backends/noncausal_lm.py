@@ -12,6 +12,8 @@ from .causal_lm import CausalLM
 
 
 class NoncausalEngine(DecisionEngine):
+    causal = False  # every position sees the whole prompt: never prefilled in chunks
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.kv_branching = False  # never compute or branch a prefix state

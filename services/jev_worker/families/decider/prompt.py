@@ -69,6 +69,9 @@ class DeciderRow(RowSpec):
 
 
 class DeciderBuilder(PromptBuilder):
+    max_length = MAX_ROW_TOKENS  # upstream's per-row limit (processing.rs), refused in its words
+    cuts_state = True  # the state is cut at 32,768 tokens, as upstream does
+
     def __init__(self, tokenizer, recipe, identity: str):
         super().__init__(tokenizer, recipe, identity, controls=ControlTokens(()))
         self.label_names, self.label_ids = label_table(tokenizer)

@@ -38,11 +38,14 @@ class LayaRow:
 class LayaSequenceBuilder(PromptBuilder):
     """Laya's sequences; its control tokens are the encoder's special tokens but the mask (Laya replaces it)."""
 
+    cuts_state = True  # the state fills the room left to max_len and options are cut, as upstream does
+
     def __init__(self, tokenizer, recipe, identity: str, *, max_len: int, head_max_len: int):
         controls = ControlTokens((t for t in tokenizer.all_special_tokens if t != tokenizer.mask_token),
                                  what="encoder", hint="remove it from the text")
         super().__init__(tokenizer, recipe, identity, controls=controls)
         self.max_len = max_len
+        self.max_length = max_len  # every sequence is cut to it: the prompt bound
         self.head_max_len = head_max_len
         self.mask = tokenizer.mask_token
         self.mask_id = tokenizer.mask_token_id

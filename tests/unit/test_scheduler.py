@@ -1,0 +1,208 @@
+"""One request cannot hurt the others (jev_worker/scheduler.py, watchdog.py): work stops when its caller
+leaves, identical work is computed once (single flight, SDK retries joined), one client cannot starve the
+others, the caller owns its deadline, and health says when the worker makes no progress."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+
+import pytest
+
+from jev_common.http import DEADLINE_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
+from jev_worker.abandon import layer_stack
+from jev_worker.watchdog import Watchdog
+
+from .worker_helpers import worker_client
+
+
+def ask(i: int = 0, state: str = "The lamp is on and the room is bright.") -> dict:
+    return {"model": "jev-latest", "state": state,
+            "questions": {"q": {"type": "choice", "instructions": f"Which is it? ({i})",
+                                "criteria": {"bright": None, "dark": None}}}}
+
+
+@contextlib.contextmanager
+def slow_layers(service, seconds: float):
+    """Every decoder layer sleeps `seconds` first (after the abandon check, which is registered before)."""
+    handles = [block.register_forward_pre_hook(lambda *_: time.sleep(seconds))
+               for block in layer_stack(service.loaded.model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def flight(service, event: str) -> float:
+    return service.metrics.flight.labels(event)._value.get()
+
+
+def abandoned(service) -> float:
+    return service.metrics.abandoned_batches._value.get()
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def leave_after(client, body: dict, seconds: float, headers: dict | None = None) -> None:
+    """POST and disconnect after `seconds` (what `curl -m` or an SDK attempt timeout does)."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(client.post("/v1/systemone", json=body, headers=headers or {}), seconds)
+
+
+async def test_a_caller_that_leaves_stops_its_forward(worker_settings):
+    async with worker_client(worker_settings()) as (client, service):
+        computed = flight(service, "computed")
+        with slow_layers(service, 0.5):
+            await leave_after(client, ask(), 0.2)
+            await until(lambda: abandoned(service) == 1)  # stopped at its next layer, not run to the end
+            await until(lambda: service.scheduler.depth == 0)
+        assert flight(service, "computed") == computed
+        response = await client.post("/v1/systemone", json=ask(1))
+        assert response.status == 200
+
+
+async def test_identical_requests_in_flight_are_computed_once(worker_settings):
+    async with worker_client(worker_settings(batching=False)) as (client, service):
+        computed, joined = flight(service, "computed"), flight(service, "joined")
+        with slow_layers(service, 0.1):
+            responses = await asyncio.gather(*(client.post("/v1/systemone", json=ask()) for _ in range(3)))
+        bodies = [await r.json() for r in responses]
+        assert all(r.status == 200 for r in responses)
+        assert bodies[0]["answers"] == bodies[1]["answers"] == bodies[2]["answers"]
+        rows = 1
+        assert flight(service, "computed") - computed == rows  # one forward for three requests
+        assert flight(service, "joined") - joined == 2 * rows
+
+
+async def test_an_sdk_retry_joins_the_work_its_first_attempt_left(worker_settings):
+    async with worker_client(worker_settings(retry_linger_s=5.0)) as (client, service):
+        computed = flight(service, "computed")
+        with slow_layers(service, 0.3):
+            await leave_after(client, ask(), 0.2, {SDK_HEADER: "python/0.7.5"})
+            await asyncio.sleep(0.5)  # the SDK's backoff
+            retry = await client.post("/v1/systemone", json=ask(),
+                                      headers={SDK_HEADER: "python/0.7.5", RETRY_COUNT_HEADER: "1"})
+        assert retry.status == 200
+        assert flight(service, "computed") - computed == 1
+        assert abandoned(service) == 0
+
+
+async def test_work_finished_for_nobody_answers_the_retry_without_computing(worker_settings):
+    async with worker_client(worker_settings(retry_linger_s=5.0)) as (client, service):
+        computed, kept = flight(service, "computed"), flight(service, "kept")
+        with slow_layers(service, 0.2):
+            await leave_after(client, ask(), 0.1, {SDK_HEADER: "python/0.7.5"})
+            await until(lambda: flight(service, "computed") - computed == 1)  # finished, nobody waiting
+        retry = await client.post("/v1/systemone", json=ask(), headers={RETRY_COUNT_HEADER: "1"})
+        assert retry.status == 200
+        assert flight(service, "computed") - computed == 1 and flight(service, "kept") - kept == 1
+
+
+async def test_without_the_retry_headers_nothing_lingers(worker_settings):
+    async with worker_client(worker_settings(retry_linger_s=5.0)) as (client, service):
+        computed = flight(service, "computed")
+        with slow_layers(service, 0.5):
+            await leave_after(client, ask(), 0.2)
+            await until(lambda: abandoned(service) == 1)
+            retry = await client.post("/v1/systemone", json=ask())
+        assert retry.status == 200
+        assert flight(service, "computed") - computed == 1  # computed again: the first was stopped
+
+
+async def test_one_client_flooding_cannot_starve_another(worker_settings):
+    async with worker_client(worker_settings(max_per_client=6, batching=False)) as (client, service):
+        order: list[str] = []
+
+        async def post(who: str, i: int):
+            response = await client.post("/v1/systemone", json=ask(i, state=f"{who} state {i}"),
+                                         headers={"x-jev-client": who})
+            if response.status == 200:
+                order.append(who)
+            return response
+
+        with slow_layers(service, 0.1):
+            flood = [asyncio.ensure_future(post("flood", i)) for i in range(9)]
+            await until(lambda: service.scheduler.depth >= 6)
+            other = await post("other", 0)
+            flooded = await asyncio.gather(*flood)
+        statuses = sorted(r.status for r in flooded)
+        assert statuses == [200] * 6 + [429] * 3  # six in flight at most, the rest told to retry
+        limited = next(r for r in flooded if r.status == 429)
+        assert limited.headers["Retry-After"] == "1"
+        assert (await limited.json())["detail"]["error_type"] == "overloaded"
+        assert other.status == 200
+        # round-robin over clients: the other client's one request is not queued behind the flood's five
+        assert order.index("other") <= 3, order
+
+
+async def test_the_caller_owns_its_deadline(worker_settings):
+    async with worker_client(worker_settings()) as (client, service):
+        with slow_layers(service, 0.5):
+            started = time.monotonic()
+            response = await client.post("/v1/systemone", json=ask(), headers={DEADLINE_HEADER: "0.3"})
+            assert response.status == 504 and time.monotonic() - started < 5
+            await until(lambda: abandoned(service) == 1)
+        for bad in ("0", "-1", "abc", "nan", "100000"):
+            response = await client.post("/v1/systemone", json=ask(), headers={DEADLINE_HEADER: bad})
+            assert response.status == 422, bad
+            assert DEADLINE_HEADER in str(await response.json())
+
+
+async def test_an_abandoned_forward_logs_one_info_line_and_no_unretrieved_future(worker_settings, caplog):
+    caplog.set_level(logging.INFO)
+    async with worker_client(worker_settings()) as (client, service):
+        with slow_layers(service, 0.5):
+            await client.post("/v1/systemone", json=ask(), headers={DEADLINE_HEADER: "0.3"})
+            await until(lambda: abandoned(service) == 1)
+            await until(lambda: service.scheduler.depth == 0)
+        gc.collect()
+        await asyncio.sleep(0.05)
+    stopped = [r for r in caplog.records if "nobody waits for" in r.getMessage()]
+    assert len(stopped) == 1 and stopped[0].levelno == logging.INFO
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+async def test_health_turns_503_when_no_layer_finishes(worker_settings):
+    async with worker_client(worker_settings(stall_s=0.5)) as (client, service):
+        with slow_layers(service, 1.5):
+            pending = asyncio.ensure_future(client.post("/v1/systemone", json=ask()))
+            await until(lambda: service.scheduler.running)
+            await asyncio.sleep(0.8)
+            health = await client.get("/health")
+            body = await health.json()
+            assert health.status == 503 and body["status"] == "stalled"
+            assert "no layer or prefill chunk finished" in body["detail"]["error"]
+            assert service.metrics.stalled._value.get() == 1
+            await pending
+        health = await client.get("/health")
+        assert health.status == 200
+
+
+async def test_watchdog_reports_a_blocked_event_loop():
+    now = [0.0]
+    dog = Watchdog(0.2, running=lambda: False, last_progress=lambda: now[0])
+    dog.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert dog.problem() is None
+        time.sleep(0.6)  # the loop is blocked
+        await asyncio.sleep(0.3)
+        problem = dog.problem()
+        assert problem is not None and "event loop was blocked" in problem
+    finally:
+        await dog.stop()
+
+
+@pytest.mark.parametrize("running,age,stalled", [(False, 100, False), (True, 0.05, False), (True, 5, True)])
+def test_watchdog_stall_is_a_running_batch_without_progress(running, age, stalled):
+    started = time.monotonic() - age
+    dog = Watchdog(1.0, running=lambda: running, last_progress=lambda: started)
+    assert (dog.problem() is not None) == stalled
