@@ -6,10 +6,14 @@
    headers: seconds from the disconnect until the worker's CPU is idle, and the abandoned counters;
 3. SDK: typesafe-sdk with its defaults on the same question, quiet and with one core busy: what the caller
    got, in how long, and how many times the rows were computed;
-4. clients: `--clients` callers for `--seconds`, each leaving after a random 0.5-3 s (a few wait for their
-   answer): rows computed against rows answered + rows in flight at each disconnect, from the counters.
+4. clients: `--clients` callers (each its own client) for `--seconds`, asking `--client-options`-option
+   choices on distinct states, each leaving after a random 0.5-3 s (one in ten waits up to 60 s for its
+   answer): rows computed against rows answered + rows stopped in flight, from the counters.
 
-    python -m benchmarks.reliability [--tiny] [--skip sdk,clients] [--clients 100 --seconds 20]
+5. jevcompat: the conformance suite (its own defaults: 120 s a request) with one core busy: MUST and SHOULD
+   passed of their totals.
+
+    python -m benchmarks.reliability [--tiny] [--skip sdk,clients,jevcompat] [--clients 100 --seconds 20]
 
 Prints one JSON line per part and a table at the end; the CPU is named. `--tiny` runs every part on a tiny
 random checkpoint at small sizes (the smoke run in make test).
@@ -25,6 +29,7 @@ import re
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -158,8 +163,8 @@ async def part_clients(url: str, clients: int, seconds: float, options: int) -> 
         while time.monotonic() < deadline:
             body = choice(options)
             body["state"] += f" (client {i}, request {n})"
-            leave = None if rng.random() < 0.1 else rng.uniform(0.5, 3.0)
-            status, _ = await post(session, url, body, leave)
+            leave = 60.0 if rng.random() < 0.1 else rng.uniform(0.5, 3.0)  # a few wait for their answer
+            status, _ = await post(session, url, body, leave, {"x-jev-client": f"bench-{i}"})
             statuses[status] = statuses.get(status, 0) + 1
             n += 1
 
@@ -170,6 +175,21 @@ async def part_clients(url: str, clients: int, seconds: float, options: int) -> 
     return {"clients": clients, "seconds": seconds, "statuses": {str(k): v for k, v in statuses.items()},
             "counters": got,
             "computed_le_answered_plus_stopped": got["computed"] <= got["answered"] + got["abandoned_rows"]}
+
+
+def jevcompat_busy(url: str) -> dict:
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as out, Busy():
+        started = time.monotonic()
+        command = str(Path(sys.executable).parent / "jevcompat")  # the suite's own console script
+        done = subprocess.run([command, "test", url, "--json", f"{out}/report.json"], capture_output=True,
+                              text=True, timeout=3600)
+        seconds = time.monotonic() - started
+        report = json.loads(open(f"{out}/report.json").read())
+    summary = report.get("summary", {})
+    return {"load": "one core busy", "seconds": round(seconds, 1), "exit": done.returncode,
+            "verdict": report.get("verdict"), **{level: summary.get(level) for level in ("MUST", "SHOULD")}}
 
 
 async def run(args) -> list[dict]:
@@ -188,7 +208,7 @@ async def run(args) -> list[dict]:
             worker = await stack.worker("worker", **env)
             await stack.wait_healthy()
             pid = worker.process.pid
-            parts = [p for p in ("bounds", "disconnect", "sdk", "clients") if p not in args.skip]
+            parts = [p for p in ("bounds", "disconnect", "sdk", "clients", "jevcompat") if p not in args.skip]
             for part in parts:
                 if part == "bounds":
                     got = await part_bounds(worker.url, pid)
@@ -196,8 +216,10 @@ async def run(args) -> list[dict]:
                     got = await part_disconnect(worker.url, pid, args.options, args.leave)
                 elif part == "sdk":
                     got = [await part_sdk(worker.url, args.options, busy) for busy in (False, True)]
+                elif part == "jevcompat":
+                    got = await asyncio.to_thread(jevcompat_busy, worker.url)
                 else:
-                    got = await part_clients(worker.url, args.clients, args.seconds, args.options)
+                    got = await part_clients(worker.url, args.clients, args.seconds, args.client_options)
                 line = {"part": part, "result": got}
                 print(json.dumps(line), flush=True)
                 results.append(line)
@@ -210,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", type=int, default=255, help="options of the choice (2..255)")
     parser.add_argument("--leave", type=float, default=2.0, help="seconds before the disconnecting client leaves")
     parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--client-options", type=int, default=16, help="options of the clients part's choice")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: bounds,disconnect,sdk,clients")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: bounds,disconnect,sdk,clients,jevcompat")
     args = parser.parse_args(argv)
     args.skip = {p for p in args.skip.split(",") if p}
     if not 2 <= args.options <= 255:

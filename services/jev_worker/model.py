@@ -52,6 +52,7 @@ class LocalModel:
         self.scheduler = Scheduler(
             self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
             max_wait_ms=s.max_wait_ms, checks=self.checks, max_per_client=s.max_per_client,
+            max_batch_tokens=s.max_batch_tokens,
             linger_s=s.retry_linger_s, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set,
             on_abandoned=self.metrics.observe_abandoned, on_event=self.metrics.observe_flight)
         self.scheduler.start()

@@ -2,7 +2,9 @@
 
 Requests are prepared concurrently on the event loop; model work runs serially on a single-thread
 executor. While the model is busy, new jobs queue; when it frees, the scheduler takes jobs up to the row
-budget and hands them to the engine as one batch (the engine shares prefixes within it).
+budget and the token budget (the first job whatever its size) and hands them to the engine as one batch (the
+engine shares prefixes within it). The token budget keeps a batch short: a batch runs while any of its jobs
+is wanted, so one waiting caller keeps its batch-mates' rows computing.
 
 - **Single flight.** A job is the work for one prepared prompt (prefix, rows, labels). A request whose
   prompt is already queued or running joins that job instead of computing it again (a client's retry, or
@@ -66,7 +68,7 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a job is one piece of work
 class Job:
     item: EngineItem
     key: str
@@ -84,6 +86,10 @@ class Job:
     def rows(self) -> int:
         return len(self.item.prepared.rows)
 
+    @property
+    def tokens(self) -> int:
+        return self.item.prepared.prompt_tokens
+
     def wanted(self) -> bool:
         """Someone waits (or may come back) for this job's answer (safe to ask from the model thread)."""
         now = time.monotonic()
@@ -99,6 +105,7 @@ class KeptResult:
 class Scheduler:
     def __init__(self, engine: Engine, executor: ThreadPoolExecutor, *, max_queue: int, batching: bool,
                  max_batch_rows: int, max_wait_ms: float, checks: LayerChecks | None = None,
+                 max_batch_tokens: int = 0,
                  max_per_client: int = 0, linger_s: float = 5.0,
                  on_batch: Callable[[int, int, float], None] | None = None,
                  on_depth: Callable[[int], None] | None = None,
@@ -111,6 +118,7 @@ class Scheduler:
         self.linger_s = max(0.0, linger_s)
         self.batching = batching
         self.max_batch_rows = max(1, max_batch_rows)
+        self.max_batch_tokens = max(0, max_batch_tokens)  # 0: rows alone bound a batch
         self.max_wait_s = max(0.0, max_wait_ms) / 1000
         self.checks = checks
         self._on_batch = on_batch
@@ -139,6 +147,12 @@ class Scheduler:
     @property
     def running(self) -> bool:
         return self._running > 0
+
+    @property
+    def load(self) -> int:
+        """Work someone waits for: queued jobs (a job nobody waits for leaves the queue at once) and the
+        running batch's wanted jobs. Admission counts this, so that callers who left do not fill the queue."""
+        return len(self._pending) + sum(1 for job in self._batch if job.wanted())
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-scheduler")
@@ -193,11 +207,14 @@ class Scheduler:
             job.waiters -= 1
             if left == "gone" and caller.retries and self.linger_s:
                 job.linger_until = max(job.linger_until, time.monotonic() + self.linger_s)
-            if not job.wanted():
-                self._wakeup.set()  # a queued job nobody wants is dropped at the next batch
+            if not job.wanted() and job in self._pending:  # queued for nobody: leaves the queue now
+                self._pending.remove(job)
+                self._settle(job, error=DeadlineExceeded("nobody waits for this decision any more"))
+                self._release(job)
+                self._report_depth()
 
     def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Job:
-        if self.depth >= self.max_queue:
+        if self.load >= self.max_queue:
             raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
         if self.max_per_client and self._per_client[client] >= self.max_per_client:
             self._event("client_limited", len(item.prepared.rows))
@@ -279,12 +296,14 @@ class Scheduler:
         order = sorted((job.start, job.seq, job) for job in live)  # fair: the smallest virtual start first
         first = order[0][2]
         self._vtime = max(self._vtime, first.start)
-        batch, rows = [first], first.rows
+        batch, rows, tokens = [first], first.rows, first.tokens
         if self.batching:  # the engine groups the batch by prefix key itself
             for _, _, job in order[1:]:
-                if rows + job.rows <= self.max_batch_rows:
+                if rows + job.rows <= self.max_batch_rows and (
+                        not self.max_batch_tokens or tokens + job.tokens <= self.max_batch_tokens):
                     batch.append(job)
                     rows += job.rows
+                    tokens += job.tokens
         taken = set(map(id, batch))
         self._pending = [job for job in live if id(job) not in taken]
         return batch

@@ -63,6 +63,9 @@ ENV = EnvTable("worker", [
              "batch concurrent same-prefix requests and branch rows from one prefix", from_recipe=True),
     int_var("JEV_MAX_BATCH_ROWS", _recipe_default(BatchingSpec, "max_batch_rows"), "rows per forward",
             from_recipe=True),
+    int_var("JEV_MAX_BATCH_TOKENS", 2048, "prompt tokens per batch (the first job whatever its size): a batch "
+            "runs while any of its requests is waited for, so this bounds what callers who left can cost the "
+            "others; `0` = rows alone bound a batch"),
     float_var("JEV_MAX_WAIT_MS", _recipe_default(BatchingSpec, "max_wait_ms"),
               "wait this long for batch siblings when only one job is queued", from_recipe=True),
     bool_var("JEV_CACHE", True, "master switch for L1, L2, L3; `0` = every request computed whole", ("JEV_VL_CACHE",)),
@@ -155,6 +158,7 @@ class WorkerSettings:
     shutdown_grace_s: float = ENV["JEV_SHUTDOWN_GRACE_S"].field()
     batching: bool = ENV["JEV_BATCHING"].field()
     max_batch_rows: int = ENV["JEV_MAX_BATCH_ROWS"].field()
+    max_batch_tokens: int = ENV["JEV_MAX_BATCH_TOKENS"].field()
     max_wait_ms: float = ENV["JEV_MAX_WAIT_MS"].field()
     cache: CacheSettings = DEFAULT_CACHE
     asset_dir: str = ENV["JEV_ASSET_DIR"].field()
@@ -202,6 +206,7 @@ class WorkerSettings:
             shutdown_grace_s=ENV["JEV_SHUTDOWN_GRACE_S"].get(),
             batching=ENV["JEV_BATCHING"].get(recipe.batching.enabled),
             max_batch_rows=ENV["JEV_MAX_BATCH_ROWS"].get(recipe.batching.max_batch_rows),
+            max_batch_tokens=ENV["JEV_MAX_BATCH_TOKENS"].get(),
             max_wait_ms=ENV["JEV_MAX_WAIT_MS"].get(recipe.batching.max_wait_ms),
             cache=cache,
             asset_dir=ENV["JEV_ASSET_DIR"].get(),

@@ -206,3 +206,17 @@ def test_watchdog_stall_is_a_running_batch_without_progress(running, age, stalle
     started = time.monotonic() - age
     dog = Watchdog(1.0, running=lambda: running, last_progress=lambda: started)
     assert (dog.problem() is not None) == stalled
+
+
+async def test_a_queued_request_whose_caller_left_frees_its_place_at_once(worker_settings):
+    """Work queued for nobody leaves the queue when its caller does, not when the model frees: otherwise
+    callers that gave up fill the queue and everyone else gets 429."""
+    async with worker_client(worker_settings(max_queue=2, batching=False)) as (client, service):
+        with slow_layers(service, 0.5):
+            running = asyncio.ensure_future(client.post("/v1/systemone", json=ask(0)))
+            await until(lambda: service.scheduler.running)
+            await leave_after(client, ask(1), 0.3)  # queued behind the first, then gone
+            await until(lambda: service.scheduler.depth == 1, timeout=0.5)
+            third = await client.post("/v1/systemone", json=ask(2))
+            assert third.status == 200
+            assert (await running).status == 200

@@ -1,0 +1,65 @@
+"""Every documented benchmark's real run path, at its smallest settings on the tiny checkpoint (or the embedded
+model where the benchmark is about it): a benchmark that crashes fails the suite. `--help` alone proves
+nothing: `make bench-peers` crashed 4 s in for weeks while its `--help` passed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(module: str, *args: str, timeout: float = 240) -> str:
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'services'}:{REPO}", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{module} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from tools.tiny_checkpoints import make_tiny_text
+
+    return str(make_tiny_text(tmp_path_factory.mktemp("bench-tiny")))
+
+
+def test_run_all_tiny(tmp_path):
+    out = run("benchmarks.run_all", "--model", "tiny", "--requests", "1", "--rounds", "1", "--groups", "l3,batching",
+              "--out", str(tmp_path))
+    assert "l3" in out
+
+
+def test_questions_per_request_tiny(tmp_path):
+    run("benchmarks.questions_per_request", "--model", "tiny", "--states", "1", "--questions", "2", "--rounds", "1",
+        "--out", str(tmp_path))
+
+
+def test_routing_smallest(tiny_model, tmp_path):
+    report = tmp_path / "routing.json"
+    run("benchmarks.routing", "--model-path", tiny_model, "--states", "2", "--repeats", "1", "--concurrency", "1",
+        "--max-seconds", "60", "--json", str(report))
+    assert json.loads(report.read_text())
+
+
+def test_reliability_tiny():
+    lines = [json.loads(line) for line in run("benchmarks.reliability", "--tiny", "--options", "8", "--leave", "0.2",
+                                              "--clients", "2", "--seconds", "1", "--skip", "sdk").splitlines()
+             if line.startswith("{")]
+    parts = {line["part"]: line["result"] for line in lines}
+    assert parts["bounds"]["1MB state"]["status"] == 422 and parts["bounds"]["small after"]["status"] == 200
+    assert parts["clients"]["computed_le_answered_plus_stopped"]
+
+
+def test_peers_reference_and_our_arm(tmp_path):
+    """The peers benchmark's Reference (the embedded model, resolved as the worker resolves it) and its ours
+    arm, without building llama.cpp (the peer arms need benchmarks/peers/.venv)."""
+    out = run("benchmarks.peers", "--quick", "--rounds", "1", "--arms", "ours", "--max-seconds", "5", "--out",
+              str(tmp_path), timeout=400)
+    assert "agreement" in out and (tmp_path / "peers.json").is_file()
