@@ -419,7 +419,7 @@ class Reference:
     """The plain transformers forward on the worker's exact prompt ids, and the label token map for
     jev-compatible-server's config; the GGUF dequantised to FP32, as the worker loads it."""
 
-    def __init__(self):
+    def __init__(self, model_path: str | None = None):
         import torch
 
         from jev_common.recipe import load_recipe
@@ -435,7 +435,7 @@ class Reference:
         self.envelope = worker_envelope
         self.recipe = load_recipe("smollm2-135m-cpu")
         # the embedded model's folder, resolved and checked as the worker resolves it (its package's folder)
-        self.loaded = load_model(self.recipe, build_serving(self.recipe).folder, "cpu", "float32")
+        self.loaded = load_model(self.recipe, build_serving(self.recipe, model_path).folder, "cpu", "float32")
         self.tokenizer = self.loaded.tokenizer
         self.builder = ChatPromptBuilder(self.tokenizer, self.recipe, "reference")
 
@@ -620,12 +620,13 @@ async def run_benchmark(args) -> dict:
     gguf = gguf_path()
 
     print("loading the reference (plain transformers forward) ...", file=sys.stderr)
-    ref = Reference()
+    ref = Reference(args.model_path)
     hf_folder = ref.save_hf_folder(out / "smollm2-135m-fp32-hf") if "jcs-transformers" in arms else None
     jcs_config = out / "jcs-config.json"
     jcs_config.write_text(json.dumps(ref.jcs_config(all_bodies + WARMUP), indent=1))
+    ours_env = {**args.ours_env, **({"JEV_MODEL_PATH": args.model_path} if args.model_path else {})}
     stacks, urls, pids = await start_arms(arms, out, gguf, hf_folder, jcs_config, args.bare_threads,
-                                             args.timeout, args.ours_env)
+                                             args.timeout, ours_env)
     stats: dict[tuple[str, int, str], CellStats] = {}
     answers: dict[tuple[str, int, int, str], list] = {}
     try:
@@ -635,6 +636,8 @@ async def run_benchmark(args) -> dict:
         for r in range(args.rounds):
             for workload in WORKLOADS:
                 for conc in CONCURRENCY:
+                    if (workload, conc) not in args.cells:
+                        continue
                     bodies = corpus[(workload, conc, r)]
                     order = arms[r % len(arms):] + arms[: r % len(arms)]
                     for arm in order:
@@ -776,9 +779,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="llama.cpp threads of llama-bare (default: every core, as torch uses)")
     parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable")
+    parser.add_argument("--model-path", default=None, help="the ours arm and the reference on this checkpoint "
+                        "folder instead of the embedded model (the smoke run's tiny model; the peer arms keep the GGUF)")
+    parser.add_argument("--cells", default=None, help="comma-separated WORKLOAD@CONCURRENCY cells to run (e.g. "
+                        f"single@1; default every cell of {','.join(WORKLOADS)} x {','.join(map(str, CONCURRENCY))})")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     args.ours_env = parse_env(args.ours_env, parser)
+    every = {(w, c) for w in WORKLOADS for c in CONCURRENCY}
+    try:
+        args.cells = every if args.cells is None else {
+            (w, int(c)) for w, _, c in (cell.strip().partition("@") for cell in args.cells.split(",") if cell.strip())}
+    except ValueError:
+        parser.error("--cells: WORKLOAD@CONCURRENCY, e.g. single@1")
+    if not args.cells or args.cells - every:
+        parser.error(f"--cells: choose from {', '.join(f'{w}@{c}' for w, c in sorted(every))}")
     args.arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     unknown = set(args.arms) - set(ARMS)
     if unknown or not args.arms:

@@ -57,9 +57,10 @@ def test_reliability_tiny():
     assert parts["clients"]["computed_le_answered_plus_stopped"]
 
 
-def test_peers_reference_and_our_arm(tmp_path):
-    """The peers benchmark's Reference (the embedded model, resolved as the worker resolves it) and its ours
-    arm, without building llama.cpp (the peer arms need benchmarks/peers/.venv)."""
-    out = run("benchmarks.peers", "--quick", "--rounds", "1", "--arms", "ours", "--max-seconds", "5", "--out",
-              str(tmp_path), timeout=400)
+def test_peers_reference_and_our_arm(tiny_model, tmp_path):
+    """The peers benchmark's Reference (its checkpoint resolved as the worker resolves it: build_serving) and
+    its ours arm, on the tiny checkpoint (the embedded model's two loads take about 2 minutes on a slow 2-core
+    CPU), without building llama.cpp (the peer arms need benchmarks/peers/.venv)."""
+    out = run("benchmarks.peers", "--quick", "--rounds", "1", "--arms", "ours", "--cells", "single@1,8q@1",
+              "--model-path", tiny_model, "--max-seconds", "5", "--out", str(tmp_path), timeout=400)
     assert "agreement" in out and (tmp_path / "peers.json").is_file()
