@@ -272,6 +272,8 @@ def wait_healthy(proc: Proc, url: str, *, others: list[Proc], timeout_s: float,
         if now >= next_line:
             detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
             state = detail.get("state") or ("not answering yet" if status is None else f"HTTP {status}")
+            if detail.get("stage"):
+                state += f" ({detail['stage']})"
             log(f"local_stack: waiting for {proc.name}: {state}, {now - started:.0f} s; "
                 f"last log: {last_message(proc.log_path)}")
             next_line = now + progress_s

@@ -64,6 +64,11 @@ def _without_client_header(request: web.Request) -> web.Request:
     return request.clone(headers={k: v for k, v in request.headers.items() if k.lower() != CLIENT_HEADER})
 
 
+def _named(state) -> str:
+    """A backend for the start-up log: the model it serves (its /v1/models, or JEV_BACKENDS' name) and its URL."""
+    return f"{state.model} at {state.url}" if state.model else f"{state.url} (its model not known yet)"
+
+
 async def handle_systemone(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     deadline_s = request_deadline(request.headers)  # the caller's own deadline: the worker's and ours
@@ -237,7 +242,7 @@ def create_app(settings: Settings) -> web.Application:
         if not settings.single_backend:
             await pool.start()
         log.info("frontend proxying to %s (routing %s, timeout %gs, %d connections)",
-                 ", ".join(f"{m or '?'}={u}" for m, u in settings.static_backends()) +
+                 ", ".join(_named(state) for state in pool.backends.values()) +
                  (" + workers in the index" if settings.discovery else ""),
                  settings.routing, settings.timeout_s, settings.max_connections)
         yield

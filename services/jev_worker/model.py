@@ -38,6 +38,7 @@ class LocalModel:
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes (L2)
         self.vision = None
+        self.stage = "starting"  # how far loading is, for health while the worker loads
         self.bounds = PromptBounds(None)  # the longest prompt the model reads (bounds.py), known once loaded
         self.checks: LayerChecks | None = None
 
@@ -60,9 +61,12 @@ class LocalModel:
     def _load(self) -> None:
         s = self.settings
         torch.set_num_threads(compute_threads(s.threads))
+        self.stage = "checking the checkpoint"
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
+        self.stage = f"loading the weights from {self.serving.folder}"
         self.loaded = self.serving.load(s.device, s.dtype)
+        self.stage = "building the prompt layout, head and engine"
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -78,7 +82,9 @@ class LocalModel:
             max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
             graph_capture=capture_for(s.cuda_graphs, self.loaded.device), reuse=ReusePolicy(s.l3_reuse))
         self.engine.prefill_chunk = s.prefill_chunk_tokens
+        self.stage = "measuring L3 reuse on the device"
         self.engine.calibrate()
+        self.stage = "warming up"
 
     def image_placeholder(self, asset) -> str:
         return self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)

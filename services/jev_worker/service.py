@@ -286,6 +286,8 @@ class WorkerService:
     async def health(self) -> tuple[int, dict]:
         detail = {"recipe": self.recipe.name, "checkpoint": self.identity, "state": self.state,
                   "worker_id": self.settings.worker_id, "queue_depth": self.depth}
+        if self.state == "loading" and self.model is not None:
+            detail["stage"] = self.model.stage  # how far loading is
         if self.model is not None:
             detail.update(self.model.describe())
         if self.serving is not None:

@@ -238,3 +238,26 @@ async def test_resident_prefixes_are_registered_with_their_owner(worker_settings
                 break
             await asyncio.sleep(0.02)
         assert await service.index.where_is_prefix_warm(key) == []
+
+
+async def test_health_while_loading_says_how_far_along(worker_settings):
+    """A loading worker's health names its stage (local_stack prints it), not just 'loading'."""
+    import asyncio as _asyncio
+
+    from aiohttp.test_utils import TestClient as _Client, TestServer as _Server
+
+    from jev_worker.app import create_app as _create
+
+    async with _Client(_Server(_create(worker_settings()))) as client:
+        stages = set()
+        for _ in range(400):
+            body = await (await client.get("/health")).json()
+            if body["detail"]["state"] != "loading":
+                break
+            if "stage" in body["detail"]:
+                stages.add(body["detail"]["stage"])
+            await _asyncio.sleep(0.005)
+        assert body["detail"]["state"] == "ok" and "stage" not in body["detail"]
+        assert stages and stages <= {"starting", "checking the checkpoint", "building the prompt layout, head and engine",
+                                     "measuring L3 reuse on the device", "warming up"} | {
+            s for s in stages if s.startswith("loading the weights from ")}
