@@ -122,11 +122,13 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
 
 
 def client_key(request: web.Request) -> str:
-    """Who is asking, for fairness: the frontend's `x-jev-client`, else a digest of the API key, else the
-    peer address."""
+    """Who is asking, for fairness: the frontend's `x-jev-client`, else the caller's own identity."""
     given = request.headers.get(CLIENT_HEADER, "").strip()
-    if given:
-        return given[:128]
+    return given[:128] if given else caller_identity(request)
+
+
+def caller_identity(request: web.Request) -> str:
+    """A digest of the caller's API key, else its peer address (what the frontend names in `x-jev-client`)."""
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and key.strip():
         return "key:" + hashlib.sha256(key.strip().encode()).hexdigest()[:16]
@@ -305,8 +307,9 @@ def run_app(app: web.Application, host: str, port: int,
             on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Serve on uvloop when it is there, with handler cancellation on: a client that disconnects cancels its
     handler (aiohttp leaves handlers running unless told), so the work it started stops with it. Without
-    `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first SIGTERM/SIGINT awaits `on_stop()` while the port still answers (a service drains there, refusing new work
-    with its own error), then the server closes and the process exits 0."""
+    `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first SIGTERM/SIGINT awaits `on_stop()` while the
+    port still answers (a service drains there, refusing new work with its own error), then the server closes
+    and the process exits 0."""
     try:
         import uvloop
 

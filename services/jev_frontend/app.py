@@ -10,8 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
 from jev_common.http import (
-    CLIENT_HEADER, DEADLINE_HEADER, REQUEST_ID, REQUEST_ID_HEADER, RETRY_HEADERS, auth_middleware, client_key, error_middleware,
-    parse_model, read_systemone_body, request_deadline, request_id_middleware,
+    CLIENT_HEADER, DEADLINE_HEADER, REQUEST_ID, REQUEST_ID_HEADER, RETRY_HEADERS, auth_middleware, caller_identity,
+    error_middleware, parse_model, read_systemone_body, request_deadline, request_id_middleware,
 )
 from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
@@ -52,16 +52,10 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
-    headers.update({k: v for k, v in request.headers.items()
-                    if k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS})
-    headers = {k: v for k, v in headers.items() if k.lower() != CLIENT_HEADER}
-    headers[CLIENT_HEADER] = client_key(_without_client_header(request))
+    headers.update({k: v for k, v in request.headers.items() if k.lower() != CLIENT_HEADER and (
+        k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS)})
+    headers[CLIENT_HEADER] = caller_identity(request)  # the caller may not name its own fairness key
     return headers
-
-
-def _without_client_header(request: web.Request) -> web.Request:
-    """The caller may not name its own fairness key: the frontend derives it from the key or address."""
-    return request.clone(headers={k: v for k, v in request.headers.items() if k.lower() != CLIENT_HEADER})
 
 
 def _named(state) -> str:

@@ -5,7 +5,7 @@ import asyncio
 
 from aiohttp import web
 
-from jev_common.errors import error_body, validation_error
+from jev_common.errors import Stalled, domain_error_type, error_body, validation_error
 from jev_common.http import (
     auth_middleware, caller_retries, client_key, error_middleware, parse_model, read_systemone_body,
     request_deadline, request_id_middleware,
@@ -60,7 +60,8 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         if code != 200:
             error = body.get("detail", {}).get("error")
             message = f"worker is {body.get('status', service.state)}" + (f": {error}" if error else "")
-            detail = {**body.get("detail", {}), **error_body("not_ready", message)["detail"]}
+            type_ = domain_error_type(Stalled(message)) if body.get("status") == "stalled" else "not_ready"
+            detail = {**body.get("detail", {}), **error_body(type_, message)["detail"]}
             return web.json_response({**body, "detail": detail}, status=code)
         return web.json_response(body)
 

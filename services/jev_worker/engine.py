@@ -237,7 +237,7 @@ class DecisionEngine(Engine):
     def _branchable(self, cache) -> list | None:
         """The cache's per-layer KV layers when it is plain attention KV, else None (snapshot mode)."""
         layers = getattr(cache, "layers", [])
-        if layers and all(type(layer) is DynamicLayer for layer in layers):
+        if _plain_kv(cache):
             self.prefix_mode = "kv"
             return layers
         if self.prefix_mode != "snapshot":

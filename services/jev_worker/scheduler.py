@@ -133,7 +133,6 @@ class Scheduler:
         self._finish: dict[str, float] = {}  # client -> virtual finish of its latest job (fair queuing)
         self._vtime = 0.0  # virtual time: the start of the latest job taken
         self._seq = count()
-        self._running = 0
         self._aborting = False
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -142,11 +141,11 @@ class Scheduler:
 
     @property
     def depth(self) -> int:
-        return len(self._pending) + self._running
+        return len(self._pending) + len(self._batch)
 
     @property
     def running(self) -> bool:
-        return self._running > 0
+        return bool(self._batch)
 
     @property
     def load(self) -> int:
@@ -209,8 +208,7 @@ class Scheduler:
                 job.linger_until = max(job.linger_until, time.monotonic() + self.linger_s)
             if not job.wanted() and job in self._pending:  # queued for nobody: leaves the queue now
                 self._pending.remove(job)
-                self._settle(job, error=DeadlineExceeded("nobody waits for this decision any more"))
-                self._release(job)
+                self._drop(job)
                 self._report_depth()
 
     def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Job:
@@ -250,6 +248,12 @@ class Scheduler:
         if self._flights.get(job.key) is job:
             del self._flights[job.key]
 
+    def _drop(self, job: Job) -> None:
+        """A queued job nobody waits for (its deadline passed, or its callers left) leaves without a forward."""
+        self._settle(job, error=DeadlineExceeded("deadline passed while queued" if time.monotonic() >= job.expires
+                                                 else "nobody waits for this decision any more"))
+        self._release(job)
+
     def _settle(self, job: Job, result: EngineResult | None = None, error: Exception | None = None) -> None:
         if job.future.done():
             return
@@ -280,14 +284,10 @@ class Scheduler:
             self._on_depth(self.depth)
 
     def _take_batch(self) -> list[Job]:
-        now = time.monotonic()
         live = []
         for job in self._pending:
             if job.future.done() or not job.wanted():
-                if not job.future.done():
-                    self._settle(job, error=DeadlineExceeded("deadline passed while queued" if now >= job.expires
-                                                             else "nobody waits for this decision any more"))
-                self._release(job)
+                self._drop(job)
                 continue
             live.append(job)
         if not live:
@@ -319,7 +319,7 @@ class Scheduler:
                 batch = self._take_batch()
                 if not batch:
                     break
-                self._running, self._batch = len(batch), batch
+                self._batch = batch
                 self._idle.clear()
                 self._report_depth()
                 started = time.perf_counter()
@@ -347,7 +347,7 @@ class Scheduler:
                 finally:
                     for job in batch:
                         self._release(job)
-                    self._running, self._batch = 0, []
+                    self._batch = []
                     self._idle.set()
                     self._report_depth()
                 if self._on_batch:

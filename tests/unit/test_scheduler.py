@@ -180,6 +180,7 @@ async def test_health_turns_503_when_no_layer_finishes(worker_settings):
             body = await health.json()
             assert health.status == 503 and body["status"] == "stalled"
             assert "no layer or prefill chunk finished" in body["detail"]["error"]
+            assert body["detail"]["error_type"] == "stalled"
             assert service.metrics.stalled._value.get() == 1
             await pending
         health = await client.get("/health")
