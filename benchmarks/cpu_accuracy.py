@@ -62,12 +62,13 @@ def prepared_rows(builder, requests) -> list[tuple[str, tuple[int, ...], tuple[i
     """(name, whole token ids, label ids) of every row, built by the worker's own code."""
     from jev_common.schema import SystemOneRequest
     from jev_worker import envelope
+    from jev_worker.questions import plan as question_plan
     from jev_worker.legacy import prepare_legacy
 
     rows = []
     for name, request in requests:
         if isinstance(request, SystemOneRequest):
-            question_rows, plan = envelope.question_rows(request, builder)
+            question_rows, plan = question_plan.question_rows(request, builder)
             prepared = builder.prepare(envelope.render_state(request), question_rows, plan=plan)
         else:
             prepared = prepare_legacy(builder, request)

@@ -272,12 +272,13 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
                    {"cache": h1.get("x-jev-cache")})
             again, h2 = await decide(dict(fresh, question=fresh["question"] + " "))  # other row, same prefix
             again_same, h3 = await decide(fresh)
-            budget = engine.l3.budget
-            engine.l3.budget = 0  # L3 off for this request: the prefix is recomputed
+            l3 = service.caches.l3
+            budget = l3.budget
+            l3.budget = 0  # L3 off for this request: the prefix is recomputed
             try:
                 uncached, h4 = await decide(fresh)
             finally:
-                engine.l3.budget = budget
+                l3.budget = budget
             record("L3 cached vs uncached", kind, _max_diff(_served_rows(fresh, again_same), _served_rows(fresh, uncached)),
                    {"cached_header": h3.get("x-jev-cache"), "uncached_header": h4.get("x-jev-cache"),
                     "cached_tokens": again_same.usage.cached_tokens, "uncached_cached_tokens": uncached.usage.cached_tokens})
@@ -289,15 +290,16 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
         sizes: list[int] = []
         original = engine.run
 
-        def counting(items):
+        def counting(items, groups):
             sizes.append(len(items))
-            return original(items)
+            return original(items, groups)
 
         engine.run = counting
-        engine.batching = scheduler.batching = False
+        max_rows = engine.max_rows
+        engine.max_rows, scheduler.batching = 1, False
         single = [await decide(b) for b in bodies]
         single_sizes, sizes[:] = list(sizes), []
-        engine.batching = scheduler.batching = True
+        engine.max_rows, scheduler.batching = max_rows, True
         batched = await asyncio.gather(*(decide(b) for b in bodies))
         engine.run = original
         for body, (a, _), (b, _) in zip(bodies, single, batched):
@@ -312,11 +314,11 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
             fresh = copy.deepcopy(body)
             fresh["state"]["text"] = f"{STATE} (graphs, {kind})"
             graphed, _ = await decide(fresh)
-            engine.graphs = None
+            engine.forwards.graphs = None
             try:
                 eager, _ = await decide(fresh)
             finally:
-                engine.graphs = runner
+                engine.forwards.graphs = runner
             record("graph path vs eager", kind, _max_diff(_served_rows(fresh, graphed), _served_rows(fresh, eager)))
         described = runner.describe() if runner is not None else {}
         checks.append({"check": "graph path replayed", "kind": "-", "max_abs_diff": None, "tolerance": None,

@@ -424,6 +424,7 @@ class Reference:
 
         from jev_common.recipe import load_recipe
         from jev_worker import envelope as worker_envelope
+        from jev_worker.questions import plan as question_plan
         from jev_worker.loader import load_model
         from jev_worker.prompt import ChatPromptBuilder
         from jev_worker.serving import build_serving
@@ -433,6 +434,7 @@ class Reference:
         torch.set_num_threads(1)
         self.torch = torch
         self.envelope = worker_envelope
+        self.plan = question_plan
         self.recipe = load_recipe("smollm2-135m-cpu")
         # the embedded model's folder, resolved and checked as the worker resolves it (its package's folder)
         self.loaded = load_model(self.recipe, build_serving(self.recipe, model_path).folder, "cpu", "float32")
@@ -445,7 +447,7 @@ class Reference:
 
         torch = self.torch
         request = SystemOneRequest.model_validate(body)
-        rows, plan = self.envelope.question_rows(request, self.builder)
+        rows, plan = self.plan.question_rows(request, self.builder)
         prepared = self.builder.prepare(self.envelope.render_state(request), rows, plan=plan)
         logits = []
         with torch.inference_mode():
@@ -454,7 +456,7 @@ class Reference:
                 last = self.loaded.model(input_ids=ids).logits[0, -1].float()
                 logits.append(last[list(labels)])
         return {qid: answer.model_dump(mode="json")
-                for qid, answer in self.envelope.answers(plan, logits, self.builder).items()}
+                for qid, answer in self.plan.answers(plan, logits, self.builder).items()}
 
     def save_hf_folder(self, folder: Path) -> Path:
         """The same dequantised FP32 weights as a plain HF folder (what jcs' transformers backend reads)."""

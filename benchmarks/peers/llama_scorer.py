@@ -118,11 +118,13 @@ class EnvelopeScorer:
 
         from jev_common.recipe import load_recipe
         from jev_worker import envelope
+        from jev_worker.questions import plan as question_plan
         from jev_worker.prompt import ChatPromptBuilder
 
         torch.set_num_threads(1)  # only softmaxes over a few labels run in torch here
         self._torch = torch
         self._envelope = envelope
+        self._plan = question_plan
         self.recipe = load_recipe(recipe)
         path = Path(gguf)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -135,12 +137,12 @@ class EnvelopeScorer:
 
         started = time.perf_counter()
         request = SystemOneRequest.model_validate(payload)
-        rows, plan = self._envelope.question_rows(request, self.builder)
+        rows, plan = self._plan.question_rows(request, self.builder)
         state_text = self._envelope.render_state(request)
         prepared = self.builder.prepare(state_text, rows, plan=plan)
         logits = [self._torch.from_numpy(self.scorer.label_logits(prepared.prefix_ids, row, labels))
                   for row, labels in zip(prepared.rows, prepared.row_labels)]
-        answers = self._envelope.answers(plan, logits, self.builder)
+        answers = self._plan.answers(plan, logits, self.builder)
         return {"model": self.model_name,
                 "answers": {qid: a.model_dump(mode="json") for qid, a in answers.items()},
                 "usage": {"input_tokens": prepared.prompt_tokens, "output_tokens": 0},

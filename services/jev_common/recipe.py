@@ -93,7 +93,7 @@ class ServingSpec(_Section):
     network, so a recipe never names one."""
 
     family: str = Field(default="label-tokens", description="the worker's family for this checkpoint "
-                        "(label-tokens, code-readout, clef, clm, ...: jev_worker/families/registry.py)")
+                        "(label-tokens, code-readout, or a family's own: jev_worker/families/registry.py)")
     options: dict[str, Any] = Field(default_factory=dict, description="the family's settings, checked by its readout")
 
 

@@ -3,8 +3,8 @@
 Two request forms share the route, told apart by shape (`is_envelope`):
 - the System One envelope (TypeSafe's public API, what typesafe-sdk and jevcompat speak):
   `{"model", "state", "questions": {id: question}}` -> `{"model", "answers": {id: answer}, "usage"}`;
-- the older single-question form of the JEV-VL worker contract: `{"kind", "state", "question", "options"}`.
-  Its `state` is text, `{text, image}`, or JEV-VL's own forms (a list of text and image parts, a JSON
+- the older single-question form of the flagship's worker contract: `{"kind", "state", "question", "options"}`.
+  Its `state` is text, `{text, image}`, or the flagship contract's own forms (a list of text and image parts, a JSON
   object); which forms and kinds a served model answers is its family's (jev_worker.legacy).
 """
 from __future__ import annotations
@@ -69,12 +69,12 @@ class DecisionRequest(_Strict):
     kind: Kind
     model: str | None = Field(default=None, description="accepted as upstream examples send it; the worker "
                                                          "serves its own recipe whatever it names")
-    state: StateForm = Field(description="text, {text, image}, or JEV-VL's forms: a list of text and image "
+    state: StateForm = Field(description="text, {text, image}, or the flagship contract's forms: a list of text and image "
                                          "parts ({\"image\": data URI}) in prompt order, or a JSON object")
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     options: list[str] | None = Field(default=None, min_length=2, max_length=MAX_OPTIONS,
                                       description="required for choice, span and set; a family may ask noul "
-                                                  "and score without them (JEV-VL)")
+                                                  "and score without them (the flagship contract)")
     request_id: str | None = Field(default=None, max_length=200)
     deadline_s: float | None = Field(default=None, gt=0, le=600)
 
@@ -137,7 +137,7 @@ class DecisionRequest(_Strict):
 
 
 def image_part_url(part) -> object:
-    """The image of a state part in JEV-VL's list form (`{"image": url}` or an OpenAI-style
+    """The image of a state part in the flagship contract's list form (`{"image": url}` or an OpenAI-style
     `{"type": "image_url", "image_url": {"url": url}}`; `image` wins when both), else None."""
     if not isinstance(part, dict):
         return None
@@ -161,7 +161,7 @@ class Span(BaseModel):
 
 
 class DecisionResponse(BaseModel):
-    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.legacy; JEV-VL's noul
+    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.legacy; the flagship family's noul
     is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
 
     kind noul: `noul` is P(none of these); probabilities + noul sum to 1, and when none wins
@@ -432,7 +432,7 @@ class AssetRef(BaseModel):
         return self
 
 
-SIDE_MEDIA = ("images", "videos")  # other APIs' media beside the state (Clef's record, vLLM-SR's request)
+SIDE_MEDIA = ("images", "videos")  # other APIs' media beside the state (a family's record format, vLLM-SR's request)
 
 
 class SystemOneRequest(BaseModel):

@@ -2,11 +2,11 @@
 
 Text is sent as is; objects and arrays become compact-spaced JSON text with non-ASCII kept as is
 (`json.dumps(value, ensure_ascii=False)`). The worker's prompts, the route key a frontend computes
-(route_key.py) and the families that read the state this way (Laya, Cua-S1) all use this function, so
-they cannot drift apart. Families whose upstream renders differently (Clef, JEMM, Vela) keep their own.
+(route_key.py) and the families that read the state this way all use this function, so
+they cannot drift apart. Families whose upstream renders differently keep their own (in jev_worker/families/).
 
-`indexed_json` is the variant of upstreams that number the items of long arrays (Decider's `systemone.py` and
-StartLux's `jevfmt.py`, both `annotate_indices`): every array of `INDEX_MIN` or more items, at any depth, has
+`indexed_json` is the variant of upstreams that number the items of long arrays (two
+families' upstreams, both as `annotate_indices`): every array of `INDEX_MIN` or more items, at any depth, has
 each item `i` written as `{"_index": i, **item}` (an object) or `{"_index": i, "value": item}`.
 """
 from __future__ import annotations

@@ -83,6 +83,18 @@ class BudgetLRU(Generic[V]):
             self._on_insert(key, value)
         return True
 
+    def pop(self, key: Hashable) -> V | None:
+        """Remove `key` (an eviction the owner asks for); its value, or None."""
+        with self._lock:
+            item = self._entries.pop(key, None)
+            if item is not None:
+                self.resident -= item[1]
+                self.resident_bytes -= item[2]
+                self.evictions += 1
+        if item is not None and self._on_evict:
+            self._on_evict(key, item[0])
+        return item[0] if item is not None else None
+
     def __len__(self) -> int:
         return len(self._entries)
 

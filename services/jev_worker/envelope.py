@@ -11,64 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from jev_common.assets import asset_bytes, bytes_key
-from jev_common.errors import UnsupportedQuestionType, validation_error
+from jev_common.errors import validation_error
 from jev_common.schema import SystemOneRequest
 
-from .pipeline import ImageSlot, Job
-from .prompt import RowSpec
-from .questions.base import BuildContext, render_content
-from .questions.registry import QUESTION_KINDS
-
-
-@dataclass(frozen=True)
-class QuestionPlan:
-    qid: str
-    question: object
-    first_row: int
-    n_rows: int
-
-
-@dataclass(frozen=True)
-class EnvelopePlan:
-    questions: tuple[QuestionPlan, ...]
-    state: object
-
-
-def question_rows(request: SystemOneRequest, builder, kinds: dict | None = None,
-                  served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
-    return rows_for(request.questions, request.state, builder, kinds, served_by)
-
-
-def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
-             served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
-    """Rows of every question (id -> question), by the served readout's question types (`kinds`)."""
-    kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, state)
-    rows: list[RowSpec] = []
-    plans = []
-    for qid, question in questions.items():
-        kind = kinds.get(question.type)
-        if kind is None:
-            raise UnsupportedQuestionType(
-                f"questions[{qid!r}]: question type {question.type!r} is not answered by this model's readout "
-                f"({served_by}); it answers {', '.join(sorted(kinds))}")
-        built = kind.rows(question, ctx, f"questions[{qid!r}]")
-        plans.append(QuestionPlan(qid, question, len(rows), len(built)))
-        rows.extend(built)
-    return rows, EnvelopePlan(tuple(plans), state)
-
-
-def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder, kinds: dict | None = None) -> dict:
-    kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, plan.state, plan)
-    out = {}
-    for q in plan.questions:
-        kind = kinds[q.question.type]
-        out[q.qid] = kind.answer(q.question, row_logits[q.first_row : q.first_row + q.n_rows], ctx)
-    return out
+from .job import ImageSlot, Job
+from .questions.base import render_content
 
 
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:

@@ -24,8 +24,8 @@ from jev_common.errors import validation_error
 from jev_common.schema import (ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, State,
                                Usage)
 
-from .envelope import rows_for
-from .pipeline import ImageSlot, Job
+from .questions.plan import rows_for
+from .job import ImageSlot, Job
 from .prompt import PreparedRequest
 from .protocols import SingleQuestionForm
 from .questions.numeric import NumericLevels, NumericQuestion

@@ -1,5 +1,5 @@
 """A recipe's model in this process: its readout and backend (serving.py), the checkpoint loaded on the one
-model thread, the prompt builder, the engine that runs batches (with L3), the scheduler in front of it, and
+model thread, the prompt builder, the runner that runs batches, the scheduler in front of it (it owns L3, the prefix cache), and
 the image assets (L2) of vision-language recipes."""
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from .abandon import LayerChecks
 from .bounds import PromptBounds
 from .graphs import capture_for
 from .loader import LoadedModel
+from .prefix_cache import L3PrefixCache
 from .reuse import ReusePolicy
+from .runner import ModelRunner
 from .scheduler import Scheduler
 from .serving import Serving, build_serving
 
@@ -34,7 +36,8 @@ class LocalModel:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="jev-model")  # the one model thread
         self.loaded: LoadedModel | None = None
         self.builder = None
-        self.engine = None
+        self.engine = None  # the runner (runner.py, or a backend's own Engine)
+        self.prefix_cache = L3PrefixCache()  # L3, owned by the scheduler; sized once the backend is known
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes (L2)
         self.vision = None
@@ -53,7 +56,7 @@ class LocalModel:
         self.scheduler = Scheduler(
             self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
             max_wait_ms=s.max_wait_ms, checks=self.checks, max_per_client=s.max_per_client,
-            max_batch_tokens=s.max_batch_tokens,
+            max_batch_tokens=s.max_batch_tokens, prefix_cache=self.prefix_cache, prefix_aware=s.schedule == "prefix",
             linger_s=s.retry_linger_s, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set,
             on_abandoned=self.metrics.observe_abandoned, on_event=self.metrics.observe_flight)
         self.scheduler.start()
@@ -77,13 +80,20 @@ class LocalModel:
         self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.bounds = PromptBounds.of(self.loaded.model.config, self.builder)
+        l3 = self.caches.size_l3(self.serving.backend)
+        self.prefix_cache = L3PrefixCache(l3, ReusePolicy(s.l3_reuse), self.loaded.device.type)
         self.engine = self.serving.backend.build(
-            self.loaded, head=readout.head, l3=self.caches.size_l3(self.serving.backend), batching=s.batching,
-            max_batch_rows=s.max_batch_rows, pad_id=pad_id, vision=self.vision,
-            graph_capture=capture_for(s.cuda_graphs, self.loaded.device), reuse=ReusePolicy(s.l3_reuse))
-        self.engine.prefill_chunk = s.prefill_chunk_tokens
-        self.stage = "measuring L3 reuse on the device"
-        self.engine.calibrate()
+            self.loaded, head=readout.head, batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id,
+            vision=self.vision, graph_capture=capture_for(s.cuda_graphs, self.loaded.device),
+            kv_budget_bytes=l3.budget)
+        if isinstance(self.engine, ModelRunner):
+            self.engine.forwards.prefill_chunk = s.prefill_chunk_tokens
+        if self.prefix_cache.reuse.measures and l3.enabled:
+            self.stage = "measuring L3 reuse on the device"
+            costs = self.engine.measure_reuse()
+            if costs is not None:
+                self.prefix_cache.reuse.costs = costs
+                log.info("L3 reuse measured on %s: %s", self.loaded.device, self.prefix_cache.reuse.describe())
         self.stage = "warming up"
 
     def image_placeholder(self, asset) -> str:
@@ -104,4 +114,8 @@ class LocalModel:
         return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
                 **self.bounds.describe(),
-                **(self.engine.describe() if self.engine is not None else {})}
+                **self.engine_paths()}
+
+    def engine_paths(self) -> dict:
+        """The L3 reuse policy's decisions and the runner's paths (graphs), for /health and the metrics."""
+        return {**self.prefix_cache.describe(), **(self.engine.describe() if self.engine is not None else {})}

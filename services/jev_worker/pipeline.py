@@ -21,39 +21,12 @@ from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidReque
 from jev_common.route_key import state_route_key
 
 from .caches import BudgetLRU
-from .engine import EngineItem
+from .batch import EngineItem
+from .job import ImageSlot, Job
+from .questions.plan import answers as plan_answers, rows_for
 from .scheduler import Caller
 
 log = logging.getLogger("jev.worker.pipeline")
-
-
-@dataclass(frozen=True)
-class ImageSlot:
-    key: str  # sha256 of the image bytes: the preencoder's asset name
-
-
-@dataclass(frozen=True)
-class Job:
-    """One request, whatever its form: what the pipeline needs to answer it."""
-
-    questions: dict                   # question id -> question (System One types, or the form's own kinds)
-    state: object                     # the state as sent (span candidates are located in it)
-    pieces: tuple                     # the rendered state: text pieces and ImageSlots, in prompt order
-    where: str                        # where the state's text is in the request (error messages)
-    route_text: str                   # the rendered state as sent, for the route key (jev_common.route_key)
-    route_images: tuple[str, ...]     # its image keys, for the route key
-    l1_key: str                       # identifies the prompt (the request minus id and deadline)
-    extra_kinds: dict = field(default_factory=dict)  # question kinds the form asks beyond the readout's
-    request: object = None            # the parsed request, for strategies that translate it whole
-    has_images: bool = False
-
-    @property
-    def image_keys(self) -> tuple[str, ...]:
-        return tuple(p.key for p in self.pieces if isinstance(p, ImageSlot))
-
-    @property
-    def images(self) -> bool:
-        return self.has_images or bool(self.image_keys)
 
 
 @dataclass
@@ -128,8 +101,6 @@ class LocalPipeline(Pipeline):
         model = self.model
 
         def build():
-            from .envelope import rows_for
-
             rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name)
             bounds = model.bounds  # bounds before compute: cheapest first, the exact count last
             bounds.check_chars(state_text, questions, job.where)
@@ -144,9 +115,7 @@ class LocalPipeline(Pipeline):
         if remaining <= 0:
             raise DeadlineExceeded("deadline passed while preparing the request")
         result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining, caller)
-        from .envelope import answers
-
-        out = answers(prepared.plan, result.row_logits, model.builder, kinds)
+        out = plan_answers(prepared.plan, result.row_logits, model.builder, kinds)
         return Decision(out, prepared.prompt_tokens, result.cached_tokens, cache={"l1": l1, "l3": result.l3})
 
     async def _prepared(self, key: str, build):

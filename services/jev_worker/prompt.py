@@ -18,7 +18,7 @@ from jev_common.checkpoint_files import ServingError
 from jev_common.errors import TooManyOptions
 from jev_common.recipe import PromptSpec, Recipe
 
-from .control_tokens import ControlTokens
+from jev_common.control_tokens import ControlTokens
 from .protocols import PromptBuilder
 
 
@@ -41,6 +41,8 @@ class PreparedRequest:
     prefix_key: str
     plan: object = None  # what turns the rows' logits into answers (the caller's, opaque here)
     boundary_mismatch: bool = field(default=False, compare=False)
+    # a prompt with several prefixes (one per question, LFM2's): each part runs as its own item, its own L3 key
+    parts: tuple["PreparedRequest", ...] = ()
 
     @property
     def prompt_tokens(self) -> int:

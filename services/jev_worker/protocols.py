@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from jev_common.checkpoint_files import ServingError
+from jev_common.control_tokens import ControlTokens
 
 if TYPE_CHECKING:  # imported for annotations only: these modules import torch and transformers
     import torch
@@ -27,28 +28,70 @@ if TYPE_CHECKING:  # imported for annotations only: these modules import torch a
     from jev_common.recipe import Recipe
     from jev_common.schema import SystemOneRequest
 
-    from .caches import BudgetLRU
-    from .control_tokens import ControlTokens
-    from .engine import EngineItem, EngineResult
-    from .loader import LoadedModel
-    from .pipeline import Job
-    from .prompt import PreparedRequest, RowSpec
-    from .questions.base import BuildContext
-    from .readouts.calibration import Calibration
+    from jev_common.control_tokens import ControlTokens
 
 
 # ----- the network ------------------------------------------------------------------------------
-class Engine(ABC):
-    """Runs batches on the one model thread; owns the L3 prefix cache (a zero-budget one when it has none)."""
-
-    l3: "BudgetLRU"
+class PrefixCache(ABC):
+    """Prefix states by prefix key (L3), owned by the scheduler (prefix_cache.py)."""
 
     @abstractmethod
-    def run(self, items: list["EngineItem"]) -> list["EngineResult"]:
-        """One result per item, in order: the FP32 logits of each of its rows (or answer rows)."""
+    def match(self, key: str, reusable: bool = True) -> "Match":
+        """The state to start from, or why none: hit | miss | bypass | off."""
 
-    def calibrate(self) -> None:
-        """Once at start-up, on the model thread: measure what the engine's choices depend on (default: none)."""
+    @abstractmethod
+    def insert(self, key: str, state: "PrefixState") -> bool: ...
+
+    @abstractmethod
+    def evict(self, key: str) -> None: ...
+
+    @abstractmethod
+    def resident(self, key: str) -> bool:
+        """Whether `key` has a state, without counting a lookup or refreshing it (for ordering the queue)."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int: ...
+
+
+class ForwardAdapter(ABC):
+    """What differs by architecture in a forward, chosen by the backend (adapters.py): positions, the prefix's
+    inputs (token ids, or spliced image embeddings), the attention mask of whole rows, which positions the head
+    reads, and what the runner may do with it (declared, never detected)."""
+
+    causal: ClassVar[bool] = True          # a position sees only earlier ones: prefill may run in chunks
+    graph_capturable: ClassVar[bool] = True  # static-buffer graph replay (graphs.py) computes the same forward
+    reuses_prefix: ClassVar[bool] = True   # rows may continue a prefix state (L3, shared-prefix branching)
+    packs: ClassVar[bool] = True           # rows may run packed end to end under a block mask
+    reads: ClassVar[str] = "last"          # the head reads: last | row (every position of a row) | sequence
+
+    @abstractmethod
+    def positions(self, start: int, length: int, batch: int, rope_delta: int, device) -> "torch.Tensor": ...
+
+    @abstractmethod
+    def prefix_inputs(self, model, ids: "torch.Tensor", assets: list) -> tuple[dict, int]:
+        """The prefix's forward inputs (ids, or embeddings with images spliced) and its rope delta."""
+
+    def whole_mask(self, lengths: "torch.Tensor", width: int, dtype) -> "torch.Tensor | None":
+        """The attention mask of right-padded whole rows (None: causal attention hides the padding)."""
+        return None
+
+
+class Engine(ABC):
+    """Runs formed batches on the one model thread: the scheduler matched each group's prefix in its cache."""
+
+    # rows can continue a prefix state (known once the runner has seen the model's cache); False: no L3
+    reuses_prefix: bool = False
+
+    @abstractmethod
+    def run(self, items: list["EngineItem"], groups: list["PrefixGroup"]) -> "BatchOutput":
+        """One result per item, in order (the FP32 logits of each of its rows), and the prefix states computed
+        for groups whose cache lookup missed."""
+
+    def measure_reuse(self) -> "object | None":
+        """Once at start-up, on the model thread: the measured costs the reuse policy decides with (reuse.py's
+        ReuseCosts), or None."""
+        return None
 
     def describe(self) -> dict:
         """What /health shows about the engine's paths (default: nothing)."""
@@ -64,22 +107,19 @@ class Backend(ABC):
     def check(self, recipe: "Recipe") -> None:
         """Refuse a recipe this backend cannot run (raise ServingError)."""
 
+    @abstractmethod
     def load(self, recipe: "Recipe", folder: str, device: str, dtype: str, *, lm_head: bool) -> "LoadedModel":
         """The checkpoint in `folder` on `device` (already checked by the readout)."""
-        from .loader import load_model
-
-        return load_model(recipe, folder, device, dtype, lm_head=lm_head)
 
     def l3_bytes(self, configured: int) -> int:
         """The L3 budget this backend can use of the configured one (0: it reuses no prefix state)."""
         return configured
 
     @abstractmethod
-    def build(self, loaded: "LoadedModel", *, head: "Head", l3: "BudgetLRU", batching: bool, max_batch_rows: int,
-              pad_id: int, vision=None, graph_capture=None, reuse=None) -> Engine:
-        """The engine that runs this checkpoint's batches; it fills `l3` (caches.WorkerCaches' L3, sized by
-        `l3_bytes`) with prefix states. `graph_capture` (graphs.py) and `reuse` (reuse.ReusePolicy) are for
-        engines that replay graphed forwards and choose per request whether an L3 hit pays; others ignore them."""
+    def build(self, loaded: "LoadedModel", *, head: "Head", batching: bool, max_batch_rows: int, pad_id: int,
+              vision=None, graph_capture=None, kv_budget_bytes: int = 0) -> Engine:
+        """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
+        L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
@@ -139,7 +179,7 @@ class PromptBuilder(ABC):
     cuts_state: bool = False
 
     def __init__(self, tokenizer, recipe: "Recipe", identity: str, *, controls: "ControlTokens | None" = None):
-        from .control_tokens import ControlTokens
+        from jev_common.control_tokens import ControlTokens
 
         self.tokenizer = tokenizer
         self.recipe = recipe
@@ -194,12 +234,6 @@ class SingleQuestionForm(ABC):
 
 
 # ----- readouts ---------------------------------------------------------------------------------
-def _no_calibration() -> "Calibration":
-    from .readouts.calibration import Calibration  # imports torch: not at this module's import
-
-    return Calibration()
-
-
 @dataclass
 class Readout(ABC):
     """What a family reads: its checkpoint requirements, backend, prompt builder, head and question types.
@@ -214,7 +248,7 @@ class Readout(ABC):
     needs_lm_head: ClassVar[bool] = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
     single_question_form: ClassVar[bool] = False   # answers the JEV-VL `kind` form too (label-token rows only)
     head: "Head | RequestHead | None" = None
-    calibration: "Calibration" = field(default_factory=_no_calibration)
+    calibration: "Calibration | None" = None  # set by `serve` (readouts.standard.StandardReadout)
     kinds: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -238,31 +272,23 @@ class Readout(ABC):
         return request.model_copy(update={"questions": questions})
 
     # what runs it
+    @abstractmethod
     def make_backend(self) -> Backend:
         """The backend that runs this readout's checkpoint; called after `check` (it may depend on it)."""
-        from .backends.registry import build_backend
 
-        return build_backend("causal-lm")
-
-    def prompt_builder(self, tokenizer, recipe: "Recipe", identity: str) -> PromptBuilder:
-        from .prompt import ChatPromptBuilder
-
-        return ChatPromptBuilder(tokenizer, recipe, identity)
+    @abstractmethod
+    def prompt_builder(self, tokenizer, recipe: "Recipe", identity: str) -> PromptBuilder: ...
 
     # the request forms
+    @abstractmethod
     def single_question(self, recipe: "Recipe") -> SingleQuestionForm:
         """How this family asks a request of the single-question form (answered only when
-        `single_question_form`): by default as the System One question it is (legacy.QuestionForm)."""
-        from .legacy import QuestionForm
+        `single_question_form`)."""
 
-        return QuestionForm(recipe.verbalizer.noul_option)
-
+    @abstractmethod
     def envelope_state(self, request) -> str:
         """A System One request's state as this family's prompt writes it, asset references still in place
-        (the envelope puts its images there): text as sent, objects and arrays as JSON text by default."""
-        from jev_common.state_text import render_state
-
-        return render_state(request.state)
+        (the envelope puts its images there)."""
 
     # the checkpoint
     def requirements(self) -> list:
@@ -277,29 +303,10 @@ class Readout(ABC):
     def load(self, loaded: "LoadedModel", builder: PromptBuilder) -> None:
         """Build the head and the question types answered (`serve`)."""
 
+    @abstractmethod
     def serve(self, kinds: list, calibration: "Calibration") -> None:
         """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
-        from .readouts.calibration import CalibratedKind
-
-        self.calibration = calibration
-        self.kinds = {kind.type: CalibratedKind(kind, calibration) for kind in kinds}
-        assert set(self.kinds) == set(self.question_types), (self.name, sorted(self.kinds))
 
     def describe(self) -> dict:
         return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": self.calibration.describe()}
-
-
-class ExternalReadout(Readout):
-    """A readout for an external backend: translates a System One request to the server's body and its
-    answer back; nothing is loaded here."""
-
-    def load(self, loaded, builder) -> None:
-        raise ServingError(f"readout {self.name!r} loads no local model")
-
-    @abstractmethod
-    def request_body(self, request) -> dict: ...
-
-    @abstractmethod
-    def answers(self, request, raw: dict) -> tuple[dict, object]:
-        """(answers by question id, usage) from the server's JSON answer."""
+                "calibration": self.calibration.describe() if self.calibration is not None else {}}

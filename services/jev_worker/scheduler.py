@@ -1,10 +1,19 @@
 """Admission, deadlines, single flight, fairness and micro-batching in front of the one model thread.
 
 Requests are prepared concurrently on the event loop; model work runs serially on a single-thread
-executor. While the model is busy, new jobs queue; when it frees, the scheduler takes jobs up to the row
-budget and the token budget (the first job whatever its size) and hands them to the engine as one batch (the
-engine shares prefixes within it). The token budget keeps a batch short: a batch runs while any of its jobs
-is wanted, so one waiting caller keeps its batch-mates' rows computing.
+executor. While the model is busy, new jobs queue; when it frees, the scheduler forms the next batch, matches
+each of its prefixes in the prefix cache (L3, which the scheduler owns: prefix_cache.py), hands the runner the
+batch with the states to start from, and inserts the states the runner computed for misses.
+
+- **Batches, by prefix.** A batch takes jobs up to the row budget and the token budget (the first job whatever
+  its size). Its first job is the fair queue's first (below): whatever else is waiting, no job waits for more
+  batches than there are jobs fair-ahead of it, so a popular prefix cannot starve the rest. The rest of the
+  batch is filled prefix-first (`prefix_aware`, JEV_SCHEDULE=prefix): jobs whose prefix is already in the
+  batch, then jobs whose prefix state is resident in L3, then the others, each in fair order; a job whose
+  prefix the batch already holds or L3 has costs only its rows' tokens. Same-prefix rows then run after one
+  state, and a prefix is computed once per batch instead of once per job (`fifo`: fair order only). The token
+  budget keeps a batch short: a batch runs while any of its jobs is wanted, so one waiting caller keeps its
+  batch-mates' rows computing.
 
 - **Single flight.** A job is the work for one prepared prompt (prefix, rows, labels). A request whose
   prompt is already queued or running joins that job instead of computing it again (a client's retry, or
@@ -38,8 +47,9 @@ from typing import Callable
 from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
 from .abandon import ForwardAbandoned, LayerChecks
-from .engine import EngineItem, EngineResult
-from .protocols import Engine
+from .batch import EngineItem, EngineResult, group_by_prefix, join_parts, split_parts
+from .prefix_cache import L3PrefixCache
+from .protocols import Engine, PrefixCache
 
 log = logging.getLogger("jev.worker.scheduler")
 
@@ -69,7 +79,7 @@ def _retrieve(future: asyncio.Future) -> None:
 
 
 @dataclass(eq=False)  # identity: a job is one piece of work
-class Job:
+class Flight:
     item: EngineItem
     key: str
     client: str
@@ -90,6 +100,15 @@ class Job:
     def tokens(self) -> int:
         return self.item.prepared.prompt_tokens
 
+    @property
+    def prefix_key(self) -> str:
+        return self.item.prepared.prefix_key
+
+    @property
+    def row_tokens(self) -> int:
+        """What the job costs a batch whose prefix state it shares: its rows' tokens."""
+        return self.tokens - len(self.item.prepared.prefix_ids)
+
     def wanted(self) -> bool:
         """Someone waits (or may come back) for this job's answer (safe to ask from the model thread)."""
         now = time.monotonic()
@@ -105,7 +124,7 @@ class KeptResult:
 class Scheduler:
     def __init__(self, engine: Engine, executor: ThreadPoolExecutor, *, max_queue: int, batching: bool,
                  max_batch_rows: int, max_wait_ms: float, checks: LayerChecks | None = None,
-                 max_batch_tokens: int = 0,
+                 max_batch_tokens: int = 0, prefix_cache: PrefixCache | None = None, prefix_aware: bool = True,
                  max_per_client: int = 0, linger_s: float = 5.0,
                  on_batch: Callable[[int, int, float], None] | None = None,
                  on_depth: Callable[[int], None] | None = None,
@@ -113,6 +132,8 @@ class Scheduler:
                  on_event: Callable[[str, int], None] | None = None):
         self.engine = engine
         self.executor = executor
+        self.prefix_cache = prefix_cache if prefix_cache is not None else L3PrefixCache()
+        self.prefix_aware = prefix_aware
         self.max_queue = max(1, max_queue)
         self.max_per_client = max(0, max_per_client)  # 0: no per-client limit
         self.linger_s = max(0.0, linger_s)
@@ -125,9 +146,9 @@ class Scheduler:
         self._on_depth = on_depth
         self._on_abandoned = on_abandoned
         self._on_event = on_event  # (event, rows): joined, kept, computed, answered, client_limited
-        self._pending: list[Job] = []
-        self._batch: list[Job] = []  # the batch on the model thread now
-        self._flights: dict[str, Job] = {}  # key -> the job queued or running for it
+        self._pending: list[Flight] = []
+        self._batch: list[Flight] = []  # the batch on the model thread now
+        self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
         self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
         self._per_client: Counter[str] = Counter()  # jobs queued or running per client
         self._finish: dict[str, float] = {}  # client -> virtual finish of its latest job (fair queuing)
@@ -211,7 +232,7 @@ class Scheduler:
                 self._drop(job)
                 self._report_depth()
 
-    def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Job:
+    def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Flight:
         if self.load >= self.max_queue:
             raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
         if self.max_per_client and self._per_client[client] >= self.max_per_client:
@@ -221,7 +242,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         start = max(self._vtime, self._finish.get(client, 0.0))  # start-time fair queuing, a job costs its rows
         self._finish[client] = start + len(item.prepared.rows)
-        job = Job(item=item, key=key, client=client, expires=time.monotonic() + timeout_s,
+        job = Flight(item=item, key=key, client=client, expires=time.monotonic() + timeout_s,
                   future=loop.create_future(), seq=next(self._seq), start=start)
         job.future.add_done_callback(_retrieve)
         self._flights[key] = job
@@ -238,7 +259,7 @@ class Scheduler:
         kept = self._kept.pop(key, None)
         return kept.result if kept is not None else None
 
-    def _release(self, job: Job) -> None:
+    def _release(self, job: Flight) -> None:
         """The job leaves the queue or the model thread: its client's slot and its flight entry are free."""
         self._per_client[job.client] -= 1
         if self._per_client[job.client] <= 0:
@@ -248,13 +269,13 @@ class Scheduler:
         if self._flights.get(job.key) is job:
             del self._flights[job.key]
 
-    def _drop(self, job: Job) -> None:
+    def _drop(self, job: Flight) -> None:
         """A queued job nobody waits for (its deadline passed, or its callers left) leaves without a forward."""
         self._settle(job, error=DeadlineExceeded("deadline passed while queued" if time.monotonic() >= job.expires
                                                  else "nobody waits for this decision any more"))
         self._release(job)
 
-    def _settle(self, job: Job, result: EngineResult | None = None, error: Exception | None = None) -> None:
+    def _settle(self, job: Flight, result: EngineResult | None = None, error: Exception | None = None) -> None:
         if job.future.done():
             return
         if error is not None:
@@ -271,19 +292,25 @@ class Scheduler:
             self._on_event(event, rows)
 
     # ----- batches ------------------------------------------------------------------------------
-    def _run(self, batch: list[Job]) -> list[EngineResult]:
-        """On the model thread: the engine's forwards, each layer first asking whether the batch is wanted."""
-        items = [job.item for job in batch]
+    def _run(self, batch: list[Flight]) -> list[EngineResult]:
+        """On the model thread: each prefix matched in the cache, the runner's forwards (each layer first asking
+        whether the batch is wanted), the states computed for misses inserted."""
+        items, owner = split_parts([job.item for job in batch])
+        groups = group_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
         if self.checks is None:
-            return self.engine.run(items)
-        with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in batch)):
-            return self.engine.run(items)
+            out = self.engine.run(items, groups)
+        else:
+            with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in batch)):
+                out = self.engine.run(items, groups)
+        for key, state in out.states.items():
+            self.prefix_cache.insert(key, state)
+        return join_parts(out.results, owner, len(batch))
 
     def _report_depth(self) -> None:
         if self._on_depth:
             self._on_depth(self.depth)
 
-    def _take_batch(self) -> list[Job]:
+    def _take_batch(self) -> list[Flight]:
         live = []
         for job in self._pending:
             if job.future.done() or not job.wanted():
@@ -293,20 +320,33 @@ class Scheduler:
         if not live:
             self._pending = []
             return []
-        order = sorted((job.start, job.seq, job) for job in live)  # fair: the smallest virtual start first
-        first = order[0][2]
+        order = [job for _, _, job in sorted((job.start, job.seq, job) for job in live)]  # fair: smallest start
+        first = order[0]
         self._vtime = max(self._vtime, first.start)
         batch, rows, tokens = [first], first.rows, first.tokens
-        if self.batching:  # the engine groups the batch by prefix key itself
-            for _, _, job in order[1:]:
+        if self.batching:
+            prefixes = {first.prefix_key}
+            rest = order[1:]
+            while rest:
+                job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], prefixes), k)))
+                shares = job.prefix_key in prefixes or self.prefix_cache.resident(job.prefix_key)
+                cost = job.row_tokens if shares else job.tokens
                 if rows + job.rows <= self.max_batch_rows and (
-                        not self.max_batch_tokens or tokens + job.tokens <= self.max_batch_tokens):
+                        not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens):
                     batch.append(job)
+                    prefixes.add(job.prefix_key)
                     rows += job.rows
-                    tokens += job.tokens
+                    tokens += cost
         taken = set(map(id, batch))
         self._pending = [job for job in live if id(job) not in taken]
         return batch
+
+    def _affinity(self, job: Flight, prefixes: set[str]) -> int:
+        """Which jobs fill a batch first (smaller first, fair order within): prefix-aware, the batch's own
+        prefixes (0), then prefixes resident in L3 (1), then the others (2); fifo, fair order alone."""
+        if not self.prefix_aware:
+            return 0
+        return 0 if job.prefix_key in prefixes else 1 if self.prefix_cache.resident(job.prefix_key) else 2
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

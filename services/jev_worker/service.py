@@ -62,7 +62,7 @@ class WorkerService:
         self.warmup_seconds: float | None = None
         self.watchdog: Watchdog | None = None
         self.metrics.watch_caches(self.cache_stats)
-        self.metrics.watch_engine(lambda: self.model.engine.describe() if self.model and self.model.engine else {})
+        self.metrics.watch_engine(lambda: self.model.engine_paths() if self.model else {})
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:

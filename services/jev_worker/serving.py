@@ -15,7 +15,8 @@ from jev_common.recipe import Recipe
 from .families.registry import build_readout, family_class
 from .loader import LoadedModel, ModelNotAvailable, resolve_checkpoint
 from .package_gate import check_remote_code
-from .protocols import Backend, ExternalReadout, Readout
+from .protocols import Backend, Readout
+from .readouts.standard import ExternalReadout
 from .readouts.base import ServingError
 
 

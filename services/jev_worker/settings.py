@@ -12,11 +12,13 @@ import socket
 from dataclasses import dataclass, replace
 
 from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_var, bytes_var, custom_var, float_var,
-                               int_var, list_var, optional_var, parse_bytes, str_var)
+                               int_var, list_var, one_of, optional_var, parse_bytes, str_var)
 from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec, Recipe, load_recipe
 
 from .graphs import graph_mode
 from .reuse import reuse_mode
+
+schedule_mode = one_of("prefix", "fifo")  # scheduler.py: how a batch is filled
 
 
 def _recipe_default(spec: type, name: str):
@@ -66,6 +68,10 @@ ENV = EnvTable("worker", [
     int_var("JEV_MAX_BATCH_TOKENS", 2048, "prompt tokens per batch (the first job whatever its size): a batch "
             "runs while any of its requests is waited for, so this bounds what callers who left can cost the "
             "others; `0` = rows alone bound a batch"),
+    custom_var("JEV_SCHEDULE", schedule_mode, "prefix", "how a batch is filled after the fair queue's first job: "
+               "`prefix` (jobs sharing a prefix already in the batch, then prefixes resident in L3, then the rest, "
+               "each in fair order; a shared prefix costs the batch only its rows' tokens), `fifo` (fair order "
+               "alone)"),
     float_var("JEV_MAX_WAIT_MS", _recipe_default(BatchingSpec, "max_wait_ms"),
               "wait this long for batch siblings when only one job is queued", from_recipe=True),
     bool_var("JEV_CACHE", True, "master switch for L1, L2, L3; `0` = every request computed whole", ("JEV_VL_CACHE",)),
@@ -159,6 +165,7 @@ class WorkerSettings:
     batching: bool = ENV["JEV_BATCHING"].field()
     max_batch_rows: int = ENV["JEV_MAX_BATCH_ROWS"].field()
     max_batch_tokens: int = ENV["JEV_MAX_BATCH_TOKENS"].field()
+    schedule: str = ENV["JEV_SCHEDULE"].field()
     max_wait_ms: float = ENV["JEV_MAX_WAIT_MS"].field()
     cache: CacheSettings = DEFAULT_CACHE
     asset_dir: str = ENV["JEV_ASSET_DIR"].field()
@@ -207,6 +214,7 @@ class WorkerSettings:
             batching=ENV["JEV_BATCHING"].get(recipe.batching.enabled),
             max_batch_rows=ENV["JEV_MAX_BATCH_ROWS"].get(recipe.batching.max_batch_rows),
             max_batch_tokens=ENV["JEV_MAX_BATCH_TOKENS"].get(),
+            schedule=ENV["JEV_SCHEDULE"].get(),
             max_wait_ms=ENV["JEV_MAX_WAIT_MS"].get(recipe.batching.max_wait_ms),
             cache=cache,
             asset_dir=ENV["JEV_ASSET_DIR"].get(),

@@ -64,3 +64,10 @@ def test_peers_reference_and_our_arm(tiny_model, tmp_path):
     out = run("benchmarks.peers", "--quick", "--rounds", "1", "--arms", "ours", "--cells", "single@1,8q@1",
               "--model-path", tiny_model, "--max-seconds", "5", "--out", str(tmp_path), timeout=400)
     assert "agreement" in out and (tmp_path / "peers.json").is_file()
+
+
+def test_prefix_scheduling_tiny():
+    out = run("benchmarks.prefix_scheduling", "--tiny", "--states", "4", "--per-state", "2", "--l3-states", "2",
+              "--rounds", "1")
+    summary = json.loads(out.strip().splitlines()[-1])["summary"]
+    assert set(summary["l3_hit_rate"]) == {"fifo", "prefix"}

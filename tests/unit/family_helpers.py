@@ -88,7 +88,7 @@ def assert_probs(served: dict[str, float], expected: list[float], names: list[st
 def prepared_request(builder, kinds: dict, state, questions: dict):
     """(rows, PreparedRequest) `builder` makes of a System One request (state, questions) with the question `kinds`."""
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import rows_for
+    from jev_worker.questions.plan import rows_for
 
     request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": questions})
     rows, plan = rows_for(request.questions, request.state, builder, kinds)
@@ -124,7 +124,7 @@ def served_ids(service, state, questions: dict) -> list[list[int]]:
     """The token ids the served worker runs for each row of `questions` about `state` (its own builder and
     question types), whole (prefix + row)."""
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import rows_for
+    from jev_worker.questions.plan import rows_for
 
     request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
     rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)

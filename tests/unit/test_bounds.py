@@ -36,8 +36,8 @@ async def test_chunked_prefill_answers_as_one_pass(worker_settings, kind, cache)
     async with worker_client(settings) as (client, service):
         forwards = record_forwards(service.engine)
         chunks = []
-        original = service.engine._backbone_forward
-        service.engine._backbone_forward = lambda **kw: chunks.append(kw) or original(**kw)
+        original = service.engine.forwards.backbone_forward
+        service.engine.forwards.backbone_forward = lambda **kw: chunks.append(kw) or original(**kw)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
         assert_close(served_row_probs(body, await response.json()), reference_row_probs(service, body))
@@ -69,7 +69,7 @@ async def test_megabytes_refused_before_compute_and_the_worker_still_answers(wor
     async with worker_client(worker_settings()) as (client, service):
         calls = []
         original = service.engine.run
-        service.engine.run = lambda items: calls.append(items) or original(items)
+        service.engine.run = lambda items, groups: calls.append(items) or original(items, groups)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         one_mb = await client.post("/v1/systemone", json=envelope("word " * 200_000))
         assert one_mb.status == 422
@@ -101,7 +101,7 @@ async def test_token_count_over_the_limit_is_refused_naming_both(worker_settings
 def test_chunked_forward_cuts_masks_and_positions():
     from transformers import DynamicCache
 
-    from jev_worker.engine import chunked_forward
+    from jev_worker.forwards import chunked_forward
 
     seen = []
 

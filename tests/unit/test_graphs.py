@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from jev_worker.engine import PrefixState
+from jev_worker.prefix_cache import PrefixState
 from jev_worker.graphs import (LENGTH_BUCKETS, Bucket, CudaGraphCapture, Fallback, NoCapture, capture_for,
                                choose_bucket, graph_mode, row_buckets)
 from jev_worker.settings import CacheSettings
@@ -72,7 +72,7 @@ async def test_hidden_states_equal_the_eager_engine(worker_settings):
         with torch.inference_mode():
             # whole sequences of different lengths, keeping each prefix's KV
             sequences = [(_tokens(30, 0), _tokens(9, 1)), (_tokens(50, 2), _tokens(4, 3)), (_tokens(7, 4), _tokens(12, 5))]
-            (h_graph, s_graph), (h_eager, s_eager) = _both(engine, lambda: engine._text_full(sequences, True))
+            (h_graph, s_graph), (h_eager, s_eager) = _both(engine, lambda: engine.forwards.whole(sequences, True))
             torch.testing.assert_close(h_graph, h_eager, rtol=0, atol=1e-5)
             for a, b in zip(s_graph, s_eager):
                 assert a.length == b.length
@@ -85,7 +85,7 @@ async def test_hidden_states_equal_the_eager_engine(worker_settings):
             shared = [(long, _tokens(5, 9)), (long, _tokens(11, 10)), (long, _tokens(3, 11))]
             mixed = [(short, _tokens(6, 12)), (long, _tokens(2, 13)), (short, _tokens(9, 14))]
             for pairs in (shared, mixed, [(short, _tokens(1, 15))]):
-                graphed, eager = _both(engine, lambda: engine._rows_after_states(pairs))
+                graphed, eager = _both(engine, lambda: engine.forwards.after(pairs))
                 torch.testing.assert_close(graphed, eager, rtol=0, atol=1e-5)
         buckets = {program.bucket for program in runner.programs.values()}
         assert Bucket(4, 16, 64, True) in buckets and Bucket(4, 16, 64, False) in buckets
@@ -154,5 +154,5 @@ async def test_cache_snapshot_models_fall_back_visibly(worker_settings, tmp_path
         for _ in range(2):
             answer = await (await client.post("/v1/systemone", json=body)).json()
             assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
-        assert service.engine.prefix_mode == "snapshot"
+        assert service.engine.forwards.prefix_mode == "snapshot"
         assert service.engine.graphs.fallbacks.get("snapshot_cache", 0) >= 1

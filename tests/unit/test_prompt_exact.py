@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jev_common.schema import SystemOneRequest
-from jev_worker.envelope import question_rows, render_state
+from jev_worker.envelope import render_state
+from jev_worker.questions.plan import question_rows
 from jev_worker.prompt import ChatPromptBuilder
 from jev_worker.settings import CacheSettings
 
@@ -88,7 +89,7 @@ async def test_every_question_type_equals_the_one_pass_reference(worker_settings
                 for a, b in zip(served, reference):
                     assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5, (qid, a, b)
         if cache is CACHE_ON:
-            assert service.engine.l3.stats().hits >= 1
+            assert service.caches.l3.stats().hits >= 1
 
 
 def test_split_tokenisation_would_differ(tiny_recipe):

@@ -18,6 +18,7 @@ from jev_worker.backends.encoder import EncoderFiles
 from jev_worker.backends.registry import BACKENDS, build_backend
 from jev_worker.families.registry import FAMILIES, build_readout, family_class
 from jev_worker.readouts.code_readout import CodeReadout
+from jev_worker.readouts.standard import ExternalReadout
 
 WORKER = Path(jev_worker.__file__).resolve().parent
 # getattr / hasattr whose object is one of ours: the worker itself, a readout, backend, builder, head, engine,
@@ -80,8 +81,12 @@ def test_what_acts_as_a_protocol_declares_it():
             wanted.append(protocols.RequestHead)
         if _has(cls, "build") and "prefix_reuse" in dir(cls):
             wanted.append(protocols.Backend)
-        if cls.__name__.endswith("Engine"):
+        if cls.__name__.endswith(("Engine", "Runner")) and _has(cls, "run"):
             wanted.append(protocols.Engine)
+        if _has(cls, "positions", "prefix_inputs", "whole_mask"):
+            wanted.append(protocols.ForwardAdapter)
+        if _has(cls, "match", "insert", "resident"):
+            wanted.append(protocols.PrefixCache)
         if _has(cls, "requirements", "load", "describe"):
             wanted.append(protocols.Readout)
         if _has(cls, "config", "tokenizer") and "needed" in dir(cls):
@@ -94,7 +99,8 @@ def test_what_acts_as_a_protocol_declares_it():
 def test_the_protocol_scan_sees_every_kind_of_piece():
     names = {cls.__qualname__ for cls in _classes()}
     for piece in ("ChatPromptBuilder", "LayaSequenceBuilder", "ValenPromptBuilder", "VelaBuilder",
-                  "MarkerSequenceBuilder", "DecisionHead", "ClefJointHead", "DecisionEngine", "EncoderEngine",
+                  "MarkerSequenceBuilder", "DecisionHead", "ClefJointHead", "ModelRunner", "EncoderEngine",
+                  "TextAdapter", "Lfm2Adapter", "L3PrefixCache",
                   "ValenLora", "VelaDecoder", "Choice", "CuaChoice", "MarkerSet", "ClmCosine", "VelaEncoderFiles"):
         assert piece in names, piece
 
@@ -122,7 +128,7 @@ def test_every_family_declares_its_readout_builder_and_backend(family, code_dir)
         readout.check(str(code_dir))
     backend = readout.make_backend()
     assert isinstance(backend, protocols.Backend), backend
-    if isinstance(readout, protocols.ExternalReadout):
+    if isinstance(readout, ExternalReadout):
         assert isinstance(backend, protocols.ExternalBackend)
     else:
         engine = _returns(type(backend).build)

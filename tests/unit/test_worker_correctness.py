@@ -77,7 +77,7 @@ async def test_batched_equals_one_by_one(worker_settings, l3):
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=250.0)) as (client, service):
         sizes = []
         original = service.engine.run
-        service.engine.run = lambda items: sizes.append(len(items)) or original(items)
+        service.engine.run = lambda items, groups: sizes.append(len(items)) or original(items, groups)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
     assert max(sizes) > 1, f"concurrent same-prefix requests were not batched: {sizes}"
@@ -147,7 +147,7 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
         responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
         assert prefixes_in_one_forward(forwards) > 1, "different-prefix requests were not batched into one forward"
-        assert service.engine.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
+        assert service.engine.forwards.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
             kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4
             and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1] for kw in forwards)
         again = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
@@ -193,7 +193,7 @@ async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settin
         uncached = await (await client.post("/v1/systemone", json=body)).json()
         assert_close(served_row_probs(body, uncached), reference_row_probs(service, body))
     async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
-        assert service.engine.prefix_mode == "snapshot"  # learnt from the warmup's forward
+        assert service.engine.forwards.prefix_mode == "snapshot"  # learnt from the warmup's forward
         first = await client.post("/v1/systemone", json=body)
         assert service.engine.kv_branching is True  # the once-per-model snapshot check passed
         second = await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Again."))
@@ -208,12 +208,12 @@ async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settin
 async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_off(worker_settings,
                                                                                    tiny_hybrid_dir):
     from jev_common.schema import DecisionRequest
-    from jev_worker.engine import EngineItem
+    from jev_worker.batch import EngineItem
 
     async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
         engine = service.engine
         engine.kv_branching = None
-        engine._branch_snapshot = lambda state, batch: engine._new_cache()  # forgets the prefix
+        engine.forwards.branch_snapshot = lambda state, batch: engine.forwards.new_cache()  # forgets the prefix
         item = EngineItem(prepared=prepare_legacy(service.builder, DecisionRequest.model_validate(REQUESTS["set"])))
         assert engine.compute_prefix(item) is None and engine.kv_branching is False
         response = await client.post("/v1/systemone", json=REQUESTS["set"])
@@ -230,19 +230,19 @@ async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings)
         "c": {"type": "choice", "criteria": {"a kettle": None, "a pan": "flat, no spout", "a pot": None}},
         "s": {"type": "score", "criteria": ["cold", "warm", "hot", "boiling"]}}}
     async with worker_client(worker_settings()) as (client, service):
-        assert service.engine.packing and "rows" in service.engine._packing_verified  # the warmup checked it
+        assert service.engine.forwards.packing and "rows" in service.engine.forwards.packing_verified  # the warmup checked it
         forwards = record_forwards(service.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
         rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
         assert rows and rows[-1]["input_ids"].shape[0] == 1
         from jev_common.schema import SystemOneRequest
-        from jev_worker.envelope import question_rows
+        from jev_worker.questions.plan import question_rows
 
         request = SystemOneRequest.model_validate(body)
         specs, _ = question_rows(request, service.builder)
         prepared = service.builder.prepare(request.state, specs)
         assert rows[-1]["input_ids"].shape[1] == sum(len(r) for r in prepared.rows)  # real tokens only
-        service.engine.packing = False
+        service.engine.forwards.packing = False
         other = dict(body, state=body["state"] + " ")  # a new prefix, so the padded path computes it all
         padded = await (await client.post("/v1/systemone", json=other)).json()
         again_packed_off = await (await client.post("/v1/systemone", json=body)).json()

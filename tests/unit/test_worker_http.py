@@ -194,12 +194,12 @@ async def test_cache_switches(worker_settings, cache, header):
 
 async def test_l3_byte_budget_evicts(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
-        one_prefix = next(iter(service.engine.l3._entries.values()))[1]
-        service.engine.l3.budget = int(one_prefix * 2.5)
+        one_prefix = next(iter(service.caches.l3._entries.values()))[1]
+        service.caches.l3.budget = int(one_prefix * 2.5)
         for i in range(4):
             await client.post("/v1/systemone", json=dict(GOOD, state={"text": f"State number {i}."}))
         stats = service.cache_stats().levels["l3"]
-        assert stats.evictions >= 2 and stats.resident_bytes <= service.engine.l3.budget
+        assert stats.evictions >= 2 and stats.resident_bytes <= service.caches.l3.budget
 
 
 async def test_metrics_exposition(worker_settings):
@@ -232,7 +232,7 @@ async def test_resident_prefixes_are_registered_with_their_owner(worker_settings
                 break
             await asyncio.sleep(0.02)
         assert [(o.worker_id, o.url) for o in owners] == [(worker_id, "http://127.0.0.1:9999")]
-        service.engine.l3.clear()  # eviction unregisters
+        service.caches.l3.clear()  # eviction unregisters
         for _ in range(50):
             if not await service.index.where_is_prefix_warm(key):
                 break

@@ -103,7 +103,7 @@ async def test_l3_snapshot_hit_equals_uncached(checkpoint, asset_dir, upstream):
         assert first.status == 200, await first.text()
         assert first.headers["x-jev-cache"] == "l1=miss,l2=miss,l3=miss"
         engine = service.engine
-        assert engine.prefix_mode == "snapshot" and engine.kv_branching is True
+        assert engine.forwards.prefix_mode == "snapshot" and engine.kv_branching is True
         second = await client.post("/v1/systemone", json=second_q)  # same image and state, new question
         assert second.headers["x-jev-cache"] == "l1=miss,l2=hit,l3=hit"
         hit = await second.json()
@@ -112,7 +112,7 @@ async def test_l3_snapshot_hit_equals_uncached(checkpoint, asset_dir, upstream):
         assert_close([hit["probabilities"]], [uncached[1]])
         assert_close([hit["probabilities"]], [upstream.decide(second_q)[1]])
         # every L3 entry is a whole-cache snapshot: linear-attention (conv + recurrent) layers beside KV layers
-        states = [engine.l3.get(key) for key in engine.l3.keys()]
+        states = [service.caches.l3.get(key) for key in service.caches.l3.keys()]
         assert states and all(s.snapshot is not None and not s.kv for s in states)
         layer_kinds = [type(layer).__name__ for layer in states[0].snapshot.layers]
         assert len(layer_kinds) == 4 and len(set(layer_kinds)) == 2, layer_kinds
@@ -132,12 +132,12 @@ async def test_rows_of_one_kind_branch_from_one_snapshot(checkpoint, asset_dir, 
         forwards = record_forwards(engine)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
-        assert engine.prefix_mode == "snapshot" and engine.kv_branching is True
+        assert engine.forwards.prefix_mode == "snapshot" and engine.kv_branching is True
         answers = (await response.json())["answers"]
     for qid, question in questions.items():
         want = upstream.decide(as_decide(question, ["A drawing: ", {"image": uri}]))[1]
         assert_close([list(answers[qid]["probabilities"].values())], [want])
-    cache_kw = engine._cache_kwarg
+    cache_kw = engine.forwards.cache_kwarg
     branched = [kw for kw in forwards if kw.get("input_ids") is not None and kw.get(cache_kw) is not None
                 and kw["input_ids"].shape[0] == len(questions)]
     assert branched, [(tuple(kw.get("input_ids", kw.get("inputs_embeds")).shape)) for kw in forwards]

@@ -195,7 +195,7 @@ async def test_several_images_in_one_state_equal_the_models_own_forward(vl_recip
     the prefix carries all of them, and every answer equals the model's own end-to-end forward on the
     raw images (its vision tower, its M-RoPE over both images)."""
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import question_rows
+    from jev_worker.questions.plan import question_rows
 
     images = {f"<img{i}>": {"type": "image", "format": "png", "data_base64": png_uri(seed).split(",", 1)[1]}
               for i, seed in enumerate(SEEDS)}

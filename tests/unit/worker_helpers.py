@@ -14,8 +14,8 @@ from tools.example_requests import REQUESTS, STATE  # noqa: F401 - re-exported f
 def record_forwards(engine) -> list[dict]:
     """Wrap the engine's backbone call; every forward's keyword arguments are appended to the list."""
     forwards: list[dict] = []
-    original = engine._forward
-    engine._forward = lambda **kw: forwards.append(kw) or original(**kw)
+    original = engine.forwards.forward
+    engine.forwards.forward = lambda **kw: forwards.append(kw) or original(**kw)
     return forwards
 
 
@@ -26,9 +26,9 @@ def slow_engine(engine, seconds: float):
 
     original = engine.run
 
-    def slow(items):
+    def slow(items, groups):
         time.sleep(seconds)
-        return original(items)
+        return original(items, groups)
 
     engine.run = slow
     try:

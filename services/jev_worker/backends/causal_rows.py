@@ -8,28 +8,17 @@ equals a plain forward over prefix + row, which is what the reference's branch l
 """
 from __future__ import annotations
 
-import torch
-
-from ..engine import DecisionEngine
+from ..adapters import RowReadAdapter, VisionRowReadAdapter
 from .causal_lm import CausalLM
-
-
-class RowsEngine(DecisionEngine):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.kv_branching = False  # every row whole: no prefix state is computed or branched
-
-    @staticmethod
-    def _last(hidden: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
-        """Each row's hidden states up to its own length (the engine's readers take the row's output)."""
-        return [hidden[i, :n] for i, n in enumerate(lengths.tolist())]
 
 
 class CausalRows(CausalLM):
     name = "causal-lm-rows"
-    engine_class = RowsEngine
     prefix_reuse = ("off: the readout reads several positions of every row, so each row runs whole "
                     "(prefix + row) and no prefix state is reused (L3 off)")
+
+    def adapter(self, vision) -> RowReadAdapter | VisionRowReadAdapter:
+        return VisionRowReadAdapter(vision) if vision is not None else RowReadAdapter()
 
     def l3_bytes(self, configured: int) -> int:
         return 0

@@ -19,8 +19,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..caches import BudgetLRU
-from ..engine import EngineResult
+from ..batch import BatchOutput, EngineResult
 from ..loader import LoadedModel, pick_device, pick_dtype, placed
 from ..protocols import Backend, Engine
 from ..readouts.base import ServingError, load_exactly, require_files
@@ -64,13 +63,12 @@ class SplitFolders(EncoderFiles):
 class EncoderEngine(Engine):
     """Whole-sequence rows in padded batches; each row's hidden states go to the readout's head."""
 
-    def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int, l3: BudgetLRU | None = None):
+    def __init__(self, model, device, *, head, pad_id: int, max_batch_rows: int):
         self.model = model
         self.device = device
         self.head = head
         self.pad_id = pad_id
-        self.max_batch_rows = max(1, max_batch_rows)
-        self.l3 = l3 if l3 is not None else BudgetLRU("l3", 0)  # stays empty: no prefix state exists (l3_bytes 0)
+        self.max_batch_rows = max(1, max_batch_rows)  # no prefix state exists: the scheduler's L3 stays off
 
     def _hidden(self, rows: list[tuple[int, ...]]) -> list[torch.Tensor]:
         width = max(len(r) for r in rows)
@@ -83,7 +81,7 @@ class EncoderEngine(Engine):
         return [out[i, : len(row)].float() for i, row in enumerate(rows)]
 
     @torch.inference_mode()
-    def run(self, items) -> list[EngineResult]:
+    def run(self, items, groups=()) -> BatchOutput:
         rows = [(i, row, labels) for i, item in enumerate(items)
                 for row, labels in zip(item.prepared.rows, item.prepared.row_labels)]
         logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(items))}
@@ -95,7 +93,7 @@ class EncoderEngine(Engine):
                     logits[i].extend(read)
                 else:
                     logits[i].append(read)
-        return [EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))]
+        return BatchOutput([EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))])
 
 
 class Encoder(Backend):
@@ -127,5 +125,5 @@ class Encoder(Backend):
         load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
         return LoadedModel(placed(model, dev, torch_dtype), files.tokenizer(folder), None, dev, torch_dtype, folder)
 
-    def build(self, loaded, *, head, l3, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
-        return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows, l3=l3)
+    def build(self, loaded, *, head, max_batch_rows: int, pad_id: int, **_) -> EncoderEngine:
+        return EncoderEngine(loaded.model, loaded.device, head=head, pad_id=pad_id, max_batch_rows=max_batch_rows)

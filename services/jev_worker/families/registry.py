@@ -34,6 +34,12 @@ FAMILIES = {
     "vela-encoder": "jev_worker.families.vela.marker:VelaMarkerHeads",
 }
 
+# Families whose image embeddings need their own vision model (the preencoder asks: jev_preencoder/vision_models.py);
+# every other vision-language checkpoint is loaded as it is.
+VISION_MODELS = {
+    "valen": "jev_worker.families.valen.vision:load_vision",
+}
+
 
 def family_class(name: str) -> type[Readout]:
     """The readout class of family `name` (ServingError naming the known ones when there is none)."""
@@ -43,3 +49,8 @@ def family_class(name: str) -> type[Readout]:
 def build_readout(name: str, options: dict) -> Readout:
     """Family `name`'s readout with the recipe's `serving.options` (an unknown option is a ServingError)."""
     return family_class(name)(options=dict(options))
+
+
+def vision_loader(name: str):
+    """Family `name`'s own vision-model loader `(recipe, folder, dtype, device) -> (processor, model)`, or None."""
+    return named_class(VISION_MODELS, name, "vision model") if name in VISION_MODELS else None

@@ -19,12 +19,13 @@ import os
 import torch
 
 from ..backends.registry import build_backend
-from ..protocols import Backend, Head, Readout
+from ..protocols import Backend, Head
 from ..questions.choice import Choice
 from ..questions.score import Score
 from ..questions.span import SpanKind
 from .base import Requirement, ServingError, read_json
 from .calibration import Calibration
+from .standard import StandardReadout
 
 CONFIG = "decision_config.json"
 WEIGHTS = "readout.safetensors"
@@ -52,7 +53,7 @@ def hidden_size(model) -> int:
     return int(config.hidden_size)
 
 
-class CodeReadout(Readout):
+class CodeReadout(StandardReadout):
     name = "code-readout"
     question_types = frozenset({"choice", "score", "span"})
     attention_mode: str | None = None  # the checkpoint's (decision_config.json), known once `check` has read it

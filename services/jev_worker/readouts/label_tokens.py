@@ -7,13 +7,14 @@ checkpoint's `decision_config.json` when it ships one (Decider, StartLux, JEMM, 
 from __future__ import annotations
 
 from ..head import DecisionHead
-from ..protocols import Readout
+
 from ..questions.registry import QUESTION_KINDS
 from .base import Requirement
 from .calibration import Calibration
+from .standard import StandardReadout
 
 
-class LabelTokens(Readout):
+class LabelTokens(StandardReadout):
     """On the causal-lm backend (the protocol's default); the recipe's chat template builds the rows."""
 
     name = "label-tokens"

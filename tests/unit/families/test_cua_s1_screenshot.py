@@ -189,7 +189,7 @@ def test_the_prompt_is_upstreams_literal(reference):
 async def test_cua_s1_screenshot_answers_equal_its_contract(worker_settings, cua_dir, reference, asset_dir):
     from jev_common.assets import bytes_key
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import rows_for
+    from jev_worker.questions.plan import rows_for
 
     settings = worker_settings(recipe=cua_recipe(), model_path=str(cua_dir), asset_dir=asset_dir)
     async with served(settings) as (front, worker, service):

@@ -225,9 +225,9 @@ def record_sequences(service) -> list[tuple[int, ...]]:
     engine = service.engine
     original = engine.run
 
-    def run(items):
+    def run(items, groups):
         seen.extend(tuple(item.prepared.prefix_ids + row) for item in items for row in item.prepared.rows)
-        return original(items)
+        return original(items, groups)
 
     engine.run = run
     return seen

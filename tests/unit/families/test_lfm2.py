@@ -130,7 +130,7 @@ def test_the_prompt_is_upstreams_token_by_token(reference):
 
 async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_dir, reference):
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import rows_for
+    from jev_worker.questions.plan import rows_for
 
     settings = worker_settings(recipe=lfm2_recipe(), model_path=lfm2_dir, max_batch_rows=3)
     async with served(settings) as (front, worker, service):
@@ -169,7 +169,7 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
             assert body["usage"]["output_tokens"] == 0
 
         engine = model.engine  # candidates ran forked from each question's prefill snapshot, not as whole forwards
-        assert (engine.prefix_mode, engine.kv_branching) == ("snapshot", True)
+        assert (engine.forwards.prefix_mode, engine.kv_branching) == ("snapshot", True)
 
         # the same request again: each question's prefill comes back from L3 (a cache snapshot), same answer
         again = await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE, "questions": QUESTIONS})

@@ -23,11 +23,12 @@ from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answ
 
 from ...backends.joint import CausalJoint
 from ...prompt import RowSpec
-from ...protocols import Backend, QuestionKind, Readout
+from ...protocols import Backend, QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError, read_json
 from .head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
 from .layout import TEMPLATE_TOKENS, ClefBuilder
+from ...readouts.standard import StandardReadout
 
 HEAD = "joint_head.safetensors"
 CONFIG = "joint_head_config.json"
@@ -88,7 +89,7 @@ class ClefScore(_ClefKind):
         return score_answer(question.criteria, probs)
 
 
-class ClefJointReadout(Readout):
+class ClefJointReadout(StandardReadout):
     name = "clef-joint-head"
     question_types = frozenset({"noul", "choice", "score"})
     needs_lm_head = True

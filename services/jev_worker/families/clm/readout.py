@@ -20,8 +20,8 @@ from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
 from ...backends.external import ExternalHTTP
-from ...protocols import ExternalReadout
 from ...readouts.base import ServingError
+from ...readouts.standard import ExternalReadout
 from ...readouts.calibration import Calibration
 
 

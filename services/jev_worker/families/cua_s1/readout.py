@@ -27,9 +27,10 @@ from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
 from ...head import DecisionHead
 from ...prompt import RowSpec
-from ...protocols import QuestionKind, Readout
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import ServingError
+from ...readouts.standard import StandardReadout
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -78,7 +79,7 @@ class CuaChoice(QuestionKind):
         return choice_answer(list(question.criteria), torch.softmax(logits[0].to(torch.float32), -1).tolist())
 
 
-class CuaS1Labels(Readout):
+class CuaS1Labels(StandardReadout):
     """On the causal-lm backend with the recipe's chat template (the protocol's defaults)."""
 
     name = "cua-s1-labels"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from jev_common.errors import UnreadableInput
 from jev_common.state_text import indexed_json
 
-from ...control_tokens import ControlTokens
+from jev_common.control_tokens import ControlTokens
 from ...prompt import PreparedRequest, RowSpec, ids_key
 from ...protocols import PromptBuilder
 from ...readouts.base import ServingError

@@ -28,11 +28,12 @@ from jev_common.errors import UnreadableInput
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...head import DecisionHead
-from ...protocols import QuestionKind, Readout
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError, read_json
 from ...readouts.calibration import Calibration
 from .prompt import DeciderBuilder, DeciderRow, text
+from ...readouts.standard import StandardReadout
 
 CONFIG = "decider_config.json"
 TYPES = ("choice", "noul", "score")
@@ -160,7 +161,7 @@ class DeciderScore(QuestionKind):
         return score_answer([text(level) for level in question.criteria], [f / mass for f in fit])
 
 
-class DeciderLabels(Readout):
+class DeciderLabels(StandardReadout):
     """On the causal-lm backend (the protocol's default) with its own prompt builder; no chat template."""
 
     name = "decider-labels"

@@ -31,10 +31,11 @@ from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answ
 
 from ...head import DecisionHead
 from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
-from ...protocols import QuestionKind, Readout
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import ServingError, read_json
 from ...vision import placed_images
+from ...readouts.standard import StandardReadout
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
 ANSWER = "Answer with exactly one candidate label."
@@ -185,7 +186,7 @@ class JemmScore(_Candidates):
         return score_answer(question.criteria, probs)
 
 
-class JemmLabels(Readout):
+class JemmLabels(StandardReadout):
     name = "jemm-labels"
     question_types = frozenset({"choice", "noul", "score"})
     needs_lm_head = True

@@ -29,14 +29,15 @@ from jev_common.schema import (ChoiceAnswer, ChoiceQuestion, DecisionRequest, No
 from jev_common.state_text import render_state
 
 from ...legacy import QID
-from ...pipeline import ImageSlot, Job
-from ...protocols import QuestionKind, Readout, SingleQuestionForm
+from ...job import ImageSlot, Job
+from ...protocols import QuestionKind, SingleQuestionForm
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError
 from .contract import (HEAD_CONFIG, MAX_LENGTH, NOUL_OPTIONS, SCORE_OPTIONS, BadPart, DecisionFiles, choice_lines,
                        state_parts, tail_text)
 from .head import LabelHead
 from .layout import JevRow, JevVlBuilder
+from ...readouts.standard import StandardReadout
 
 
 def softmax(values: list[float]) -> list[float]:
@@ -181,7 +182,7 @@ class JevVlForm(SingleQuestionForm):
         return out
 
 
-class JevVlReadout(Readout):
+class JevVlReadout(StandardReadout):
     """On the causal-lm backend (the protocol's default), with the readout's own prompt layout."""
 
     name = "jev-vl"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from jev_common.errors import TooManyOptions
 from jev_common.state_text import render_state
 
-from ...control_tokens import ControlTokens
+from jev_common.control_tokens import ControlTokens
 from ...prompt import PreparedRequest, ids_key
 from ...protocols import PromptBuilder
 

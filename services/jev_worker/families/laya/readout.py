@@ -26,10 +26,11 @@ from jev_common.schema import (
 )
 
 from ...backends.encoder import Encoder, SplitFolders
-from ...protocols import Backend, Head, QuestionKind, Readout
+from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError, load_exactly, read_json
 from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
+from ...readouts.standard import StandardReadout
 
 CONFIG = "rl_agent_config.json"
 WEIGHTS = "model.safetensors"
@@ -145,7 +146,7 @@ class LayaNoul(QuestionKind):
         return NoulAnswer(noul=_softmax(logits)[1])
 
 
-class LayaHeads(Readout):
+class LayaHeads(StandardReadout):
     name = "laya-heads"
     question_types = frozenset({"choice", "score", "noul"})
     config: dict | None = None                    # rl_agent_config.json, read by `check`

@@ -4,12 +4,12 @@ snapshot: the attention layers' KV and the convolution layers' state, copied and
 candidate row `'  "answer": '` + value tokens after it, right-padded. The head reads every position of a row:
 the value tokens' log-probabilities over the full vocabulary at the positions that predict them.
 
-What this adds to DecisionEngine (engine.py), and nothing else:
-- a prepared request's questions run as separate items (`Lfm2Prepared.parts`: each question's prompt is its
-  own prefix, kept in L3 under its own key), their results joined back in row order;
-- rows hand the head their hidden states at every real position (as causal-lm-rows does), not only the last;
-- packing is off (rows after a snapshot are right-padded anyway; the packed paths read last positions only),
-  and the once-per-model check that a forked snapshot equals a whole forward compares the row's positions.
+What this adds to the causal-lm runner (runner.py), and nothing else:
+- a prepared request's questions run as separate items (`PreparedRequest.parts`: each question's prompt is its
+  own prefix, kept in L3 under its own key; the scheduler splits and joins them), results in row order;
+- its forward adapter (Lfm2Adapter): rows hand the head every real position, packing is off (rows after a
+  snapshot are right-padded anyway), and the once-per-model check that a forked snapshot equals a whole
+  forward compares the row's positions (the runner does so for every adapter that reads whole rows).
 """
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import threading
 
 import torch
 
+from ...adapters import TextAdapter
 from ...backends.causal_lm import CausalLM
-from ...engine import DecisionEngine, EngineItem, EngineResult, _relative_error, log
 from ...protocols import Head
-from .prompt import Lfm2Prepared
 
 
 class ValueLogProbHead(Head):
@@ -53,47 +52,19 @@ class ValueLogProbHead(Head):
         return logits.log_softmax(-1).gather(1, targets).sum().reshape(1)
 
 
-class Lfm2ValueEngine(DecisionEngine):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.packing = False
+class Lfm2Adapter(TextAdapter):
+    """Rows hand the head every real position (the value tokens' log-probabilities), and run right-padded after
+    a forked snapshot (the packed paths read last positions only). Not graph-captured: snapshots are not KV."""
 
-    @staticmethod
-    def _last(hidden: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
-        """Each row's hidden states up to its own length (the head addresses them from the row's end)."""
-        return [hidden[i, :n] for i, n in enumerate(lengths.tolist())]
-
-    def _snapshot_branching_is_exact(self, item: EngineItem, state) -> bool:
-        row = item.prepared.rows[0]
-        branched = self._rows_after_states([(state, row), (state, row)])
-        whole = self._text_full([(item.prepared.prefix_ids, row)], False)[0][0][-len(row):]
-        error = max(_relative_error(h, whole) for h in branched)
-        if error > 1e-3:
-            log.warning("prefix snapshot branching differs from a whole forward (relative %.2e): disabled", error)
-            return False
-        return True
-
-    @torch.inference_mode()
-    def run(self, items: list[EngineItem]) -> list[EngineResult]:
-        parts, owner = [], []
-        for i, item in enumerate(items):
-            prepared = item.prepared
-            for part in (prepared.parts if isinstance(prepared, Lfm2Prepared) else (prepared,)):
-                parts.append(EngineItem(prepared=part, assets=item.assets))
-                owner.append(i)
-        results = super().run(parts)
-        joined = []
-        for i in range(len(items)):
-            mine = [r for r, o in zip(results, owner) if o == i]
-            outcomes = {r.l3 for r in mine}
-            joined.append(EngineResult(row_logits=[x for r in mine for x in r.row_logits],
-                                       cached_tokens=sum(r.cached_tokens for r in mine),
-                                       l3=outcomes.pop() if len(outcomes) == 1 else "miss"))
-        return joined
+    reads = "row"
+    packs = False
+    graph_capturable = False
 
 
 class Lfm2Values(CausalLM):
     name = "lfm2-values"
-    engine_class = Lfm2ValueEngine
     prefix_reuse = ("on: each question's prompt (schema system turn + state + '{\\n') is one prefill, kept in L3 "
                     "as a cache snapshot (attention KV and convolution state) and forked per candidate batch")
+
+    def adapter(self, vision) -> Lfm2Adapter:
+        return Lfm2Adapter()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...control_tokens import ControlTokens
+from jev_common.control_tokens import ControlTokens
 from ...prompt import PreparedRequest, RowSpec, _common_prefix_length, ids_key
 from ...protocols import PromptBuilder
 from ...readouts.base import ServingError

@@ -18,11 +18,12 @@ import math
 from jev_common.errors import ForwardFailed, UnreadableInput
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, SystemOneRequest, choice_confidence
 
-from ...protocols import QuestionKind, Readout
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import ServingError
 from .backend import Lfm2Values, ValueLogProbHead
 from .prompt import CandidateRow, Lfm2Builder, candidate_value, system_prompt
+from ...readouts.standard import StandardReadout
 
 # worker.py Worker.warmup's request (e0ef7a29): the worker is ready after one decision of its own kind
 WARMUP = {"state": "A customer requests a refund for a duplicate charge.",
@@ -63,7 +64,7 @@ class Lfm2Choice(QuestionKind):
                             confidence=choice_confidence(probabilities))
 
 
-class Lfm2JsonValues(Readout):
+class Lfm2JsonValues(StandardReadout):
     """On the family's lfm2-values backend (causal-lm with per-question prefills and value-token scoring)."""
 
     name = "lfm2-json-values"

@@ -30,10 +30,11 @@ from jev_common.schema import (
 
 from ...backends.causal_rows import CausalRows
 from ...prompt import ChatPromptBuilder, RowSpec
-from ...protocols import Backend, Head, QuestionKind, Readout
+from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError, read_json
 from .heads import TYPE_IDS, OmniJevHeads, lm_features
+from ...readouts.standard import StandardReadout
 
 HEADS = "heads.safetensors"
 MANIFEST = "omnijev_export.json"
@@ -164,7 +165,7 @@ class OmniNoul(_OmniKind):
         return NoulAnswer(noul=scale([p, 1.0 - p], self.readout.temperatures["noul"])[0])
 
 
-class OmniJevReadout(Readout):
+class OmniJevReadout(StandardReadout):
     name = "omnijev-heads"
     question_types = frozenset({"choice", "score", "noul"})
     needs_lm_head = True

@@ -14,12 +14,13 @@ import os
 
 import torch
 
-from ...protocols import Head, Readout
+from ...protocols import Head
 from ...readouts.base import Requirement, ServingError, load_torch_state, read_json
 from ...readouts.calibration import Calibration
 from ...readouts.code_readout import hidden_size
 from .candidates import CandidateChoice, CandidateNoul, CandidateScore
 from .layout import MAX_LENGTH, OpenJevBuilder
+from ...readouts.standard import StandardReadout
 
 
 class LinearScalarHead(Head):
@@ -33,7 +34,7 @@ class LinearScalarHead(Head):
         return hidden.to(torch.float32) @ self.weight.T + self.bias
 
 
-class ScalarHead(Readout):
+class ScalarHead(StandardReadout):
     """On the causal-lm backend (the protocol's default), with Open-Jev's own prompt layout."""
 
     name = "scalar-head"

@@ -33,10 +33,11 @@ from jev_common.state_text import indexed_json
 
 from ...head import DecisionHead
 from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
-from ...protocols import QuestionKind, Readout
+from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError, read_json
 from ...readouts.calibration import Calibration
+from ...readouts.standard import StandardReadout
 
 CONFIG = "decision_config.json"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -183,7 +184,7 @@ def letter_ids(builder: ChatPromptBuilder) -> list[int]:
     return letters
 
 
-class StartLuxLabels(Readout):
+class StartLuxLabels(StandardReadout):
     """On the causal-lm backend (the protocol's default) with the recipe's chat template."""
 
     name = "startlux-labels"

@@ -1,5 +1,5 @@
 """valen-lora: the `causal-lm-rows` engine over a Valen checkpoint: its Qwen3.5 base with the checkpoint's
-trained deltas (jev_common/valen_checkpoint.py) applied at load.
+trained deltas (families/valen/checkpoint.py) applied at load.
 
 A Valen folder holds `checkpoint.pt` + `config.json` only; the frozen base is the one `checkpoint.pt`'s
 `base_manifest` names (`repo`@`revision`), taken from the local Hugging Face cache, or from the folder
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from jev_common.valen_checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
+from .checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
 from ...backends.causal_rows import CausalRows
 from ...loader import LoadedModel, pick_device, pick_dtype, placed

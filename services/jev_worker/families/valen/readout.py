@@ -1,6 +1,6 @@
 """valen-head: Valen-Preview-0923's learned decision head (Liuziyu77/Valen `valen/modeling/qwen/model.py`) over
 the Valen compiler's input (`valen/data/compilers/qwen.py`), on backend `valen-lora` (its checkpoint layout:
-jev_common/valen_checkpoint.py).
+families/valen/checkpoint.py).
 
 Sequence of one branch, token ids laid end to end:
   state:  the base's chat template over one user message, no generation prompt, tokenised in one pass
@@ -43,15 +43,16 @@ from jev_common.schema import (
     score_answer,
 )
 
-from jev_common.valen_checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
+from .checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
-from ...control_tokens import ControlTokens
+from jev_common.control_tokens import ControlTokens
 from ...prompt import PreparedRequest, ids_key
-from ...protocols import Backend, Head, PromptBuilder, QuestionKind, Readout
+from ...protocols import Backend, Head, PromptBuilder, QuestionKind
 from ...questions.base import BuildContext
 from ...readouts.base import Requirement, ServingError
 from ...vision import IMAGE_ITEM, PLACED_IMAGE
 from .backend import ValenLora
+from ...readouts.standard import StandardReadout
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
@@ -209,7 +210,7 @@ class ValenScore(QuestionKind):
         return score_answer(question.criteria, probs)
 
 
-class ValenHeadReadout(Readout):
+class ValenHeadReadout(StandardReadout):
     name = "valen-head"
     question_types = frozenset({"choice", "noul", "score"})
     stage: str | None = None          # the checkpoint's training stage, once loaded

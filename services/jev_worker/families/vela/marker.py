@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 from ...backends.encoder import Encoder
-from ...protocols import Backend, Readout
+from ...protocols import Backend
 from ...readouts.base import Requirement, ServingError, read_json
 from .encoder_files import VelaEncoderFiles
 from .layout import span_text
@@ -35,6 +35,7 @@ from .marker_head import READOUTS, VelaMarkerHead, tensor_names
 from .marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
 from .noul_fit import NoulFit
 from .readout import VelaChoice, VelaNoul, VelaScore, VelaSet, VelaSpan, question_text
+from ...readouts.standard import StandardReadout
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
 MEMBER, FORMAT_VERSION = "vela2-unified", 1
@@ -79,7 +80,7 @@ class MarkerSpan(VelaSpan):
         return [MarkerRow("", ((SPAN_LABEL, text),), span=True)]
 
 
-class VelaMarkerHeads(Readout):
+class VelaMarkerHeads(StandardReadout):
     name = "vela-marker-heads"
     question_types = frozenset({"choice", "noul", "score", "set", "span"})
     config: dict | None = None  # the package's config.json, read by `check`

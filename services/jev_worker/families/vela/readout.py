@@ -42,12 +42,13 @@ from jev_common.schema import (
 )
 
 from ...prompt import PreparedRequest, RowSpec, ids_key
-from ...protocols import Backend, PromptBuilder, QuestionKind, Readout
+from ...protocols import Backend, PromptBuilder, QuestionKind
 from ...readouts.base import Requirement, ServingError, read_json
 from .backend import VelaDecoder
 from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
 from .noul_fit import NoulFit
 from .layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
+from ...readouts.standard import StandardReadout
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
     "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
@@ -274,7 +275,7 @@ class VelaSpan(QuestionKind):
                           probabilities=dict(zip(question.criteria, probs)), confidence=choice_confidence(probs))
 
 
-class VelaHeadsReadout(Readout):
+class VelaHeadsReadout(StandardReadout):
     name = "vela-heads"
     question_types = frozenset({"choice", "noul", "score", "set", "span"})
     temperatures: dict[str, float] | None = None  # calibration.json's, once loaded

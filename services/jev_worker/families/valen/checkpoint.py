@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoint_files import ServingError, load_torch_state, read_json
+from jev_common.checkpoint_files import ServingError, load_torch_state, read_json
 
 CHECKPOINT, CONFIG = "checkpoint.pt", "config.json"
 DECISION, CANDIDATE = "head.decision.weight", "head.candidate.weight"
