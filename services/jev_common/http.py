@@ -28,6 +28,7 @@ REQUEST_ID_HEADER = "x-typesafe-request-id"
 # How a request is carried (not what it asks: that is the body's): the caller's deadline, and who the caller is
 DEADLINE_HEADER = "x-jev-deadline-s"      # seconds this caller waits for the answer (the caller owns the deadline)
 CLIENT_HEADER = "x-jev-client"            # the fairness key, set by the frontend (API key digest or address)
+WORKER_HEADER = "x-jev-worker"            # which worker answered a decision (its JEV_WORKER_ID)
 SDK_HEADER = "x-typesafe-sdk"             # typesafe-sdk sends it on every attempt
 RETRY_COUNT_HEADER = "x-typesafe-retry-count"  # ... and this on its retries
 RETRY_HEADERS = (SDK_HEADER, RETRY_COUNT_HEADER)

@@ -2,6 +2,7 @@
 forward the original bytes, pass the answer through."""
 from __future__ import annotations
 
+import json
 import logging
 
 from aiohttp import web
@@ -26,6 +27,7 @@ from .settings import Settings
 log = logging.getLogger("jev_frontend")
 
 DEADLINE_GRACE_S = 0.25
+RETRIED_ELSEWHERE = ("unavailable", "not_ready")  # a worker's 503s that mean "not here": draining (ShuttingDown), loading
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
 POOL = web.AppKey("pool", BackendPool)
@@ -90,8 +92,9 @@ async def handle_systemone(request: web.Request) -> web.Response:
 
 
 async def _routed(app: web.Application, model: str | None, route_key: str, images: list[str], call: dict):
-    """Send the decision to a replica of its model; a replica that refuses the connection is taken out
-    and the next one tried (nothing reached it). Other failures answer 502/504 in the error shape."""
+    """Send the decision to a replica of its model; a replica that refuses the connection, or answers 503
+    because it is draining or not ready, is taken out and the next one tried (nothing was computed there).
+    Other failures answer 502/504 in the error shape."""
     pool, router, client, metrics = app[POOL], app[ROUTER], app[BACKEND], app[BACKEND].metrics
     if app[SETTINGS].single_backend:  # JEV_BACKEND_URL alone: no model routing, the worker decides
         backend = next(iter(pool.backends.values()))
@@ -104,7 +107,15 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
             raise BackendUnavailable(f"no replica of model {name!r} could be reached "
                            f"(tried {', '.join(sorted(tried))})")
         try:
-            return await _send(client, route.backend, route.decision, call)
+            answer = await _send(client, route.backend, route.decision, call)
+            refused = _not_serving(answer)
+            if refused is None:
+                return answer
+            # draining (a rolling update) or not ready: nothing was computed, another replica may answer
+            pool.mark_down(route.backend, f"answered 503 {refused}")
+            tried.add(route.backend.url)
+            if len(tried) >= len(pool.replicas(name)):
+                return answer
         except BackendConnectError as exc:
             pool.mark_down(route.backend, exc.message)
             tried.add(route.backend.url)
@@ -115,6 +126,20 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
             raise
         finally:
             metrics.routed.labels(route.backend.url, name, route.decision).inc()
+
+
+def _not_serving(answer) -> str | None:
+    """The error type of a decision the worker refused without computing it because it does not serve now
+    (`unavailable`: ShuttingDown while it drains; `not_ready` while it loads), else None. A decision is idempotent, so such a
+    refusal is retried on another replica."""
+    if answer.status != 503:
+        return None
+    try:
+        detail = json.loads(answer.body).get("detail")
+    except (ValueError, AttributeError):
+        return None
+    error_type = detail.get("error_type") if isinstance(detail, dict) else None
+    return error_type if error_type in RETRIED_ELSEWHERE else None
 
 
 async def _send(client: Backend, backend, decision: str, call: dict):

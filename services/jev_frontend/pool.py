@@ -3,8 +3,9 @@ serves, which are healthy, and how loaded each is.
 
 Every `JEV_FRONTEND_HEALTH_INTERVAL_S` each backend's `GET /health` is polled: 200 puts it in rotation,
 anything else (503 while loading, a refused connection, no answer within the interval) takes it out
-until it answers 200 again. A backend whose connection is refused during a request is taken out at
-once. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias); its
+until it answers 200 again. A backend whose connection is refused during a request, or that answers a decision
+503 because it is draining or not ready, is taken out at once. A discovered backend stays while it is in the
+index or still answers 200 (an index restarted empty does not empty the pool), and leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias); its
 index namespace, worker id and queue depth from its health detail or its index registration.
 """
 from __future__ import annotations
@@ -117,9 +118,10 @@ class BackendPool:
             backend.worker_id = str(record.get("worker_id") or backend.worker_id)
             backend.ns = str(record.get("ns") or backend.ns)
         for url, backend in list(self.backends.items()):
-            if backend.source == "discovered" and url not in seen:
-                log.info("backend %s left the index; removed", url)
-                self._set_up(backend, False, "no longer registered in the index")
+            if backend.source == "discovered" and url not in seen and not backend.up:
+                # gone from the index and not answering: a stopped or dead worker. One that still answers 200 is
+                # kept (an index restarted empty lists nobody until the workers announce themselves again)
+                log.info("backend %s left the index and is out of rotation; removed", url)
                 del self.backends[url]
 
     # ----- health -------------------------------------------------------------------------------

@@ -65,6 +65,15 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
             return web.json_response({**body, "detail": detail}, status=code)
         return web.json_response(body)
 
+    async def live(_request: web.Request) -> web.Response:
+        """Liveness (a Kubernetes livenessProbe): 200 while the worker makes progress, loading and draining
+        included; 503 only when it is stalled (watchdog.py), which a restart may cure. Readiness is /health."""
+        stalled = service.stalled()
+        if stalled:
+            return web.json_response(error_body(domain_error_type(Stalled(stalled)), f"worker is stalled: {stalled}"),
+                                     status=503)
+        return web.json_response({"status": "alive", "state": service.state})
+
     async def systemone(request: web.Request) -> web.Response:
         deadline_s = request_deadline(request.headers, settings.max_deadline_s)
         caller = Caller(client_key(request), caller_retries(request.headers))
@@ -90,6 +99,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         return web.json_response(text=service.cache_stats().model_dump_json())
 
     app.router.add_get("/health", health)
+    app.router.add_get("/livez", live)
     app.router.add_post("/v1/systemone", systemone)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", service.metrics.handle_metrics)

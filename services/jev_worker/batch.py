@@ -1,5 +1,5 @@
-"""What the scheduler hands the runner and gets back: the batch's items (one prepared prompt each, split into
-its parts when it has several prefixes), grouped by prefix key with each group's cache match, and the results."""
+"""What the scheduler hands the runner and gets back: the batch's items (one prepared prompt each), grouped by
+prefix key with each group's cache match, and the results."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,30 +41,6 @@ class PrefixGroup:
 class BatchOutput:
     results: list[EngineResult]
     states: dict[str, PrefixState] = field(default_factory=dict)  # computed for groups that missed
-
-
-def split_parts(items: list[EngineItem]) -> tuple[list[EngineItem], list[int]]:
-    """Items with several prefixes (PreparedRequest.parts) as one item per part, and each part's owner."""
-    parts, owner = [], []
-    for i, item in enumerate(items):
-        for part in item.prepared.parts or (item.prepared,):
-            parts.append(item if part is item.prepared else EngineItem(prepared=part, assets=item.assets))
-            owner.append(i)
-    return parts, owner
-
-
-def join_parts(results: list[EngineResult], owner: list[int], count: int) -> list[EngineResult]:
-    joined = []
-    for i in range(count):
-        mine = [r for r, o in zip(results, owner) if o == i]
-        if len(mine) == 1:
-            joined.append(mine[0])
-            continue
-        outcomes = {r.l3 for r in mine}
-        joined.append(EngineResult(row_logits=[x for r in mine for x in r.row_logits],
-                                   cached_tokens=sum(r.cached_tokens for r in mine),
-                                   l3=outcomes.pop() if len(outcomes) == 1 else "miss"))
-    return joined
 
 
 def group_by_prefix(items: list[EngineItem], cache: PrefixCache, reusable: bool) -> list[PrefixGroup]:

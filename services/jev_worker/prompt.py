@@ -41,8 +41,6 @@ class PreparedRequest:
     prefix_key: str
     plan: object = None  # what turns the rows' logits into answers (the caller's, opaque here)
     boundary_mismatch: bool = field(default=False, compare=False)
-    # a prompt with several prefixes (one per question, LFM2's): each part runs as its own item, its own L3 key
-    parts: tuple["PreparedRequest", ...] = ()
 
     @property
     def prompt_tokens(self) -> int:

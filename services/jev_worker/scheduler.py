@@ -47,7 +47,7 @@ from typing import Callable
 from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
 from .abandon import ForwardAbandoned, LayerChecks
-from .batch import EngineItem, EngineResult, group_by_prefix, join_parts, split_parts
+from .batch import EngineItem, EngineResult, group_by_prefix
 from .prefix_cache import L3PrefixCache
 from .protocols import Engine, PrefixCache
 
@@ -295,7 +295,7 @@ class Scheduler:
     def _run(self, batch: list[Flight]) -> list[EngineResult]:
         """On the model thread: each prefix matched in the cache, the runner's forwards (each layer first asking
         whether the batch is wanted), the states computed for misses inserted."""
-        items, owner = split_parts([job.item for job in batch])
+        items = [job.item for job in batch]
         groups = group_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
         if self.checks is None:
             out = self.engine.run(items, groups)
@@ -304,7 +304,7 @@ class Scheduler:
                 out = self.engine.run(items, groups)
         for key, state in out.states.items():
             self.prefix_cache.insert(key, state)
-        return join_parts(out.results, owner, len(batch))
+        return out.results
 
     def _report_depth(self) -> None:
         if self._on_depth:

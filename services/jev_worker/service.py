@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from jev_common.cache_index import CacheIndex
+from jev_common.http import WORKER_HEADER
 from jev_common.errors import (
     DeadlineExceeded, DomainError, ModelNotServed, NotReady, ShuttingDown, UnsupportedRequestForm,
     domain_error_type,
@@ -218,7 +219,12 @@ class WorkerService:
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(model=self.recipe.name, answers=decision.answers, usage=usage,
                                      x_elapsed_seconds=elapsed, **extra)
-        return response, decision.headers()
+        return response, self._headers(decision)
+
+    def _headers(self, decision: Decision) -> dict[str, str]:
+        """The decision's cache outcomes (x-jev-cache) and which worker answered (x-jev-worker: its
+        JEV_WORKER_ID), passed through by the frontend."""
+        return {**decision.headers(), WORKER_HEADER: self.settings.worker_id}
 
     async def decide(self, request: DecisionRequest, *, caller: Caller = Caller(),
                      deadline_s: float | None = None) -> tuple[DecisionResponse, dict[str, str]]:
@@ -236,7 +242,7 @@ class WorkerService:
                                            caller=caller)
         fields = form.fields(request, decision.answers[legacy.QID])
         return (legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens,
-                                elapsed), decision.headers())
+                                elapsed), self._headers(decision))
 
     # ----- the model's parts (tests, tools) ---------------------------------------------------------
     @property
@@ -305,11 +311,15 @@ class WorkerService:
                 status = "degraded"  # text decisions still work; image lookups fall back to files
         if self.state == "ok" and self.model is None:
             code, status = await self._external_health(detail, code, status)
-        stalled = self.watchdog.problem() if self.watchdog is not None else None
+        stalled = self.stalled()
         if stalled and self.state == "ok":
             detail["error"] = f"stalled: {stalled}"
             code, status = 503, "stalled"
         return code, {"status": status, "detail": detail}
+
+    def stalled(self) -> str | None:
+        """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""
+        return self.watchdog.problem() if self.watchdog is not None else None
 
     async def _external_health(self, detail: dict, code: int, status: str) -> tuple[int, str]:
         """The family's own server's health is the worker's (503 naming it while it, or a server it needs

@@ -207,6 +207,26 @@ async def test_an_unhealthy_replica_is_taken_out_within_its_health_interval_and_
         assert {(await post(client, ask(f"t{i}", "m")))[1] for i in range(16)} == {"a", "b"}
 
 
+async def test_a_draining_replica_s_503_is_answered_by_another_replica():
+    """A worker that drains (a rolling update) answers new decisions 503 `unavailable` without computing them; a
+    decision is idempotent, so the frontend takes that replica out and asks another: the caller sees no error."""
+    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
+            frontend([("m", a.url), ("m", b.url)], health_interval_s=30) as client:
+        await asyncio.sleep(0.2)
+        b.error_status = 503
+        answered = [await post(client, ask(f"s{i}", "m")) for i in range(8)]
+        assert {(status, worker) for status, worker, _ in answered} == {(200, "a")}
+        health = await (await client.get("/health")).json()
+        assert {x["url"]: x["state"] for x in health["detail"]["backends"]}[b.url] == "up"  # health says up...
+        b.error_status, a.error_status = 503, 503  # ...but with every replica draining, the 503 passes through
+        status, _, body = await post(client, ask("last", "m"))
+        assert status == 503 and ErrorEnvelope.model_validate(body).type == "unavailable"
+        a.error_status = 500  # a failure is not retried elsewhere: the work may have run
+        b.error_status = None
+        status, _, _ = await post(client, ask("other", "m"))
+        assert status in (200, 500)
+
+
 async def test_in_flight_requests_to_a_dying_replica_get_502_not_a_hang():
     async with fakes({"model": "m", "worker_id": "a", "delay_s": 30}) as (a,), \
             frontend([("m", a.url)], timeout_s=20) as client:
@@ -278,10 +298,18 @@ async def test_discovery_and_warm_routing_from_the_index():
                 for _ in range(5):
                     assert (await post(client, ask("warm state", model)))[1] == f"{model}-b"
                 assert await metric(client, "jev_frontend_route_requests_total", decision="warm") == 5
-                # b leaves (a clean stop unregisters it): it is dropped at the next discovery round
+                # the index loses every record (Redis restarted empty): the workers that still answer stay
+                await index_a.unregister_worker(a.worker_id)
                 await index_b.unregister_worker(b.worker_id)
                 await asyncio.sleep(0.6)
+                health = await (await client.get("/health")).json()
+                assert {x["url"] for x in health["detail"]["backends"] if x["model"] == model} == {a.url, b.url}
+                # b stops (out of the index, its health no longer 200): dropped at the next discovery round
+                await b.stop()
+                await asyncio.sleep(0.8)
                 assert {(await post(client, ask("warm state", model)))[1] for _ in range(3)} == {f"{model}-a"}
+                health = await (await client.get("/health")).json()
+                assert {x["url"] for x in health["detail"]["backends"] if x["model"] == model} == {a.url}
     finally:
         for index in (index_a, index_b):
             await index.unregister_worker(index.owner_id)

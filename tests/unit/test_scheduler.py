@@ -182,9 +182,12 @@ async def test_health_turns_503_when_no_layer_finishes(worker_settings):
             assert "no layer or prefill chunk finished" in body["detail"]["error"]
             assert body["detail"]["error_type"] == "stalled"
             assert service.metrics.stalled._value.get() == 1
+            live = await client.get("/livez")  # liveness fails on the stall only (a restart may cure it)
+            assert live.status == 503 and (await live.json())["detail"]["error_type"] == "stalled"
             await pending
         health = await client.get("/health")
         assert health.status == 200
+        assert (await client.get("/livez")).status == 200
 
 
 async def test_watchdog_reports_a_blocked_event_loop():

@@ -123,6 +123,14 @@ async def test_health_is_503_until_loaded_and_says_why(worker_settings, tmp_path
         assert body["detail"]["error_type"] == "not_ready" and "missing" in body["detail"]["message"]
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 503
+        live = await client.get("/livez")  # not ready, but alive: liveness must not restart a failed load loop
+        assert live.status == 200 and (await live.json())["state"] == "unavailable"
+
+
+async def test_a_decision_names_the_worker_that_answered(worker_settings):
+    async with worker_client(worker_settings(worker_id="w-7")) as (client, _):
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.status == 200 and response.headers["x-jev-worker"] == "w-7"
 
 
 async def test_health_waits_for_warmup(worker_settings):

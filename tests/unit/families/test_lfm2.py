@@ -144,11 +144,14 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
         # token ids: the worker's prepared prompt is upstream's prefix + suffix + value, question by question
         model = service.model
         request = SystemOneRequest.model_validate({"model": "jev-latest", "state": STATE, "questions": QUESTIONS})
+        groups = model.builder.prefix_groups(request.questions)
+        assert [list(group) for group in groups] == [[qid] for qid in QUESTIONS]  # each question its own prefill
+        planned = [rows_for(group, request.state, model.builder, model.readout.kinds) for group in groups]
+        parts = [model.builder.prepare(STATE, group_rows, (), group_plan) for group_rows, group_plan in planned]
         rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
-        prepared = model.builder.prepare(STATE, rows, (), plan)
+        prepared = model.builder.prepare(STATE, rows, (), plan)  # all questions at once: the same ids, unsplit
         want = [c for q in QUESTIONS.values() for c in reference.candidates(STATE, q)]
-        got = [(part.prefix_ids, row, labels) for part in prepared.parts
-               for row, labels in zip(part.rows, part.row_labels)]
+        got = [(part.prefix_ids, row, labels) for part in parts for row, labels in zip(part.rows, part.row_labels)]
         assert [list(p) + list(r) for p, r, _ in got] == [p + s + v for p, s, v in want]
         assert [list(labels) for _, _, labels in got] == [v for _, _, v in want]
         assert [list(prepared.prefix_ids + row) for row in prepared.rows] == [p + s + v for p, s, v in want]

@@ -5,8 +5,8 @@ candidate row `'  "answer": '` + value tokens after it, right-padded. The head r
 the value tokens' log-probabilities over the full vocabulary at the positions that predict them.
 
 What this adds to the causal-lm runner (runner.py), and nothing else:
-- a prepared request's questions run as separate items (`PreparedRequest.parts`: each question's prompt is its
-  own prefix, kept in L3 under its own key; the scheduler splits and joins them), results in row order;
+- each question is its own prefix group (Lfm2Builder.prefix_groups: its prompt is its own prefix, kept in L3
+  under its own key);
 - its forward adapter (Lfm2Adapter): rows hand the head every real position, packing is off (rows after a
   snapshot are right-padded anyway), and the once-per-model check that a forked snapshot equals a whole
   forward compares the row's positions (the runner does so for every adapter that reads whole rows).

@@ -11,10 +11,10 @@ the three pieces tokenised ON THEIR OWN (without special tokens) and concatenate
 pass over the whole text. The value tokens are the row's labels (what the head scores).
 
 One request's questions each have their own prefill (the question is in the system turn, before the state), so
-a prepared request holds one part per question (`Lfm2Prepared.parts`): a part's prefix is its question's whole
-prompt and its rows are the candidates' `'  "answer": '` + value tokens, which is what the family's engine runs
-(one prefill forked per candidate batch). The request as a whole (prefix = what every question's prompt shares,
-rows = the rest) is the same token ids, for L1 and for routing.
+each question is its own prefix group (`prefix_groups`, the pipeline prepares and runs each on its own): its
+prefix is the question's whole prompt (kept in L3 under its own key) and its rows are the candidates'
+`'  "answer": '` + value tokens, which is what upstream's engine runs (one prefill forked per candidate batch).
+Prepared together, several questions' rows follow what their prompts share (the same token ids, unsplit).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 
 from jev_common.control_tokens import ControlTokens
+
 from ...prompt import PreparedRequest, RowSpec, _common_prefix_length, ids_key
 from ...protocols import PromptBuilder
 from ...readouts.base import ServingError
@@ -57,19 +58,6 @@ class CandidateRow(RowSpec):
     value: str = ""
 
 
-@dataclass(frozen=True)
-class Lfm2Prepared(PreparedRequest):
-    """The request as one prepared prompt, and `parts`: one prepared prompt per question (its whole prompt as
-    the prefix, its candidates as rows), in row order."""
-
-    parts: tuple[PreparedRequest, ...] = ()
-
-    @property
-    def prompt_tokens(self) -> int:
-        """What the model reads: every question's prefill and every candidate's suffix + value tokens."""
-        return sum(part.prompt_tokens for part in self.parts)
-
-
 class Lfm2Builder(PromptBuilder):
     """The checkpoint's own chat template around upstream's system and user turns; no recipe layout."""
 
@@ -88,8 +76,13 @@ class Lfm2Builder(PromptBuilder):
         messages = [{"role": "system", "content": system}, {"role": "user", "content": state}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + ASSISTANT_OPEN
 
+    def prefix_groups(self, questions: dict) -> list[dict]:
+        """One group per question: each question's prompt (its schema in the system turn, then the state) is its
+        own prefill."""
+        return [{qid: question} for qid, question in questions.items()]
+
     def prepare(self, state_text: str, rows: list[CandidateRow], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> Lfm2Prepared:
+                plan: object = None) -> PreparedRequest:
         runs: list[tuple[str, list[CandidateRow]]] = []  # consecutive rows of one system prompt (a question)
         for row in rows:
             if runs and runs[-1][0] == row.content:
@@ -104,10 +97,10 @@ class Lfm2Builder(PromptBuilder):
                                          row_labels=tuple(values), image_keys=(), prefix_key=self._key(prefix)))
         shared = _common_prefix_length([part.prefix_ids for part in parts])
         prefix = parts[0].prefix_ids[:shared]
-        return Lfm2Prepared(
+        return PreparedRequest(
             prefix_ids=prefix, rows=tuple(part.prefix_ids[shared:] + row for part in parts for row in part.rows),
             row_labels=tuple(labels for part in parts for labels in part.row_labels), image_keys=tuple(image_keys),
-            prefix_key=self._key(prefix), plan=plan, parts=tuple(parts))
+            prefix_key=self._key(prefix), plan=plan)
 
     def _key(self, prefix: tuple[int, ...]) -> str:
         return ids_key(f"{self.identity}|lfm2|", prefix)
