@@ -328,18 +328,21 @@ class CacheIndex:
 
     # --- worker registrations (discovery) ---
 
-    async def register_worker(self, record: dict, ttl_s: float = WORKER_TTL_S) -> None:
-        """Announce a worker (model, url, ns, health, queue depth) for `ttl_s`; call again to refresh."""
+    async def register_worker(self, record: dict, ttl_s: float = WORKER_TTL_S) -> bool:
+        """Announce a worker (model, url, ns, health, queue depth) for `ttl_s`; call again to refresh. Returns
+        whether its record was still there (False: a first announcement, or an index that lost it)."""
         worker_id = str(record["worker_id"])
         payload = json.dumps({**record, "updated": time.time()})
 
         async def run(r):
             async with r.pipeline(transaction=True) as pipe:
+                pipe.exists(f"jev:worker:{worker_id}")
                 pipe.set(f"jev:worker:{worker_id}", payload, ex=max(1, int(ttl_s + 0.999)))
                 pipe.sadd(WORKERS_SET, worker_id)
                 return await pipe.execute()
 
-        await self._call("register_worker", run)
+        existed, *_ = await self._call("register_worker", run)
+        return bool(existed)
 
     async def unregister_worker(self, worker_id: str) -> None:
         async def run(r):

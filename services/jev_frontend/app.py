@@ -2,6 +2,7 @@
 forward the original bytes, pass the answer through."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -20,7 +21,8 @@ from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 from .metrics_merge import merged_exposition
 from .pool import BackendPool
-from .proxy import DECISION_HEADER_PREFIX, Backend, BackendConnectError, BackendDisconnected, BackendMetrics
+from .proxy import (DECISION_HEADER_PREFIX, Backend, BackendConnectError, BackendDisconnected, BackendMetrics,
+                    BackendUnreachable)
 from .router import Router
 from .settings import Settings
 
@@ -116,7 +118,7 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
             tried.add(route.backend.url)
             if len(tried) >= len(pool.replicas(name)):
                 return answer
-        except BackendConnectError as exc:
+        except (BackendConnectError, BackendUnreachable) as exc:
             pool.mark_down(route.backend, exc.message)
             tried.add(route.backend.url)
             if len(tried) >= len(pool.replicas(name)):
@@ -143,11 +145,22 @@ def _not_serving(answer) -> str | None:
 
 
 async def _send(client: Backend, backend, decision: str, call: dict):
+    """The decision's answer from `backend`; BackendUnreachable when its health probe finds it unreachable (a dead
+    host or a cut link answers nothing) while the request waits, so that another replica answers it now instead of
+    the caller waiting for the deadline. A decision is idempotent: at worst a partitioned worker computes it too."""
     backend.in_flight += 1
     client.metrics.in_flight.labels(backend.url).set(backend.in_flight)
+    sent = asyncio.ensure_future(client.call("POST", "/v1/systemone", url=backend.url, **call))
+    lost = asyncio.ensure_future(backend.unreachable.wait())
     try:
-        return await client.call("POST", "/v1/systemone", url=backend.url, **call)
+        await asyncio.wait({sent, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if sent.done():
+            return sent.result()
+        sent.cancel()
+        raise BackendUnreachable(f"backend {backend.url} stopped answering (its health probe: {backend.error})")
     finally:
+        for task in (sent, lost):
+            task.cancel()
         backend.in_flight -= 1
         client.metrics.in_flight.labels(backend.url).set(backend.in_flight)
 

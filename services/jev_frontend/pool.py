@@ -4,7 +4,8 @@ serves, which are healthy, and how loaded each is.
 Every `JEV_FRONTEND_HEALTH_INTERVAL_S` each backend's `GET /health` is polled: 200 puts it in rotation,
 anything else (503 while loading, a refused connection, no answer within the interval) takes it out
 until it answers 200 again. A backend whose connection is refused during a request, or that answers a decision
-503 because it is draining or not ready, is taken out at once. A discovered backend stays while it is in the
+503 because it is draining or not ready, is taken out at once. A backend whose probe cannot connect or times out
+is unreachable (a dead host, a cut link): the requests in flight on it are sent to another replica. A discovered backend stays while it is in the
 index or still answers 200 (an index restarted empty does not empty the pool), and leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias); its
 index namespace, worker id and queue depth from its health detail or its index registration.
 """
@@ -41,6 +42,9 @@ class BackendState:
     models: list[dict] = field(default_factory=list)  # its /v1/models entries
     error: str | None = None
     changed_at: float = field(default_factory=time.monotonic)
+    # set while it is out of rotation because it stopped answering (its health probe failed to connect or timed
+    # out): the requests in flight on it will get no answer, so they are sent to another replica
+    unreachable: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def load(self) -> int:
@@ -132,6 +136,7 @@ class BackendPool:
             answer = await self.client.call("GET", "/health", endpoint="health", timeout_s=timeout, url=backend.url)
         except DomainError as exc:
             self._set_up(backend, False, exc.message)
+            backend.unreachable.set()
             return None
         detail = {}
         try:
@@ -172,6 +177,8 @@ class BackendPool:
             log.info("backend %s (%s) %s%s", backend.url, backend.model or "?", "back in rotation" if up else
                      "taken out", f": {error}" if error else "")
         backend.up = up
+        if up:
+            backend.unreachable.clear()
         self.metrics.backend_up.labels(backend.url, backend.model or "?").set(1 if up else 0)
 
     def mark_down(self, backend: BackendState, reason: str) -> None:

@@ -87,6 +87,10 @@ class BackendConnectError(BackendUnavailable):
     """The backend refused or could not be reached: nothing was sent, another replica may answer."""
 
 
+class BackendUnreachable(BackendUnavailable):
+    """The backend stopped answering while a request waited on it (its health probe found it unreachable)."""
+
+
 class BackendDisconnected(BackendUnavailable):
     """The backend broke the connection during the call (it may have died)."""
 

@@ -2,7 +2,8 @@
 
 - `WorkerRegistration`: this worker's record (model, URL, namespace, health, queue depth) under
   `jev:worker:{id}` with a short TTL, refreshed every TTL/3 and removed on a clean stop; a host that
-  dies drops out when the TTL runs out.
+  dies drops out when the TTL runs out. When a refresh finds the record gone (an index restarted empty), the
+  worker's resident prefixes and routes are re-announced at once, not at their next refresh.
 - `IndexLink`: the calls the request path and the model thread make (prefixes in and out of L3, images warm
   in L2), each scheduled on the event loop without waiting;
 - `RouteRegistry`: the route key (jev_common.route_key) of every state whose prefix is resident in
@@ -44,8 +45,17 @@ class WorkerRegistration:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-registration")
 
     async def _loop(self) -> None:
+        announced = False
         while True:
-            await _quietly(self.index.register_worker(self.record(), self.ttl_s))
+            try:
+                present = await self.index.register_worker(self.record(), self.ttl_s)
+                if announced and not present:  # the index lost this worker (restarted empty): everything again now
+                    count = await self.index.refresh_own_prefixes()
+                    log.info("the index had lost this worker's record: re-announced it and %d prefixes and routes",
+                             count)
+                announced = True
+            except IndexUnavailable:
+                pass  # logged by the index; routing falls back to load
             await asyncio.sleep(max(0.05, self.ttl_s / 3))
 
     async def stop(self) -> None:

@@ -86,3 +86,25 @@ async def test_redis_down_never_fails_the_worker_side():
     with pytest.raises(IndexUnavailable):
         await dead.list_workers()
     await dead.close()
+
+
+async def test_an_index_restarted_empty_gets_the_worker_and_its_routes_back_at_once(index):
+    """The registration finds its record gone (Redis restarted empty) and re-announces the resident prefixes and
+    routes then, not at their next refresh (a third of the 60 s prefix TTL here)."""
+    record = {"worker_id": index.owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns}
+    routes = RouteRegistry()
+    routes.note(index, "prefix-1", "route-1")
+    await routes.resident(index, "prefix-1")
+    registration = WorkerRegistration(index, lambda: record, ttl_s=0.3)
+    registration.start()
+    try:
+        await asyncio.sleep(0.2)
+        redis = index._redis()
+        for key in [key async for key in redis.scan_iter(f"jev:{index.ns}:*")] + [f"jev:worker:{index.owner_id}"]:
+            await redis.delete(key)  # what an empty Redis holds of this worker
+        assert await index.route_owners(index.ns, "route-1") == []
+        await asyncio.sleep(0.4)
+        assert mine(await index.list_workers(), index.owner_id)
+        assert [o.worker_id for o in await index.route_owners(index.ns, "route-1")] == [index.owner_id]
+    finally:
+        await registration.stop()

@@ -227,6 +227,21 @@ async def test_a_draining_replica_s_503_is_answered_by_another_replica():
         assert status in (200, 500)
 
 
+async def test_requests_waiting_on_a_replica_that_stops_answering_are_answered_by_another():
+    """A dead host or a cut link answers nothing, not even a reset: once the health probe finds the replica
+    unreachable, the requests waiting on it go to another replica instead of waiting for the deadline."""
+    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b", "delay_s": 30}) as (a, b), \
+            frontend([("m", a.url), ("m", b.url)], health_interval_s=0.2, timeout_s=20) as client:
+        await asyncio.sleep(0.3)
+        pending = [asyncio.ensure_future(post(client, ask(f"s{i}", "m"))) for i in range(6)]
+        await until(lambda: asyncio.sleep(0, len(b.requests) >= 1))
+        started = time.monotonic()
+        b.health_delay_s = 30  # its probe times out: unreachable
+        answered = await asyncio.gather(*pending)
+        assert {(status, worker) for status, worker, _ in answered} == {(200, "a")}
+        assert time.monotonic() - started < 5  # not the 30 s the replica would have taken, nor the 20 s deadline
+
+
 async def test_in_flight_requests_to_a_dying_replica_get_502_not_a_hang():
     async with fakes({"model": "m", "worker_id": "a", "delay_s": 30}) as (a,), \
             frontend([("m", a.url)], timeout_s=20) as client:
