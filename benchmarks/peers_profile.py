@@ -8,13 +8,15 @@ cell's requests (the same corpus, fresh requests, bounded by --seconds) while
 `py-spy record --format raw` samples the serving process (ours: the worker; llama-bare: the scorer)
 at 200 Hz, idle threads excluded, so the samples say where CPU time goes. Prints the top functions by
 inclusive and by self share of samples, and writes the raw collapsed stacks (flamegraph input) and a
-summary JSON under --out. py-spy comes from the peers' venv (benchmarks/peers/install.sh).
+summary JSON under --out. py-spy comes from the peers' venv (benchmarks/peers/install.sh), else the project's
+(requirements-dev.txt). `--ours-env JEV_MODEL_PATH=DIR` profiles another checkpoint (the smoke run: a tiny one).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -47,6 +49,17 @@ def summarise(raw_lines: list[str], top: int = 25) -> dict:
     return {"samples": total, "inclusive": share(inclusive), "self": share(self_)}
 
 
+def py_spy() -> str:
+    """The peers' venv's py-spy (benchmarks/peers/install.sh), else the one beside this python (requirements-dev)."""
+    for candidate in (peers.PEER_VENV / "bin" / "py-spy", Path(sys.executable).parent / "py-spy"):
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("py-spy not found: run `bash benchmarks/peers/install.sh` or `make venv`")
+    return found
+
+
 async def profile(args) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +81,7 @@ async def profile(args) -> list[dict]:
             bodies = [b for r in range(6) for b in corpus[(workload, conc, r)]]
             stem = f"profile-{args.arm}-{workload}-c{conc}"
             raw_path = out / f"{stem}.txt"
-            cmd = [str(peers.PEER_VENV / "bin" / "py-spy"), "record", "--pid", str(pids[args.arm]), "--rate", "200",
+            cmd = [py_spy(), "record", "--pid", str(pids[args.arm]), "--rate", "200",
                    "--format", "raw", "--output", str(raw_path), "--duration", str(int(args.seconds))]
             cmd.append("--native" if args.native else "--nonblocking")  # py-spy cannot do both
             recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -556,6 +556,10 @@ class ModelInfo(BaseModel):
     name: str
     description: str
     release_date: str
+    # what answers this model's decisions, so that a changed answer can be traced (extensions, x_: the SDK ignores
+    # them): the checkpoint's identity (its pinned revision, or a digest of a local folder) and the code version
+    x_revision: str | None = None
+    x_code_version: str | None = None
 
 
 class ModelList(BaseModel):

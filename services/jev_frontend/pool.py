@@ -231,6 +231,7 @@ class BackendPool:
         out = [seen[name] for name in sorted(seen)]
         default = self.default_model()
         if default in seen:
+            made_by = {k: seen[default][k] for k in ("x_revision", "x_code_version") if k in seen[default]}
             out.append({"name": LATEST_ALIAS, "description": f"alias of {default}",
-                        "release_date": seen[default].get("release_date", "unknown")})
+                        "release_date": seen[default].get("release_date", "unknown"), **made_by})
         return out

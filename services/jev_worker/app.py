@@ -12,6 +12,7 @@ from jev_common.http import (
 )
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
+
 from .scheduler import Caller
 from .service import WorkerService
 from .settings import WorkerSettings
@@ -27,12 +28,15 @@ def response_json(response: DecisionResponse) -> dict:
     return body
 
 
-def model_list(recipe) -> ModelList:
-    """The served recipe under its own name, and as the API's default alias."""
+def model_list(recipe, revision: str | None = None, code_version: str | None = None) -> ModelList:
+    """The served recipe under its own name, and as the API's default alias, with the checkpoint revision and the
+    code version that answer it."""
     description = " ".join(recipe.description.split()) or recipe.name
+    made_by = {"x_revision": revision, "x_code_version": code_version}
     return ModelList(models=[
-        ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date),
-        ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date),
+        ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date, **made_by),
+        ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date,
+                  **made_by),
     ])
 
 
@@ -89,7 +93,8 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         return web.json_response(text=response.model_dump_json(), headers=headers)
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response(text=model_list(service.recipe).model_dump_json())
+        return web.json_response(text=model_list(service.recipe, service.identity, service.code_version).model_dump_json(
+            exclude_none=True))
 
     async def cache_stats(_request: web.Request) -> web.Response:
         return web.json_response(text=service.cache_stats().model_dump_json())

@@ -20,7 +20,9 @@ from .questions.base import render_content
 
 
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
-    payload = request.model_dump_json(include={"state", "questions", "assets"})
+    """What identifies the prompt: the state, questions and assets as sent (a field sent as null differs from one
+    left out: some families' upstreams write them differently, e.g. JEMM's `None` for null instructions)."""
+    payload = request.model_dump_json(include={"state", "questions", "assets"}, exclude_unset=True)
     return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 

@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 from jev_common.cache_index import CacheIndex
-from jev_common.http import WORKER_HEADER
+from jev_common.http import CODE_VERSION_HEADER, REVISION_HEADER, WORKER_HEADER
 from jev_common.errors import (
     DeadlineExceeded, DomainError, ModelNotServed, NotReady, ShuttingDown, UnsupportedRequestForm,
     domain_error_type,
@@ -19,6 +19,7 @@ from jev_common.schema import (
     LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
     SystemOneUsage,
 )
+from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
 from . import envelope, legacy
@@ -50,6 +51,7 @@ class WorkerService:
         self.recipe = settings.recipe
         # the recipe's pin, or a content digest of JEV_MODEL_PATH: what image assets and index keys are made for
         self.identity = checkpoint_identity(self.recipe, settings.model_path)
+        self.code_version = settings.code_version or source_version()  # named with every answer (_headers)
         self.metrics = metrics or WorkerMetrics()
         self.index_link = IndexLink()
         self.caches = WorkerCaches(settings.cache, on_l3_insert=self.index_link.prefix_resident,
@@ -222,9 +224,11 @@ class WorkerService:
         return response, self._headers(decision)
 
     def _headers(self, decision: Decision) -> dict[str, str]:
-        """The decision's cache outcomes (x-jev-cache) and which worker answered (x-jev-worker: its
-        JEV_WORKER_ID), passed through by the frontend."""
-        return {**decision.headers(), WORKER_HEADER: self.settings.worker_id}
+        """The decision's cache outcomes (x-jev-cache), which worker answered (x-jev-worker: its JEV_WORKER_ID) and
+        what answered it (x-jev-revision: the checkpoint's identity, x-jev-code-version), passed through by the
+        frontend: a changed answer can be traced to a changed model or code."""
+        return {**decision.headers(), WORKER_HEADER: self.settings.worker_id, REVISION_HEADER: self.identity,
+                CODE_VERSION_HEADER: self.code_version}
 
     async def decide(self, request: DecisionRequest, *, caller: Caller = Caller(),
                      deadline_s: float | None = None) -> tuple[DecisionResponse, dict[str, str]]:

@@ -104,6 +104,8 @@ ENV = EnvTable("worker", [
               "in the index under `jev:worker:<id>` with this TTL, refreshed every TTL/3, for frontends that "
               "discover workers; a dead host drops out after it. `0` = do not announce"),
     bytes_var("JEV_WORKER_MAX_BODY_BYTES", 16 << 20, "request body cap (413 beyond)"),
+    str_var("JEV_CODE_VERSION", COMPUTED, "the code version every answer names (`x-jev-code-version`, `/v1/models` "
+            "`x_code_version`), e.g. the image's git commit", shown="`src-` + a digest of the services' sources"),
     int_var("JEV_TORCH_THREADS", 0, "intra-op threads; `0` = the CPUs this process may use (its affinity, "
             "capped by a container's CPU quota). `python -m jev_worker` also sets `OMP_WAIT_POLICY=PASSIVE` unless "
             "it is set: idle OpenMP threads sleep instead of spinning, so another busy process on the host no longer "
@@ -171,6 +173,7 @@ class WorkerSettings:
     asset_dir: str = ENV["JEV_ASSET_DIR"].field()
     redis_url: str = ENV["JEV_REDIS_URL"].field()
     worker_id: str = "worker"
+    code_version: str = ""  # "" until from_env, or a test, sets it: the sources' digest (jev_common.version)
     worker_url: str = ""
     register_ttl_s: float = ENV["JEV_WORKER_REGISTER_TTL_S"].field()
     max_body_bytes: int = ENV["JEV_WORKER_MAX_BODY_BYTES"].field()
@@ -220,6 +223,7 @@ class WorkerSettings:
             asset_dir=ENV["JEV_ASSET_DIR"].get(),
             redis_url=ENV["JEV_REDIS_URL"].get(),
             worker_id=ENV["JEV_WORKER_ID"].get(f"{socket.gethostname()}:{port}"),
+            code_version=ENV["JEV_CODE_VERSION"].get(""),
             worker_url=ENV["JEV_WORKER_URL"].get(f"http://{advertised}:{port}"),
             register_ttl_s=ENV["JEV_WORKER_REGISTER_TTL_S"].get(),
             max_body_bytes=ENV["JEV_WORKER_MAX_BODY_BYTES"].get(),

@@ -71,3 +71,21 @@ def test_prefix_scheduling_tiny():
               "--rounds", "1")
     summary = json.loads(out.strip().splitlines()[-1])["summary"]
     assert set(summary["l3_hit_rate"]) == {"fifo", "prefix"}
+
+
+def test_cpu_speed_tiny():
+    """cpu_speed's run path (its child processes, quiet and busy, the table) on a tiny checkpoint with one
+    configuration: its smallest real run loads the embedded model once per configuration (214 s)."""
+    out = run("benchmarks.cpu_speed", "--tiny", "--lengths", "16,32", "--rounds", "1", "--reps", "1")
+    assert "| torch | 1 | passive |" in out and "tok/s" in out
+
+
+def test_peers_profile_ours_tiny(tmp_path, tiny_model):
+    """peers_profile's run path: our arm started as benchmarks.peers starts it, one cell's load while py-spy
+    samples the worker, the summary written; on a tiny checkpoint for a few seconds."""
+    out = run("benchmarks.peers_profile", "--arm", "ours", "--workload", "single", "--concurrency", "1",
+              "--seconds", "6", "--ours-env", f"JEV_MODEL_PATH={tiny_model}", "--ours-env", "JEV_DTYPE=float32",
+              "--out", str(tmp_path))
+    assert "inclusive share of samples" in out
+    summary = json.loads(next(tmp_path.glob("profile-ours-single-c1.json")).read_text())
+    assert summary["samples"] > 0 and summary["requests_ok"] > 0

@@ -158,8 +158,8 @@ SERVICES = {
     "worker": (worker_settings.WorkerSettings, worker_settings.ENV,
                {"JEV_RECIPE", "JEV_CACHE", "JEV_CACHE_L1", "JEV_CACHE_L2", "JEV_CACHE_L3", "JEV_CACHE_L1_MAX",
                 "JEV_CACHE_L2_BYTES", "JEV_CACHE_L3_BYTES", "JEV_WORKER_ID", "JEV_WORKER_URL", "JEV_LOG_LEVEL",
-                "JEV_RECIPES_DIR"},
-               {"cache", "worker_id", "worker_url"}),  # cache: checked below; the two computed by from_env
+                "JEV_RECIPES_DIR", "JEV_CODE_VERSION"},
+               {"cache", "worker_id", "worker_url", "code_version"}),  # cache: checked below; the others computed
     "frontend": (frontend_settings.Settings, frontend_settings.ENV, {"OMNI_JEV_BIND", "JEV_LOG_LEVEL"}, set()),
     "preencoder": (preencoder_settings.PreencoderSettings, preencoder_settings.ENV,
                    {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR"}, set()),
@@ -168,7 +168,7 @@ SERVICES = {
 # to keep the table as written); adding one here is a deliberate choice
 SHOWN = {
     "worker": {"JEV_MODEL_PATH", "JEV_CACHE_L1_MAX", "JEV_CACHE_L2_BYTES", "JEV_CACHE_L3_BYTES", "JEV_WORKER_ID",
-               "JEV_WORKER_URL", "JEV_RECIPES_DIR"},
+               "JEV_WORKER_URL", "JEV_RECIPES_DIR", "JEV_CODE_VERSION"},
     "frontend": {"OMNI_JEV_BIND", "JEV_DEFAULT_MODEL"},
     "preencoder": {"JEV_DTYPE", "JEV_LOG_LEVEL", "JEV_RECIPES_DIR"},
 }

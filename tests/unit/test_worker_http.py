@@ -127,10 +127,23 @@ async def test_health_is_503_until_loaded_and_says_why(worker_settings, tmp_path
         assert live.status == 200 and (await live.json())["state"] == "unavailable"
 
 
-async def test_a_decision_names_the_worker_that_answered(worker_settings):
-    async with worker_client(worker_settings(worker_id="w-7")) as (client, _):
+async def test_a_decision_names_the_worker_the_checkpoint_and_the_code_that_answered(worker_settings):
+    """Every answer can be traced: which worker, which checkpoint (its pinned revision, here a local folder's
+    content digest) and which code (JEV_CODE_VERSION, else a digest of the sources) answered it; /v1/models says
+    the same of each model."""
+    from jev_common.version import source_version
+
+    async with worker_client(worker_settings(worker_id="w-7")) as (client, service):
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.status == 200 and response.headers["x-jev-worker"] == "w-7"
+        assert response.headers["x-jev-revision"] == service.identity and service.identity.startswith("local:")
+        assert response.headers["x-jev-code-version"] == source_version()
+        assert source_version().startswith("src-") and len(source_version()) == 16
+        models = (await (await client.get("/v1/models")).json())["models"]
+        assert {(m["x_revision"], m["x_code_version"]) for m in models} == {(service.identity, source_version())}
+    async with worker_client(worker_settings(code_version="git-abc123")) as (client, _):
+        response = await client.post("/v1/systemone", json=GOOD)
+        assert response.headers["x-jev-code-version"] == "git-abc123"
 
 
 async def test_health_waits_for_warmup(worker_settings):

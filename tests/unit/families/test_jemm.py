@@ -166,3 +166,35 @@ async def test_jemm_images_precede_the_text_at_the_image_temperature(worker_sett
                                                            "questions": {"q": QUESTIONS["done"]},
                                                            "assets": {"<image:before>": asset[3]}})
         assert response.status == 422 and "at most 3072" in await response.text()
+
+
+# ypcypc/JEMM @0588a6975015a4f702b5c3a24b8fbbd4d824dd98: jemm/systemone.py `single_requests` takes the question as
+# `str(question.get("instructions", ""))` and jemm/contract.py `single_messages` writes the user turn. For the state
+# "Dialog open." and a choice between "close" ("Close it") and "wait" ("Wait"), what that code writes, copied out
+# literally:
+UPSTREAM_NULL_INSTRUCTIONS = ("State:\nDialog open.\n\nQuestion: None\n\nCandidates:\nA) Close it\nB) Wait\n\n"
+                              "Answer with exactly one candidate label.")
+UPSTREAM_ABSENT_INSTRUCTIONS = ("State:\nDialog open.\n\nQuestion: \n\nCandidates:\nA) Close it\nB) Wait\n\n"
+                                "Answer with exactly one candidate label.")
+
+
+async def test_jemm_writes_null_and_absent_instructions_as_upstream_does(worker_settings, jemm_dir, reference):
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.questions.plan import rows_for
+
+    async with served(worker_settings(recipe=jemm_recipe(), model_path=str(jemm_dir))) as (front, _, service):
+        model = service.model
+        for sent, user in ((None, UPSTREAM_NULL_INSTRUCTIONS), ("absent", UPSTREAM_ABSENT_INSTRUCTIONS)):
+            question = {"type": "choice", "criteria": {"close": "Close it", "wait": "Wait"}}
+            if sent != "absent":
+                question["instructions"] = None
+            request = SystemOneRequest.model_validate({"model": "jev-latest", "state": "Dialog open.",
+                                                       "questions": {"q": question}})
+            rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
+            prepared = model.builder.prepare("Dialog open.", rows, (), plan)
+            text = reference.tok.apply_chat_template(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], tokenize=False,
+                add_generation_prompt=True, enable_thinking=False, preserve_thinking=False)
+            assert list(prepared.full_ids(0)) == reference.tok(text, add_special_tokens=False)["input_ids"]
+            answered = (await ask(front, "Dialog open.", {"q": question}))["answers"]["q"]["probabilities"]
+            assert_probs(answered, reference.probabilities("Dialog open.", question), ["close", "wait"])

@@ -144,3 +144,20 @@ def test_laya_needs_its_files_and_backend(tmp_path, laya_recipe, tiny_recipe, la
     assert done.returncode == 2, done.stderr
     assert "needs model.safetensors" in done.stderr
 
+
+
+async def test_laya_writes_null_instructions_as_laya_does(worker_settings, laya_recipe, laya_dir):
+    """laya 0.3.20 (PyPI) `Agent._to_internal` (agent.py): instructions that are not text become
+    `json.dumps(ins, ensure_ascii=False)`, so an explicit null is the text `null`, and `build_sequence` (common.py)
+    writes the head as `"%s question: %s" % (type, ins)`: `choice question: null`, copied out literally. Absent
+    instructions laya refuses (`no 'instructions'`); this API allows them, so the recipe's default is sent."""
+    ref = Reference(laya_dir)
+    criteria = {"on": None, "off": None}
+    async with served(worker_settings(recipe=laya_recipe, model_path=str(laya_dir))) as (front, _, _):
+        null = (await ask(front, STATE, {"q": {"type": "choice", "instructions": None, "criteria": criteria}}))
+        absent = (await ask(front, STATE, {"q": {"type": "choice", "criteria": criteria}}))
+    null, absent = null["answers"]["q"]["probabilities"], absent["answers"]["q"]["probabilities"]
+    assert_probs(null, ref.probs(0, "choice question: null", ["on", "off"], STATE, 1.3), ["on", "off"])
+    assert_probs(absent, ref.probs(0, "choice question: Which option fits the state best?", ["on", "off"], STATE, 1.3),
+                 ["on", "off"])
+    assert abs(null["on"] - absent["on"]) > 1e-6

@@ -137,7 +137,6 @@ async def test_omnijev_answers_equal_the_plain_reference(worker_settings, tiny_r
 @pytest.mark.parametrize("question, says", [
     ({"type": "set", "criteria": {"hot": None, "cold": None}}, "unsupported_question_type"),
     ({"type": "span", "criteria": ["its spout", "The kettle"]}, "unsupported_question_type"),
-    ({"type": "noul", "instructions": "Hot?", "criteria": {"true": "boiling"}}, "reads only the instructions"),
     ({"type": "choice", "criteria": {"a<|opt|>": None, "b": None}}, "control token"),
 ])
 async def test_omnijev_refuses_what_it_has_no_head_or_layout_for(worker_settings, tiny_recipe, omnijev_dir, question,
@@ -145,6 +144,40 @@ async def test_omnijev_refuses_what_it_has_no_head_or_layout_for(worker_settings
     settings = worker_settings(recipe=omnijev_recipe(tiny_recipe), model_path=str(omnijev_dir))
     async with served(settings) as (front, _, _):
         assert says in json.dumps(await ask(front, STATE, {"q": question}, status=422))
+
+
+# tinnel123666888/OmniJev mso/infer.py @5da4b5c4cd5cc2acb96d18beecbdf5972231ef1b, `MSO1._options`: a choice option is
+#     {"text": k if crit[k] in (None, "") else "{}: {}".format(k, crit[k])}
+# and a noul question is one option {"text": ""} whatever its criteria; `_prompt` appends each as
+# "<|opt|>" + text + "<|/opt|>". What that code writes for these criteria, copied out literally:
+UPSTREAM_OPTIONS = {
+    "a": "<|opt|>a<|/opt|>",
+    "b": "<|opt|>b<|/opt|>",
+    "c": "<|opt|>c: water at 100 C<|/opt|>",
+    "d": "<|opt|>d: {'unit': 'C', 'max': 100}<|/opt|>",
+    "e": "<|opt|>e: ['hot', 'cold']<|/opt|>",
+    "f": "<|opt|>f: {'ok': True, 'n': None}<|/opt|>",
+}
+
+
+async def test_omnijev_options_are_written_as_upstream_writes_them(worker_settings, tiny_recipe, omnijev_dir):
+    from jev_worker.questions.plan import rows_for
+    from jev_common.schema import SystemOneRequest
+
+    settings = worker_settings(recipe=omnijev_recipe(tiny_recipe), model_path=str(omnijev_dir))
+    async with served(settings) as (front, _, service):
+        request = SystemOneRequest.model_validate({"model": "jev-latest", "state": STATE, "questions": {
+            "q": {"type": "choice", "instructions": "Which?",
+                  "criteria": {"a": None, "b": "", "c": "water at 100 C", "d": {"unit": "C", "max": 100},
+                               "e": ["hot", "cold"], "f": {"ok": True, "n": None}}},
+            "n": {"type": "noul", "instructions": "Hot?", "criteria": {"true": "boiling", "false": "cold"}}}})
+        model = service.model
+        rows, _ = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
+        assert [row.after for row in rows] == [*UPSTREAM_OPTIONS.values(), "<|opt|><|/opt|>"]
+        # noul criteria are not read: the same answer with and without them
+        with_criteria = await ask(front, STATE, {"n": request.questions["n"].model_dump(exclude_none=True)})
+        without = await ask(front, STATE, {"n": {"type": "noul", "instructions": "Hot?"}})
+        assert abs(with_criteria["answers"]["n"]["noul"] - without["answers"]["n"]["noul"]) <= 1e-6
 
 
 def test_omnijev_needs_its_files_and_backend(tmp_path, tiny_recipe, omnijev_dir):

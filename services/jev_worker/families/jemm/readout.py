@@ -139,7 +139,8 @@ class _Candidates(QuestionKind):
     def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]:
         texts = self.candidates(question)
         codes, ids = ctx.builder.coded(len(texts))
-        asked = "" if question.instructions is None else str(question.instructions)
+        # upstream's `str(question.get("instructions", ""))` (systemone.py): absent is empty, an explicit null "None"
+        asked = str(question.instructions) if "instructions" in question.model_fields_set else ""
         lines = [f"{code}) {text}" for code, text in zip(codes, texts)]
         content = (f"Question: {flat(asked)}\n\nCandidates:\n" + "\n".join(lines) + f"\n\n{ANSWER}")
         ctx.builder.check_user_text(content, where)

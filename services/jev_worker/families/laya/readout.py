@@ -101,6 +101,15 @@ class LayaDecisionHead(nn.Module, Head):
         return scores / self.temperatures.of(self.type_names[type_id], len(markers))
 
 
+def instructions(question, ctx: BuildContext, where: str) -> str:
+    """The question's instructions as laya 0.3.20 reads them (`Agent._to_internal`: text as is, anything else
+    `json.dumps(..., ensure_ascii=False)`, so an explicit null is `null`). Absent instructions upstream refuses;
+    this API allows them, so the recipe's default question of the type is sent (recipe README)."""
+    if question.instructions is None and "instructions" in question.model_fields_set:
+        return "null"
+    return ctx.instructions(question, where)
+
+
 def _softmax(logits) -> list[float]:
     return torch.softmax(logits[0].float(), dim=-1).tolist()
 
@@ -110,7 +119,7 @@ class LayaChoice(QuestionKind):
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
         options = [name if not text else f"{name}: {text}" for name, text in ctx.criteria(question, where)]
-        return [LayaRow("choice", ctx.instructions(question, where), tuple(options))]
+        return [LayaRow("choice", instructions(question, ctx, where), tuple(options))]
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         probs, names = _softmax(logits), list(question.criteria)
@@ -122,7 +131,7 @@ class LayaScore(QuestionKind):
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
         levels = [f"level {i}: {ctx.user_text(level, f'{where}.criteria[{i}]')}" for i, level in enumerate(question.criteria)]
-        return [LayaRow("score", ctx.instructions(question, where), tuple(levels))]
+        return [LayaRow("score", instructions(question, ctx, where), tuple(levels))]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         probs = _softmax(logits)
@@ -140,7 +149,7 @@ class LayaNoul(QuestionKind):
             value = given.get(side)
             text = "" if value is None else ctx.user_text(value, f"{where}.criteria.{side}")
             sides.append(f"{side}: {text or NOUL_DEFAULTS[side]}")
-        return [LayaRow("noul", ctx.instructions(question, where), tuple(sides))]
+        return [LayaRow("noul", instructions(question, ctx, where), tuple(sides))]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:
         return NoulAnswer(noul=_softmax(logits)[1])

@@ -119,9 +119,13 @@ class OmniChoice(_OmniKind):
     type = "choice"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
+        """An option is its key, or `"{}: {}".format(key, description)` (mso/infer.py `MSO1._options`): a
+        description that is not text reads as Python prints it (`k: {'a': 1}`), as upstream writes it."""
         rows = []
-        for name, text in ctx.criteria(question, where):
-            rows.append(self.row(question, ctx, where, name if not text else f"{name}: {text}"))
+        for name, description in question.criteria.items():
+            text = name if description in (None, "") else "{}: {}".format(name, description)
+            ctx.builder.check_user_text(text, f"{where}.criteria[{name!r}]")
+            rows.append(self.row(question, ctx, where, text))
         return rows
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
@@ -150,9 +154,7 @@ class OmniNoul(_OmniKind):
     type = "noul"
 
     def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        if question.criteria is not None:
-            raise UnreadableInput(f"{where}.criteria: OmniJev's noul head reads only the "
-                           "instructions; state the condition there")
+        """One empty option; criteria are not read (mso/infer.py `MSO1._options` ignores them for noul)."""
         return [self.row(question, ctx, where, "")]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:
