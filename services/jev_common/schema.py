@@ -359,7 +359,9 @@ class ChoiceQuestion(_Question):
 
     type: Literal["choice"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_OPTIONS)
+    # one option is valid API (some families' upstreams answer it: {"only": 1.0}); a family that needs two says
+    # so with a 422 (its question type's `min_options`, jev_worker.questions.plan)
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
 
     @field_validator("criteria")
     @classmethod

@@ -211,6 +211,9 @@ class QuestionKind(ABC):
     """One System One question type: its rows after the state prefix, and its answer from their logits."""
 
     type: ClassVar[str]
+    # the fewest options a choice of this type is answered with (the API allows one; most families' upstreams need
+    # two, and the envelope refuses fewer with a 422 naming the family's readout)
+    min_options: ClassVar[int] = 2
 
     @abstractmethod
     def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...

@@ -159,3 +159,16 @@ def test_load_exactly_names_a_missing_or_extra_tensor():
                      source="heads.safetensors", fits="the head")
     load_exactly(layer, {"weight": torch.ones(3, 2), "bias": torch.zeros(3)}, source="h", fits="the head")
     assert torch.equal(layer.weight, torch.ones(3, 2))
+
+
+async def test_a_one_option_choice_is_refused_by_a_family_that_needs_two(worker_settings):
+    """The API allows a choice of one option; the label-token readout's upstream layout needs two: 422 too_short
+    naming the readout, before any forward (families whose upstream answers one declare min_options = 1)."""
+    from .worker_helpers import worker_client
+
+    async with worker_client(worker_settings()) as (client, _):
+        response = await client.post("/v1/systemone", json={
+            "model": "jev-latest", "state": "s", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}})
+        body = await response.json()
+        assert response.status == 422 and body["detail"][0]["type"] == "too_short"
+        assert "at least 2 options" in body["detail"][0]["msg"] and body["detail"][0]["loc"][-1] == "criteria"

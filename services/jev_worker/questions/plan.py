@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jev_common.errors import UnsupportedQuestionType
+from jev_common.errors import UnsupportedQuestionType, validation_error
 from jev_common.schema import SystemOneRequest
 
 from ..prompt import RowSpec
@@ -46,6 +46,11 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
             raise UnsupportedQuestionType(
                 f"questions[{qid!r}]: question type {question.type!r} is not answered by this model's readout "
                 f"({served_by}); it answers {', '.join(sorted(kinds))}")
+        if question.type == "choice" and len(question.criteria) < kind.min_options:
+            raise validation_error(
+                f"questions[{qid!r}].criteria: this model's readout ({served_by}) answers a choice of at least "
+                f"{kind.min_options} options, as its upstream does; got {len(question.criteria)} (too_short)",
+                ("questions", qid, "criteria"), "too_short")
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)

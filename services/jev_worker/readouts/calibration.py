@@ -85,6 +85,7 @@ class CalibratedKind(QuestionKind):
     def __init__(self, kind: QuestionKind, calibration: Calibration):
         self.kind = kind
         self.type = kind.type
+        self.min_options = kind.min_options
         self.calibration = calibration
 
     def rows(self, question, ctx, where: str):

@@ -69,6 +69,9 @@ async def test_cua_s1_answers_equal_its_text_contract(worker_settings, tiny_text
                          ["Click Delete", "Click Cancel"])
         serving = (await (await worker.get("/health")).json())["detail"]["serving"]
         assert serving["readout"] == "cua-s1-labels" and serving["question_types"] == ["choice"]
+        # one option: upstream answers 1 to 26 (a softmax over one letter); so does the worker
+        one = {"type": "choice", "instructions": "Close the dialog.", "criteria": {"close": "Click Close"}}
+        assert (await ask(front, TREE, {"q": one}))["answers"]["q"]["probabilities"] == {"close": 1.0}
 
         for question in ({"type": "noul", "instructions": "Is it open?"},
                          {"type": "score", "criteria": ["low", "high"]}):

@@ -189,6 +189,12 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
         assert_probs(body["answers"]["q"]["probabilities"], reference.probabilities(STATE, many),
                      list(many["criteria"]))
 
+        # one option: upstream's enum takes 1 to 255 values and scores one with p = 1; so does the worker
+        one = {"type": "choice", "instructions": "Pick the team.", "criteria": {"billing": None}}
+        body = await (await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE,
+                                                              "questions": {"q": one}})).json()
+        assert body["answers"]["q"]["choice"] == "billing" and body["answers"]["q"]["probabilities"] == {"billing": 1.0}
+
 
 async def test_lfm2_refuses_what_upstream_refuses(worker_settings, lfm2_dir):
     async def status(state, questions, extra=None) -> tuple[int, str]:

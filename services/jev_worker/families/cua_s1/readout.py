@@ -57,6 +57,7 @@ class CuaChoice(QuestionKind):
     """The text adapter's choice: the state as the accessibility tree."""
 
     type = "choice"
+    min_options = 1  # upstream answers 1 to 26 options
 
     def state_block(self, ctx: BuildContext, where: str) -> str:
         if ctx.state in ("", {}, []):

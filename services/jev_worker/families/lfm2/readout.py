@@ -43,6 +43,7 @@ def softmax(scores: list[float]) -> list[float]:
 
 class Lfm2Choice(QuestionKind):
     type = "choice"
+    min_options = 1  # upstream's enum takes 1 to 255 values
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[CandidateRow]:
         if not isinstance(ctx.state, str) or not ctx.state.strip():

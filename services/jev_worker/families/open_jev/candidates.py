@@ -51,6 +51,7 @@ def candidate_rows(question, ctx: BuildContext, where: str, options: list[str]) 
 
 class CandidateChoice(QuestionKind):
     type = "choice"
+    min_options = 1  # upstream answers one option ({"only": 1.0} in its golden contract)
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         options = []
