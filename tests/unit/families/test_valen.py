@@ -1,8 +1,13 @@
 """valen-head on valen-lora (Valen-Preview-0923) on a tiny checkpoint in Valen's layout (checkpoint.pt +
 config.json over a Qwen3.5 base): every choice, noul and score answer equal to a plain reference written out
-here after
-Valen's `Compiler.compile`, `ValenQwen.forward` / `DecisionHead` and `inference.answer`, with the LoRA run
-unmerged as PEFT runs it."""
+here from Liuziyu77/Valen @06251f9d9d3c06ea690be93b8696ccc66471f8c9:
+- `valen/data/compilers/qwen.py` `Compiler.compile`: the state's chat template without a generation prompt, then
+  each segment tokenised on its own: "<|im_start|>user\n", "Task: {type}\nQuestion: {instructions}\nCandidates:\n",
+  per candidate "{key}: {description}" (score: the description alone) then "\n", and "Decision:" (copied out
+  literally in `Reference.compile`);
+- `valen/data/schema.py` `candidates`: noul's two candidates ("True / 是：满足问题中的条件。", "False / 否：不满足问题
+  中的条件。", literally), choices of 1 to 255 criteria, score levels in order;
+- `ValenQwen.forward` / `DecisionHead` and `inference.answer`, with the LoRA run unmerged as PEFT runs it."""
 from __future__ import annotations
 
 import json
@@ -189,6 +194,9 @@ async def test_valen_noul_and_score_follow_its_compiler(worker_settings, tiny_va
         body = await ask(front, STATE, {"q": {"type": "score", "instructions": "How hot?", "criteria": ["a", " "]}},
                          status=422)
         assert "blank" in json.dumps(body)
+        # one option: `candidates` takes 1 to 255 criteria; its softmax over one logit is 1
+        one = {"type": "choice", "instructions": "Which?", "criteria": {"kettle": "a kettle"}}
+        assert (await ask(front, STATE, {"q": one}))["answers"]["q"]["probabilities"] == {"kettle": 1.0}
 
 
 @pytest.mark.parametrize("question", [

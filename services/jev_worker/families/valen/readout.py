@@ -167,6 +167,7 @@ def _softmax(logits: torch.Tensor) -> list[float]:
 
 class ValenChoice(QuestionKind):
     type = "choice"
+    min_options = 1  # valen/data/schema.py `candidates`: "Choice needs 1–255 named criteria"
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
         instructions = _instructions(question, ctx, where)
