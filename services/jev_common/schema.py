@@ -447,6 +447,10 @@ class SystemOneRequest(BaseModel):
     questions: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)], Question] = Field(
         min_length=1, max_length=MAX_QUESTIONS)
     assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
+    # extension (x_: the SDK and other servers ignore it): answers that do not depend on option order.
+    # `cyclic`: each choice answered from the cyclic shifts of its options (all of them up to 8 options, else 8
+    # evenly spaced shifts), each option's probability averaged over the shifts (README, "Coherence").
+    x_coherence: Literal["off", "cyclic"] = "off"
 
     @model_validator(mode="before")
     @classmethod
@@ -562,6 +566,7 @@ class ModelInfo(BaseModel):
     # them): the checkpoint's identity (its pinned revision, or a digest of a local folder) and the code version
     x_revision: str | None = None
     x_code_version: str | None = None
+    x_coherence: list[str] | None = None  # the request's x_coherence modes this model answers choices with
 
 
 class ModelList(BaseModel):

@@ -28,11 +28,12 @@ def response_json(response: DecisionResponse) -> dict:
     return body
 
 
-def model_list(recipe, revision: str | None = None, code_version: str | None = None) -> ModelList:
+def model_list(recipe, revision: str | None = None, code_version: str | None = None,
+               coherence: list[str] | None = None) -> ModelList:
     """The served recipe under its own name, and as the API's default alias, with the checkpoint revision and the
     code version that answer it."""
     description = " ".join(recipe.description.split()) or recipe.name
-    made_by = {"x_revision": revision, "x_code_version": code_version}
+    made_by = {"x_revision": revision, "x_code_version": code_version, "x_coherence": coherence}
     return ModelList(models=[
         ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date, **made_by),
         ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date,
@@ -93,7 +94,8 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         return web.json_response(text=response.model_dump_json(), headers=headers)
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response(text=model_list(service.recipe, service.identity, service.code_version).model_dump_json(
+        return web.json_response(text=model_list(service.recipe, service.identity, service.code_version,
+                                                 service.coherence_modes()).model_dump_json(
             exclude_none=True))
 
     async def cache_stats(_request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ from .questions.base import render_content
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
     """What identifies the prompt: the state, questions and assets as sent (a field sent as null differs from one
     left out: some families' upstreams write them differently, e.g. JEMM's `None` for null instructions)."""
-    payload = request.model_dump_json(include={"state", "questions", "assets"}, exclude_unset=True)
+    payload = request.model_dump_json(include={"state", "questions", "assets", "x_coherence"}, exclude_unset=True)
     return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 
@@ -42,7 +42,7 @@ def job(request: SystemOneRequest, parts: dict[str, bytes],
     keys = tuple(p.key for p in pieces if isinstance(p, ImageSlot))
     return Job(questions=dict(request.questions), state=request.state, pieces=tuple(pieces),
                where="state", route_text=render_state(request), route_images=tuple(r.key for r in refs),
-               l1_key=l1_key(request, keys), request=request, has_images=bool(refs))
+               l1_key=l1_key(request, keys), request=request, has_images=bool(refs), coherence=request.x_coherence)
 
 
 # ----- images -----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ class Job:
     l1_key: str                       # identifies the prompt (the request minus id and deadline)
     extra_kinds: dict = field(default_factory=dict)  # question kinds the form asks beyond the readout's
     request: object = None            # the parsed request, for strategies that translate it whole
+    coherence: str = "off"            # the request's x_coherence (questions/plan.py)
     has_images: bool = False
 
     @property

@@ -101,7 +101,7 @@ class LocalPipeline(Pipeline):
         model = self.model
 
         def build():
-            rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name)
+            rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name, job.coherence)
             bounds = model.bounds  # bounds before compute: cheapest first, the exact count last
             bounds.check_chars(state_text, questions, job.where)
             bounds.check_state_tokens(model.builder.tokenizer, state_text, job.where)

@@ -214,6 +214,8 @@ class QuestionKind(ABC):
     # the fewest options a choice of this type is answered with (the API allows one; most families' upstreams need
     # two, and the envelope refuses fewer with a 422 naming the family's readout)
     min_options: ClassVar[int] = 2
+    # the coherence modes (a request's x_coherence besides "off") this type answers choices with
+    coherence_modes: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...

@@ -321,6 +321,13 @@ class WorkerService:
             code, status = 503, "stalled"
         return code, {"status": status, "detail": detail}
 
+    def coherence_modes(self) -> list[str] | None:
+        """The x_coherence modes this model answers choices with (None until the readout is known)."""
+        if self.serving is None:
+            return None
+        choice = self.serving.readout.kinds.get("choice")
+        return sorted({"off", *(choice.coherence_modes if choice is not None else ())})
+
     def stalled(self) -> str | None:
         """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""
         return self.watchdog.problem() if self.watchdog is not None else None

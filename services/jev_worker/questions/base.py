@@ -22,6 +22,7 @@ class BuildContext:
     builder: PromptBuilder
     state: object  # the request's state as sent (span questions locate candidates in it)
     plan: object = None  # when answering: the prepared request's plan (a readout's own, e.g. its image count)
+    coherence: str = "off"  # the request's x_coherence: how a kind that offers it lays out and reads its rows
 
     @property
     def prompt(self) -> PromptSpec:

@@ -26,6 +26,7 @@ class QuestionPlan:
 class EnvelopePlan:
     questions: tuple[QuestionPlan, ...]
     state: object
+    coherence: str = "off"
 
 
 def question_rows(request: SystemOneRequest, builder, kinds: dict | None = None,
@@ -34,10 +35,10 @@ def question_rows(request: SystemOneRequest, builder, kinds: dict | None = None,
 
 
 def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
-             served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
+             served_by: str = "label-tokens", coherence: str = "off") -> tuple[list[RowSpec], EnvelopePlan]:
     """Rows of every question (id -> question), by the served readout's question types (`kinds`)."""
     kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, state)
+    ctx = BuildContext(builder, state, coherence=coherence)
     rows: list[RowSpec] = []
     plans = []
     for qid, question in questions.items():
@@ -51,15 +52,20 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
                 f"questions[{qid!r}].criteria: this model's readout ({served_by}) answers a choice of at least "
                 f"{kind.min_options} options, as its upstream does; got {len(question.criteria)} (too_short)",
                 ("questions", qid, "criteria"), "too_short")
+        if coherence != "off" and question.type == "choice" and coherence not in kind.coherence_modes:
+            raise validation_error(
+                f"x_coherence: this model's readout ({served_by}) does not offer {coherence!r} for choice questions "
+                f"(it offers: {', '.join(sorted({'off', *kind.coherence_modes}))}; GET /v1/models lists them)",
+                ("x_coherence",))
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)
-    return rows, EnvelopePlan(tuple(plans), state)
+    return rows, EnvelopePlan(tuple(plans), state, coherence)
 
 
 def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder, kinds: dict | None = None) -> dict:
     kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, plan.state, plan)
+    ctx = BuildContext(builder, plan.state, plan, coherence=plan.coherence)
     out = {}
     for q in plan.questions:
         kind = kinds[q.question.type]

@@ -86,6 +86,7 @@ class CalibratedKind(QuestionKind):
         self.kind = kind
         self.type = kind.type
         self.min_options = kind.min_options
+        self.coherence_modes = kind.coherence_modes
         self.calibration = calibration
 
     def rows(self, question, ctx, where: str):
