@@ -89,3 +89,11 @@ def test_peers_profile_ours_tiny(tmp_path, tiny_model):
     assert "inclusive share of samples" in out
     summary = json.loads(next(tmp_path.glob("profile-ours-single-c1.json")).read_text())
     assert summary["samples"] > 0 and summary["requests_ok"] > 0
+
+
+def test_coherence_tiny():
+    """benchmarks.coherence's run path: a worker, jevbench's plan answered once per x_coherence mode, the table;
+    on the tiny checkpoint over jevbench's one-case `examples` suite."""
+    pytest.importorskip("jevbench")
+    out = run("benchmarks.coherence", "--tiny", "--suite", "examples")
+    assert "| off | option_permutation |" in out and "| cyclic | option_permutation |" in out
