@@ -65,7 +65,9 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
 
 def answers(plan: EnvelopePlan, row_logits: list[torch.Tensor], builder, kinds: dict | None = None) -> dict:
     kinds = QUESTION_KINDS if kinds is None else kinds
-    ctx = BuildContext(builder, plan.state, plan, coherence=plan.coherence)
+    # a family's own plan (JEMM's, Clef's) carries no coherence: its choice types offer none (refused in rows_for)
+    coherence = plan.coherence if isinstance(plan, EnvelopePlan) else "off"
+    ctx = BuildContext(builder, plan.state, plan, coherence=coherence)
     out = {}
     for q in plan.questions:
         kind = kinds[q.question.type]
