@@ -96,6 +96,7 @@ class Topology:
         return [int(p) for p in done.stdout.split()]
 
     def kill(self, host: str, sig: int = signal.SIGKILL) -> None:
+        # never this process: it lives in the client's namespace
         for pid in [p for p in self.pids(host) if p != os.getpid()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -117,13 +118,9 @@ class Topology:
 
     def down(self) -> None:
         for host in [*HOSTS, "sw"]:
-            ns = f"{self.prefix}-{host}"
-            if Path(f"/var/run/netns/{ns}").exists():
-                for pid in [int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()]:
-                    if pid != os.getpid():  # this process lives in the client's namespace
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
-                sh("ip", "netns", "del", ns, check=False)
+            if Path(f"/var/run/netns/{self.ns(host)}").exists():
+                self.kill(host)
+                sh("ip", "netns", "del", self.ns(host), check=False)
 
 
 class Stack:

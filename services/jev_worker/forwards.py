@@ -74,7 +74,8 @@ def _causal_block(n: int, device) -> torch.Tensor:
 
 
 class Forwards:
-    def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, pad_id: int = 0):
+    def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, pad_id: int = 0,
+                 prefill_chunk: int = 0):
         self.model = model
         self.device = device
         self.adapter = adapter
@@ -83,7 +84,7 @@ class Forwards:
         self.embed = model.get_input_embeddings()
         params = inspect.signature(self.backbone.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.prefill_chunk = 0  # tokens per prefill chunk (0: one pass); the worker sets JEV_PREFILL_CHUNK_TOKENS
+        self.prefill_chunk = prefill_chunk  # tokens per prefill chunk (0: one pass): JEV_PREFILL_CHUNK_TOKENS
         self.packing = adapter.packs
         self.packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)

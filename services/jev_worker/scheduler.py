@@ -327,9 +327,10 @@ class Scheduler:
         if self.batching:
             prefixes = {first.prefix_key}
             rest = order[1:]
+            resident = {key for key in {job.prefix_key for job in rest} if self.prefix_cache.resident(key)}
             while rest:
-                job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], prefixes), k)))
-                shares = job.prefix_key in prefixes or self.prefix_cache.resident(job.prefix_key)
+                job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], prefixes, resident), k)))
+                shares = job.prefix_key in prefixes or job.prefix_key in resident
                 cost = job.row_tokens if shares else job.tokens
                 if rows + job.rows <= self.max_batch_rows and (
                         not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens):
@@ -341,12 +342,12 @@ class Scheduler:
         self._pending = [job for job in live if id(job) not in taken]
         return batch
 
-    def _affinity(self, job: Flight, prefixes: set[str]) -> int:
+    def _affinity(self, job: Flight, prefixes: set[str], resident: set[str]) -> int:
         """Which jobs fill a batch first (smaller first, fair order within): prefix-aware, the batch's own
         prefixes (0), then prefixes resident in L3 (1), then the others (2); fifo, fair order alone."""
         if not self.prefix_aware:
             return 0
-        return 0 if job.prefix_key in prefixes else 1 if self.prefix_cache.resident(job.prefix_key) else 2
+        return 0 if job.prefix_key in prefixes else 1 if job.prefix_key in resident else 2
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

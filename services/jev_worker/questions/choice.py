@@ -15,18 +15,27 @@ from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
+def option_texts(names: list[str], descriptions: list[object | None], ctx: BuildContext,
+                 where: str) -> list[tuple[str, str | None]]:
+    """(name, description as checked user text, or None) of each option, checked once."""
+    out = []
+    for name, description in zip(names, descriptions):
+        ctx.builder.check_user_text(name, f"{where}.criteria")
+        out.append((name, None if description is None else ctx.user_text(description, f"{where}.criteria[{name!r}]")))
+    return out
+
+
+def listed(options: list[tuple[str, str | None]], codes: list[str], ctx: BuildContext) -> str:
+    """The options under their codes, in the recipe's option lines."""
+    prompt = ctx.prompt
+    return "\n".join(prompt.option_line.format(code=code, name=name) if text is None else
+                     prompt.described_option_line.format(code=code, name=name, description=text)
+                     for code, (name, text) in zip(codes, options))
+
+
 def option_lines(names: list[str], descriptions: list[object | None], codes: list[str], ctx: BuildContext,
                  where: str) -> str:
-    prompt = ctx.prompt
-    lines = []
-    for code, name, description in zip(codes, names, descriptions):
-        ctx.builder.check_user_text(name, f"{where}.criteria")
-        if description is None:
-            lines.append(prompt.option_line.format(code=code, name=name))
-        else:
-            text = ctx.user_text(description, f"{where}.criteria[{name!r}]")
-            lines.append(prompt.described_option_line.format(code=code, name=name, description=text))
-    return "\n".join(lines)
+    return listed(option_texts(names, descriptions, ctx, where), codes, ctx)
 
 
 MAX_SHIFTS = 8
@@ -45,14 +54,13 @@ class Choice(QuestionKind):
         return cyclic_shifts(len(question.criteria)) if ctx.coherence == "cyclic" else [0]
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        names, descriptions = list(question.criteria), list(question.criteria.values())
-        codes, ids = ctx.builder.coded(len(names))
+        options = option_texts(list(question.criteria), list(question.criteria.values()), ctx, where)
+        codes, ids = ctx.builder.coded(len(options))
+        question_line = ctx.question_line(question, where)
         rows = []
-        for shift in self._shifts(question, ctx):
-            listing = option_lines(names[shift:] + names[:shift], descriptions[shift:] + descriptions[:shift], codes,
-                                   ctx, where)
-            content = ctx.question_line(question, where) + ctx.prompt.choice_instruction.format(options=listing)
-            rows.append(RowSpec(content, ids))
+        for shift in self._shifts(question, ctx):  # the same checked texts, listed from each shift
+            listing = listed(options[shift:] + options[:shift], codes, ctx)
+            rows.append(RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listing), ids))
         return rows
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
