@@ -6,7 +6,9 @@
 #
 # Installs nothing from the network. If Python packages the worker needs are missing on the machine
 # (pydantic, redis, ...), put their wheels in benchmarks/wheels/ (or .whl/) and carry that folder:
-# they are installed from there with --no-index into /tmp/jev-site. Extra arguments go to
+# they are installed from there with --no-index into /tmp/jev-site. causal-conv1d compiled for the
+# machine's own torch (tools/causal_conv1d_wheel.sh, into .cache/wheels/gpu/) is carried the same way
+# and checked first (benchmarks/gpu_conv.py: kernel vs reference, LFM2's conv path served through it). Extra arguments go to
 # benchmarks/gpu_check.py. Exit status: gpu_check's (0 ok, 1 a check failed, 3 no CUDA / missing
 # packages), 124 when it ran past its time limit.
 set -uo pipefail
@@ -32,7 +34,7 @@ if [ -z "$PY" ]; then
 fi
 say "python: $(command -v "$PY") ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
 
-wheels=$(ls benchmarks/wheels/*.whl .whl/*.whl 2>/dev/null || true)
+wheels=$(ls benchmarks/wheels/*.whl .whl/*.whl .cache/wheels/gpu/*.whl 2>/dev/null || true)
 if [ -n "$wheels" ]; then
   say "installing carried wheels (no index): $(echo $wheels | wc -w) files"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/jev-site \
@@ -46,6 +48,10 @@ command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,memory.tota
   2>&1 | sed 's/^/[gpu.sh] nvidia-smi: /' | tee -a "$LOG"
 
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+if "$PY" -c "import importlib.metadata as m; m.version('causal-conv1d')" >/dev/null 2>&1; then
+  timeout --kill-after=10 "${JEV_GPU_CONV_LIMIT_S:-150}" "$PY" -m benchmarks.gpu_conv --out "$OUT" 2>&1 | tee -a "$LOG"
+  say "gpu_conv exit status ${PIPESTATUS[0]}"
+fi
 timeout --kill-after=15 "$LIMIT_S" "$PY" -m benchmarks.gpu_check --out "$OUT" "$@" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 say "gpu_check exit status $rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

