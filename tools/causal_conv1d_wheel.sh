@@ -23,6 +23,17 @@ if [ ! -x "$home/nvidia/cu$major/bin/nvcc" ]; then
   rm -rf "$home"
   PIP_FIND_LINKS= "$python" -m pip install --quiet --disable-pip-version-check --target "$home" \
     "cuda-toolkit[nvcc,cudart,cccl,crt]==$toolkit"
+  # cuda-toolkit 13.0.2's extras leave nvvm (cicc) unpinned: a newer nvvm writes PTX this ptxas refuses
+  # ("Unsupported .version 9.5"); pin it to nvcc's own release
+  nvcc_version="$(ls "$home" | sed -n 's/^nvidia_cuda_nvcc-\(.*\)\.dist-info$/\1/p')"
+  nvvm_version="$(ls "$home" | sed -n 's/^nvidia_nvvm-\(.*\)\.dist-info$/\1/p')"
+  if [ "$nvvm_version" != "$nvcc_version" ]; then
+    echo "nvvm $nvvm_version != nvcc $nvcc_version: installing nvidia-nvvm==$nvcc_version"
+    rm -rf "$home/nvidia_nvvm-$nvvm_version.dist-info" "$home/nvidia/cu$major/nvvm"
+    PIP_FIND_LINKS= "$python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$home.nvvm" \
+      "nvidia-nvvm==$nvcc_version"
+    cp -a "$home.nvvm/." "$home/" && rm -rf "$home.nvvm"
+  fi
   ln -sfn lib "$home/nvidia/cu$major/lib64"
   ln -sfn "libcudart.so.$major" "$home/nvidia/cu$major/lib/libcudart.so"
 fi

@@ -47,7 +47,7 @@ CPU_IMAGE="${JEV_IMAGE_CPU:-jev-cpu:local}"
 CUDA_IMAGE="${JEV_IMAGE_CUDA:-jev-cuda:local}"
 CUDA_TOOLKIT="${JEV_CUDA_TOOLKIT:-13.0.3}"         # PyPI's cuda-toolkit release that torch 2.13.0 depends on
 CUDA_ARCH="${JEV_CUDA_ARCH:-9.0}"
-CUDA_WHEEL_DIR="${JEV_CUDA_WHEEL_DIR:-$ROOT/.cache/wheels}"
+CUDA_WHEEL_DIR="${JEV_CUDA_WHEEL_DIR:-$ROOT/.cache/wheels/image}"
 SKIP=77
 
 export CONTAINERS_CONF="$STATE/containers.conf"
@@ -244,6 +244,17 @@ build_cuda_image() {
   podman build "${args[@]}" --target runtime -t "$CUDA_IMAGE" "$ROOT" >"$STATE/build-cuda.log" 2>&1 ||
     { tail -60 "$STATE/build-cuda.log" >&2; return 1; }
   podman image inspect --format '{{.Size}}' "$CUDA_IMAGE" | awk '{printf "[container_ci] %s: %.2f GB\n", "'"$CUDA_IMAGE"'", $1/1e9}' >&2
+  # the extension holds machine code for CUDA_ARCH and nothing else (cuobjdump ships with the image's Triton)
+  local arches want
+  arches=$(podman run --rm "$CUDA_IMAGE" python -c '
+import importlib.util, os, subprocess, triton
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+ext = importlib.util.find_spec("causal_conv1d_cuda").origin
+out = subprocess.run([tool, "--list-elf", ext], capture_output=True, text=True, check=True).stdout
+print(" ".join(sorted({w.split(".")[-2] for w in out.split() if ".sm_" in w})))' 2>>"$STATE/build-cuda.log")
+  want=$(echo "$CUDA_ARCH" | tr ';,' '  ' | xargs -n1 | sed 's/+PTX//; s/\.//; s/^/sm_/' | sort -u | xargs)
+  say "causal_conv1d_cuda machine code: $arches (asked: $want)"
+  [ "$arches" = "$want" ] || { say "the extension was compiled for '$arches', not CUDA_ARCH=$CUDA_ARCH"; return 1; }
   # the builder stage is cached from the build above: this only exports its /wheels
   rm -rf "$CUDA_WHEEL_DIR.partial"
   podman build "${args[@]}" --target wheels --output "type=local,dest=$CUDA_WHEEL_DIR.partial" "$ROOT" \

@@ -16,7 +16,7 @@ from . import kernels
 from .abandon import LayerChecks
 from .bounds import PromptBounds
 from .graphs import capture_for
-from .loader import LoadedModel
+from .loader import LoadedModel, pick_device
 from .prefix_cache import L3PrefixCache
 from .reuse import ReusePolicy
 from .scheduler import Scheduler
@@ -68,6 +68,7 @@ class LocalModel:
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
         self.stage = f"loading the weights from {self.serving.folder}"
+        kernels.use_on(pick_device(s.device))  # before transformers imports the model's modules
         self.loaded = self.serving.load(s.device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
         self.stage = "building the prompt layout, head and engine"

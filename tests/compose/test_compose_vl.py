@@ -103,7 +103,7 @@ def test_an_image_question_answers_from_the_prepared_asset(vl_stack):
 
 def test_a_system_one_request_is_answered(vl_stack):
     """The public envelope through the frontend, on whichever image the stack runs (the CUDA image on CPU too)."""
-    body = {"model": "autotrust/JEV-27B-VL", "state": "A ticket: I was charged twice for March.",
+    body = {"model": "jev-27b-vl", "state": "A ticket: I was charged twice for March.",
             "questions": {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
                           "team": {"type": "choice", "instructions": "Which team?",
                                    "criteria": {"Billing": None, "Technical": None}}}}
