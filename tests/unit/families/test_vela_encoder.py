@@ -22,6 +22,7 @@ from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
+from .vela_upstream import BOS, EOS, MARKER_IDS, ToyTokenizer, text_of
 
 STATE = "Please reset the account of Jane Roe, phone 555-0100, before Friday."
 NO = "No. The statement or question is not satisfied."
@@ -316,32 +317,7 @@ def test_marker_head_reads_as_the_package_config_says(readout):
     assert torch.allclose(words, t @ e.T / tensors["log_tau_span"].exp(), atol=TOL)
 
 
-# ----- upstream's own fixtures and golden answers ------------------------------------------------------------------
-# The packages' engine (`vela2_inference.py`, `schema_lib.assemble`) is not public; vLLM Semantic Router's runtime
-# reimplements it (vllm-project/semantic-router, src/model-runtime/vllm_srun/families/vela2/) and its tests pin the
-# layout on a toy tokenizer. Copied literally from src/model-runtime/tests/test_vela2_layout.py @
-# 4d51146aef3832b75e2a1472af8d8936d26e5a63: one token per character (spaces included), so token positions equal
-# code points, the eight markers at 2000 + their index in encoder_layout.MARKERS, bos 2, eos 1.
-UPSTREAM_MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")
-MARKER_IDS = {name: 2000 + index for index, name in enumerate(UPSTREAM_MARKERS)}
-
-
-class _Encoding:
-    def __init__(self, ids, offsets):
-        self.ids, self.offsets = ids, offsets
-
-
-def _encode(text: str) -> _Encoding:
-    """One token per character (spaces included), so token positions equal code points."""
-    return _Encoding([10 + ord(c) % 1000 for c in text], [(i, i + 1) for i in range(len(text))])
-
-
-class _ToyTokenizer:
-    def encode(self, text: str, add_special_tokens: bool = False) -> _Encoding:
-        assert not add_special_tokens
-        return _encode(text)
-
-
+# ----- upstream's own fixtures and golden answers (vela_upstream.py: vLLM Semantic Router's toy fixture) ----------
 def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], "SequenceReadout"]]:
     """Our worker's marker sequences for a request, its own builder and question kinds on upstream's toy tokenizer
     and marker ids (the request read by the same schema and plan as a served one)."""
@@ -352,17 +328,11 @@ def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], "Seque
     from jev_worker.questions.plan import rows_for
 
     builder = copy.copy(model.builder)
-    builder.text, builder.markers, builder.bos, builder.eos, builder.max_length = _ToyTokenizer(), MARKER_IDS, 2, 1, 400
+    builder.text, builder.markers, builder.bos, builder.eos, builder.max_length = ToyTokenizer(), MARKER_IDS, BOS, EOS, 400
     request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
     rows, plan = rows_for(request.questions, request.state, builder, model.readout.kinds)
     prepared = builder.prepare(request.state if isinstance(request.state, str) else "", rows, (), plan)
     return [(list(ids), SequenceReadout.from_labels(labels)) for ids, labels in zip(prepared.rows, prepared.row_labels)]
-
-
-def toy_text(ids: list[int]) -> str:
-    """A toy-tokenised sequence written out: markers by name, bos / eos as <bos> / <eos>, text as its characters."""
-    names = {v: k for k, v in MARKER_IDS.items()} | {2: "<bos>", 1: "<eos>"}
-    return "".join(names.get(i) or chr(i - 10) for i in ids)
 
 
 async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_settings, marker_recipe, marker_dir):
@@ -388,7 +358,7 @@ async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_setting
         # the whole sequence: encoder_layout.py's docstring layout
         # `<bos> ([Q] question ([O] option)* [ABS]?)* ([E] label)* [SEP_SCHEMA] ([SEG_role] part)* <eos>` with
         # `option_text` (name, or "name: description"), @2850516db346150b2379dfabcf9d8809f84427ea
-        assert toy_text(ids) == "<bos>[Q]Q[O]a: x[O]b[ABS][E]answer: d[SEP_SCHEMA][SEG_user]hi there<eos>"
+        assert text_of(ids) == "<bos>[Q]Q[O]a: x[O]b[ABS][E]answer: d[SEP_SCHEMA][SEG_user]hi there<eos>"
 
         # test_vela2_request.py @3f2686ac8e4e316e64bfd989b4b495de1204b8bc: the object state's parts
         # (`test_object_state_maps_keys_to_parts_with_field_ranges`: roles user, context, answer; the context
@@ -401,7 +371,7 @@ async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_setting
             "n": {"type": "noul", "instructions": "Yes?"},
             "s": {"type": "score", "instructions": "How?", "criteria": ["low", {"x": 1}]},
             "t": {"type": "set", "instructions": "Which?", "criteria": {"x": "y"}}})
-        assert toy_text(ids) == (
+        assert text_of(ids) == (
             "<bos>[Q]Pick one[O]a: first[O]b[ABS]"
             "[Q]Yes?[O]no: No. The statement or question is not satisfied."
             "[O]yes: Yes. The statement or question is satisfied.[ABS]"
