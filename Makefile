@@ -12,7 +12,10 @@ PROGRESS := $(PY) tools/progress.py
 
 .PHONY: venv up down up-local test test-unit bench bench-questions bench-peers compose-test clean
 
+# The venv also names this checkout's services/ (a .pth file), so `python -m jev_worker`, `jev_frontend`,
+# `jev_preencoder` and `python -m tests.fakes.*` run as the docs write them, with no PYTHONPATH.
 venv: $(VENV)/.installed $(VENV)/bin/jev
+	@$(VPY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "jev-checkout.pth").write_text("$(CURDIR)/services\n")'
 
 # `jev ask "state" "question" opt1 opt2` (services/jev) as a command of the venv
 $(VENV)/bin/jev: $(VENV)/.installed
