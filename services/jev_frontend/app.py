@@ -273,6 +273,8 @@ def create_app(settings: Settings) -> web.Application:
         await backend.start()
         if not settings.single_backend:
             await pool.start()
+        else:
+            await pool.name_backends()  # for the log below only: requests pass through without routing
         log.info("frontend proxying to %s (routing %s, timeout %gs, %d connections)",
                  ", ".join(_named(state) for state in pool.backends.values()) +
                  (" + workers in the index" if settings.discovery else ""),

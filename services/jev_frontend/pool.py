@@ -75,6 +75,15 @@ class BackendPool:
             pass
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-frontend-health")
 
+    async def name_backends(self) -> None:
+        """Read each backend's model from its /v1/models once, bounded (for the start-up log of a frontend that
+        polls nothing: JEV_BACKEND_URL alone); a backend that does not answer in time stays unnamed."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self._learn_models(b) for b in self.backends.values()
+                                                    if not b.model)), max(1.0, self.settings.health_interval_s))
+        except asyncio.TimeoutError:
+            pass
+
     async def close(self) -> None:
         for task in (self._task, self._refreshing):
             if task is not None:

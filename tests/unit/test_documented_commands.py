@@ -30,3 +30,38 @@ def test_documented_module_runs_as_written(module):
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, f"python -m {module} --help: {done.stderr[-800:]}"
+
+
+SERVICE_COMMAND = re.compile(r"python -m (jev_(?:worker|frontend|preencoder)|tests\.fakes\.[a-z_]+)")
+
+
+def test_the_docs_name_the_services_and_the_fake_worker():
+    named = {m for path in DOCS for m in SERVICE_COMMAND.findall(path.read_text(encoding="utf-8"))}
+    assert {"jev_worker", "jev_frontend", "jev_preencoder", "tests.fakes.fake_worker"} <= named
+
+
+def test_make_venv_puts_the_services_on_the_venvs_path(tmp_path):
+    """`python -m jev_preencoder ...` and `python -m tests.fakes.fake_worker ...` (docs/images.md, docs/frontend.md)
+    run as written in the venv `make venv` made: no PYTHONPATH. A throwaway venv (the packages borrowed from this
+    interpreter's) with its install stamp fresh, so `make venv` does only its own steps."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (venv / ".installed").touch()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(["make", "-s", "venv", f"VENV={venv}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([str(python), "-c", "import jev_common, jev_worker, jev_frontend, jev_preencoder"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for command in (["-m", "jev_preencoder", "encode", "--help"], ["-m", "tests.fakes.fake_worker", "--help"]):
+        done = subprocess.run([str(python), *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"python {' '.join(command)}: {done.stderr[-800:]}"

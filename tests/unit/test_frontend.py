@@ -45,19 +45,24 @@ def envelope(body: bytes) -> ErrorEnvelope:
 
 
 class ScriptedBackend:
-    """A backend that records the raw bytes it gets and answers exactly what it is told."""
+    """A backend that records the raw bytes it gets and answers exactly what it is told. The frontend's own
+    start-up look at its `GET /v1/models` (to name the model in its log) is counted apart, in `lookups`."""
 
     def __init__(self, status=200, body=b'{"ok":  true}\n', headers=()):
         self.status, self.body, self.headers = status, body, list(headers)
         self.received: list[tuple[bytes, dict]] = []
         self.delay_s = 0.0
         self.in_flight = self.max_in_flight = 0
+        self.lookups = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            self.received.append((await request.read(), dict(request.headers)))
+            if request.method == "GET" and request.path == "/v1/models":
+                self.lookups += 1
+            else:
+                self.received.append((await request.read(), dict(request.headers)))
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             response = web.Response(status=self.status, body=self.body)
@@ -434,3 +439,13 @@ async def test_python_m_jev_frontend_serves_health(tmp_path):
             with contextlib.suppress(Exception):
                 await _stop(frontend_proc)
         await _stop(worker)
+
+
+async def test_start_up_log_names_the_single_backends_model(fake, caplog):
+    """JEV_BACKEND_URL alone (the cpu profile): the frontend polls nothing, yet its start-up line names the model
+    the worker serves (its /v1/models), not `(its model not known yet)`."""
+    caplog.set_level("INFO", logger="jev_frontend")
+    async with frontend(fake.url) as client:
+        assert (await client.get("/health")).status == 200
+    line = next(r.getMessage() for r in caplog.records if "frontend proxying to" in r.getMessage())
+    assert f"fake-worker at {fake.url}" in line, line

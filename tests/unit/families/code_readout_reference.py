@@ -2,7 +2,10 @@
 Decision 3.0 `_pass`), for the pplx-decider and D3 tests, which write each family's own prompt out themselves:
 `messages(state, question, codes)` rendered by the checkpoint's chat template with `enable_thinking=False`, the
 backbone's last hidden state, `h @ W.T` over the 255 codes with the codes past the option count excluded, softmax
-of logits / temperature."""
+of logits / temperature. Commit-pinned public sources: sgl-project/sglang
+`python/sglang/srt/entrypoints/systemone/serving.py` @ 18396cfb51aeee87250be6e4241648c25479b902 (pplx-decider's
+prompt and code readout as SGLang ports it) and vllm-project/semantic-router
+`src/model-runtime/vllm_srun/families/decision3/family.py` @ b744aa1f6a18873339848c6367362d2e7b92fc42 (`_pass`)."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,13 @@
 layout (Qwen3_5ForConditionalGeneration + joint_head.safetensors + joint_head_config.json): every question of
 a request laid out in one sequence as `encode_record` lays it out, one cache-less backbone forward, the joint
 schema head over all its hidden states; every answer equal to a plain reference written out here after
-Cloudflare's `joint_schema_model.py` (torch's own attention and decoder layers, loaded with the head's tensors)."""
+Cloudflare's `joint_schema_model.py` (torch's own attention and decoder layers, loaded with the head's tensors).
+
+Upstream: `joint_schema_model.py` as vendored in unslothai/unsloth `unsloth/_vendor/clef/joint_schema_model.py` @
+3b9b69e1dd93f3b5b76358d162daa595c54626fb (byte-identical to the file of the Hub repositories, recipe README): SYSTEM
+below is its `SYSTEM_PROMPT`, NOUL its `question_options` noul defaults, and `Reference.encode` its `encode_record`
+(the schema, prefix and suffix strings copied literally; choice options sorted; instructions falling back to the
+question id); the head is its `JointSchemaHead`."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,9 @@
 """code-readout (pplx-decider, D3 / Decider-style code-readout v1) on tiny checkpoints in that layout:
-every answer equals a plain backbone forward + readout rows / temperature, causal and noncausal."""
+every answer equals a plain backbone forward + readout rows / temperature, causal and noncausal. The readout is
+upstream's: `h_last @ W.T` over the question's codes, softmax of logits / temperature, as vllm-project/semantic-router
+`src/model-runtime/vllm_srun/families/decision3/family.py` @ b744aa1f6a18873339848c6367362d2e7b92fc42 (`_pass`) and
+sgl-project/sglang `python/sglang/srt/entrypoints/systemone/serving.py` @ 18396cfb51aeee87250be6e4241648c25479b902
+read it; each family's own prompt is tested against upstream in test_pplx_decider.py and test_d3.py."""
 from __future__ import annotations
 
 import pytest

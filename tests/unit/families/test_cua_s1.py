@@ -1,7 +1,11 @@
 """cua-s1-labels on causal-lm (Cua-S1 4B 0.2, text adapter) on a tiny checkpoint: every choice answer equal to
 Cua-S1's text contract written out here after system1-omni `src/models/cua_s1/text/contract.py`
 (`map_request`, `build_messages`) and `model.py` (`encode`: the chat template's generation prompt, then the
-tokenizer; `score`: a float32 softmax over the option letters at the last position)."""
+tokenizer; `score`: a float32 softmax over the option letters at the last position): ThinkFlowLab/system1-omni
+`src/models/cua_s1/text/contract.py` @ 8f82d2d1a97ae4dd20fe515594f34daef71e31e2 (whose SYSTEM_PROMPT and user message
+are copied from trycua/cua @ 0e75660c `libs/cua-s1/python/src/cua_s1/four_b.py`) and `model.py` @
+b8357d431c431620e6e2c57f6c6ab530a606e3a6. SYSTEM_PROMPT and the user layout below are contract.py's, literally;
+`UPSTREAM_USER` is `build_messages` for TREE and QUESTIONS["keep"], written out."""
 from __future__ import annotations
 
 import json
@@ -79,3 +83,29 @@ async def test_cua_s1_answers_equal_its_text_contract(worker_settings, tiny_text
             assert body["detail"]["error_type"] == "unsupported_question_type"
         many = {"type": "choice", "criteria": {f"o{i}": None for i in range(27)}}
         assert "at most 26 options" in json.dumps(await ask(front, TREE, {"q": many}, status=422))
+
+
+# contract.py @8f82d2d1 `build_messages(*map_request(body))` for TREE and QUESTIONS["keep"], the user turn written out
+# (option labels are `json.dumps(...)[1:-1]` of the description, or of the key when it is null):
+UPSTREAM_USER = ('Goal: Keep the files.\n\nApp: Cua Driver\nTask family: closed-candidate decision\n\n'
+                 'Accessibility tree:\nwindow "Delete files?"\n  button "Delete"\n  button "Cancel"\n\n'
+                 'Options:\nA. Decision "Click \\"Delete\\"" -> select\nB. Decision "cancel" -> select\n'
+                 'C. Decision "{\\"element\\": \\"window\\", \\"action\\": \\"close\\"}" -> select\n\n'
+                 'Answer with a single letter.')
+
+
+async def test_cua_s1_prompt_is_upstreams_literal_text(worker_settings, tiny_text_dir):
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.questions.plan import rows_for
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_text_dir)
+    async with served(worker_settings(recipe=cua_recipe(), model_path=tiny_text_dir)) as (_, _, service):
+        model = service.model
+        request = SystemOneRequest.model_validate({"model": "jev-latest", "state": TREE,
+                                                   "questions": {"keep": QUESTIONS["keep"]}})
+        rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
+        prepared = model.builder.prepare(TREE, rows, (), plan)
+    text = tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT},
+                                          {"role": "user", "content": UPSTREAM_USER}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert list(prepared.full_ids(0)) == tokenizer(text)["input_ids"]  # model.py `encode`: the tokenizer on that text

@@ -198,3 +198,14 @@ async def test_jemm_writes_null_and_absent_instructions_as_upstream_does(worker_
             assert list(prepared.full_ids(0)) == reference.tok(text, add_special_tokens=False)["input_ids"]
             answered = (await ask(front, "Dialog open.", {"q": question}))["answers"]["q"]["probabilities"]
             assert_probs(answered, reference.probabilities("Dialog open.", question), ["close", "wait"])
+
+
+async def test_jemm_refuses_a_null_score_level_as_the_public_schema_does(worker_settings, jemm_dir):
+    """ypcypc/JEMM @0588a697 (`jemm/systemone.py` `candidates_for`) writes a null score level as `level i`, but the
+    System One API's own schema has no null level: typesafe-sdk 0.7.5 `_schemas/models.py` `ScoreQuestion.criteria`
+    is `list[str | dict | list]` (choice descriptions alone may be null) and jevcompat 0.1.1 (`checks.py`,
+    `out-of-range` / `score-null-level`) lets a server answer it or refuse it with a 4xx. The shared schema refuses it
+    (422 locating the level), before JEMM's prompt is built; the recipe README says so."""
+    async with served(worker_settings(recipe=jemm_recipe(), model_path=str(jemm_dir))) as (front, _, _):
+        body = await ask(front, "Dialog open.", {"q": {"type": "score", "criteria": ["low", None]}}, status=422)
+    assert body["detail"] and all(e["loc"][:6] == ["body", "questions", "q", "score", "criteria", 1] for e in body["detail"])

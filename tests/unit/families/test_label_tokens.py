@@ -1,6 +1,10 @@
 """label-tokens with the checkpoint's calibration (Decider / StartLux / JEMM `decision_config.json`):
 per-type temperatures and the noul log-odds bias applied to the LM-head label rows, every answer equal to
-a plain `model(input_ids).logits` reference; more than 26 options through two-letter codes."""
+a plain `model(input_ids).logits` reference; more than 26 options through two-letter codes. The family
+`label-tokens` serves the embedded SmolLM2 recipe, whose decision prompt is this stack's own: no public source exists
+for it (recipes/smollm2-135m-cpu/README.md says so), so the reference here is the plain forward. The releases that
+ship such a calibration file are tested against their own upstream in test_decider.py, test_startlux.py and
+test_jemm.py."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,8 @@
 """laya-heads on the encoder backend (Laya) on a tiny checkpoint in convaiinnovations/laya's layout:
 one non-autoregressive pass per question over `[cls] question [sep] ([mask] option)* [sep] state [sep]`,
 the decision layers and scorer at the [mask] markers, the checkpoint's (type, option-count)
-temperature; every answer equal to a plain reference written out here."""
+temperature; every answer equal to a plain reference written out here after the PyPI package laya 0.3.20 (the
+version the recipe pins; `common.py` `build_sequence`, `agent.py` `Agent._to_internal`)."""
 from __future__ import annotations
 
 import json

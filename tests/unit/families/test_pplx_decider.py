@@ -11,7 +11,10 @@ the v1.1 port `CodeReadoutModel` / `pplx_messages` that cites that file), and th
 `enable_noncausal_full_attention` (as that port copies it): the softmax-attention layers get the padding-only
 mask `padding[:, None, None, :]`, the Gated DeltaNet layers `create_recurrent_attention_mask`. The readout is
 `h_last @ W.T` over 255 codes, codes past the option count masked, softmax of logits / temperature; prompts over
-8192 tokens refused.
+8192 tokens refused. The system message and the `State:` / `Question:` / `Options:` / `Return only the letter
+code of the best option.` layout are also those of SGLang's independent port, sgl-project/sglang
+`python/sglang/srt/entrypoints/systemone/serving.py` @ 18396cfb51aeee87250be6e4241648c25479b902 (`_DECIDER_SYSTEM`,
+`_encoded_decider_questions`), the commit-pinned public source.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """vela-heads on the vela-decoder backend (Vela 2.0 0.8B) on a tiny random-weight package in the release's
 layout: the state prefix, one isolated block per question, the FP32 candidate head (choice, noul, score,
 set) and span head; every answer equal to a plain reference written out here (prompt pieces tokenised one
-by one, a plain Qwen3.5 forward over prefix + block, the heads as torch modules)."""
+by one, a plain Qwen3.5 forward over prefix + block, the heads as torch modules); the layout also replays vLLM
+Semantic Router's own layout goldens (src/model-runtime/tests/test_vela2_layout.py @ 4d51146a, on its toy fixture)."""
 from __future__ import annotations
 
 import json
@@ -323,3 +324,34 @@ def test_vela_needs_its_files_and_tensors(tmp_path, vela_recipe, vela_dir):
     done = run_worker(tmp_path / "w", vela_recipe, copy_without(vela_dir, tmp_path / "w", "tokenizer.json"))
     assert done.returncode == 2, done.stderr
     assert "needs tokenizer.json" in done.stderr
+
+
+def test_decoder_layout_meets_upstreams_own_goldens():
+    """vllm-project/semantic-router src/model-runtime/tests/test_vela2_layout.py @
+    4d51146aef3832b75e2a1472af8d8936d26e5a63 `test_decoder_blocks_share_the_parts_and_read_endpoints`, replayed on our
+    layout (layout.py) with that test's toy tokenizer (vela_upstream.py): its literal prefix for the state
+    {"request": "hello world", "answer": "done"}, a choice block that ends "Decision:" with its option endpoints on the
+    closing ">" of its two options and the abstain option, a span block that starts "\\n\\nTask type: span\\nTarget:
+    user\\n", holds "\\n\\nText:\\n" and reads its words at "h" and "w" (upstream's span reads the request part of the
+    object state; this API's span reads a plain text state, the same single user part)."""
+    from jev_worker.families.vela.layout import VelaLayout, state_parts, words_of
+
+    from .vela_upstream import encode
+
+    layout = VelaLayout(lambda text: encode(text).ids)
+
+    def text(ids):
+        return "".join(chr(t - 10) for t in ids)
+
+    parts = [(role, encode(part).ids) for role, part in state_parts({"request": "hello world", "answer": "done"})]
+    assert text(layout.prefix(parts)) == (
+        'Context:\n<segment role="user">\nhello world\n</segment>\n<segment role="answer">\ndone\n</segment>\n')
+    choice = layout.options_block("choice", ("user", "answer"), "Q", [("a", "x"), ("b", "y")], abstain=True)
+    rendered = text(choice.ids)
+    assert rendered.endswith("Decision:")
+    assert [rendered[e] for e in choice.ends] == [">"] * 3
+    state = encode("hello world")
+    span = layout.span_block("user", "x", [("answer", "")], state.ids, words_of("hello world", state.offsets))
+    block = text(span.ids)
+    assert block.startswith("\n\nTask type: span\nTarget: user\n") and "\n\nText:\n" in block
+    assert [block[w] for w in span.words] == ["h", "w"]

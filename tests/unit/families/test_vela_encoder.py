@@ -3,7 +3,8 @@ layout: every question of a request in one bidirectional marker sequence
 `[bos] ([Q] q ([O] option)* [ABS]?)* ([E] label)* [SEP_SCHEMA] ([SEG_role] part)* [eos]` (a further span question
 in a sequence of its own), the FP32 marker head; every answer equal to a plain reference written out here
 (text pieces tokenised one by one with the package tokenizer minus its markers, a plain ModernBERT forward, the
-head as torch modules)."""
+head as torch modules); and the sequences our builder lays out on vLLM Semantic Router's own toy fixture, against
+that runtime's own golden assertions (its tests at their commits, below)."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
+from .vela_upstream import BOS, EOS, MARKER_IDS, ToyTokenizer, text_of
 
 STATE = "Please reset the account of Jane Roe, phone 555-0100, before Friday."
 NO = "No. The statement or question is not satisfied."
@@ -274,7 +276,11 @@ async def test_marker_refuses_to_start_without_its_calibration(worker_settings, 
 
 @pytest.mark.parametrize("readout", ["cosine", "mlp"])
 def test_marker_head_reads_as_the_package_config_says(readout):
-    """config.json `readout` cosine: no cls_mlp term (and no cls_mlp tensors needed); mlp: cls_mlp alone."""
+    """config.json `readout` cosine: no cls_mlp term (and no cls_mlp tensors needed); mlp: cls_mlp alone. The
+    expected values are the formula of vllm-project/semantic-router src/model-runtime/tests/test_vela2_heads.py @
+    72df0090e154b5eb4b0afd997eadb8677af8ccb6 (`test_marker_head_scores_options_and_words`): option
+    normalize(w_o(norm(h[O])) + w_q(norm(h[Q]))) . normalize(w_p(norm(mean h[pool]))) / exp(log_tau) for cosine,
+    cls_mlp(h[O]) for mlp, their sum for both; words normalize(w_t(norm)) @ normalize(w_e(norm)).T / exp(log_tau_span)."""
     from jev_worker.families.vela.marker_head import VelaMarkerHead, tensor_names
     from jev_worker.families.vela.marker_layout import SequenceReadout
 
@@ -309,3 +315,94 @@ def test_marker_head_reads_as_the_package_config_says(readout):
     t = nn.functional.normalize(lin("w_t", ln(states[[7, 9]])), dim=-1)
     e = nn.functional.normalize(lin("w_e", ln(states[[5]])), dim=-1)
     assert torch.allclose(words, t @ e.T / tensors["log_tau_span"].exp(), atol=TOL)
+
+
+# ----- upstream's own fixtures and golden answers (vela_upstream.py: vLLM Semantic Router's toy fixture) ----------
+def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], "SequenceReadout"]]:
+    """Our worker's marker sequences for a request, its own builder and question kinds on upstream's toy tokenizer
+    and marker ids (the request read by the same schema and plan as a served one)."""
+    import copy
+
+    from jev_common.schema import SystemOneRequest
+    from jev_worker.families.vela.marker_layout import SequenceReadout
+    from jev_worker.questions.plan import rows_for
+
+    builder = copy.copy(model.builder)
+    builder.text, builder.markers, builder.bos, builder.eos, builder.max_length = ToyTokenizer(), MARKER_IDS, BOS, EOS, 400
+    request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
+    rows, plan = rows_for(request.questions, request.state, builder, model.readout.kinds)
+    prepared = builder.prepare(request.state if isinstance(request.state, str) else "", rows, (), plan)
+    return [(list(ids), SequenceReadout.from_labels(labels)) for ids, labels in zip(prepared.rows, prepared.row_labels)]
+
+
+async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_settings, marker_recipe, marker_dir):
+    async with served(worker_settings(recipe=marker_recipe, model_path=str(marker_dir))) as (_, _, service):
+        model = service.model
+        # test_vela2_layout.py @4d51146a `test_encoder_sequence_places_markers_pools_and_words`: a choice "Q" over
+        # {"a": "x", "b": None} and a span question over the text "hi there" (upstream names the span's part with
+        # `over` in an object state; this API's span reads a plain text state, the same single user part). The
+        # span's label is our mapping ("answer": its instructions), as the recipe README says.
+        (ids, readout), = toy_sequences(model, "hi there", {
+            "c": {"type": "choice", "instructions": "Q", "criteria": {"a": "x", "b": None}},
+            "p": {"type": "span", "instructions": "d", "criteria": ["hi", "there"]}})
+        (query, pool_start, pool_end, options), = readout.questions
+        # upstream's assertions, literally (`entry.query`, `entry.options`, `entry.pool`, `sequence.labels`,
+        # `sequence.words` are our readout's query, options, pool, labels and words):
+        assert ids[0] == 2 and ids[-1] == 1
+        assert ids[query] == MARKER_IDS["[Q]"]
+        assert [ids[p] for p in options] == [MARKER_IDS["[O]"]] * 2 + [MARKER_IDS["[ABS]"]]
+        assert [ids[p] for p in readout.labels] == [MARKER_IDS["[E]"]]
+        start = ids.index(MARKER_IDS["[SEG_user]"])
+        assert (pool_start, pool_end) == (start, start + 1 + len("hi there"))
+        assert list(readout.words) == [start + 1, start + 4]
+        # the whole sequence: encoder_layout.py's docstring layout
+        # `<bos> ([Q] question ([O] option)* [ABS]?)* ([E] label)* [SEP_SCHEMA] ([SEG_role] part)* <eos>` with
+        # `option_text` (name, or "name: description"), @2850516db346150b2379dfabcf9d8809f84427ea
+        assert text_of(ids) == "<bos>[Q]Q[O]a: x[O]b[ABS][E]answer: d[SEP_SCHEMA][SEG_user]hi there<eos>"
+
+        # test_vela2_request.py @3f2686ac8e4e316e64bfd989b4b495de1204b8bc: the object state's parts
+        # (`test_object_state_maps_keys_to_parts_with_field_ranges`: roles user, context, answer; the context
+        # 'source:\ndoc\n\nnotes:\n{"n":1}'), CHOICE's options (("a", "first"), ("b", "")), noul the two-option choice
+        # (("no", NOUL_DEFAULT_NO), ("yes", NOUL_DEFAULT_YES)) with abstain, score levels (("low", ""), ('{"x":1}', ""))
+        # and a set without abstain (`test_noul_becomes_...`, `test_choice_score_set_and_span_options`); every question
+        # pools over every part (request.py `_default_over`, encoder_layout.py `_assemble`).
+        (ids, readout), = toy_sequences(model, {"prompt": "Q?", "source": "doc", "notes": {"n": 1}, "response": "A."}, {
+            "c": {"type": "choice", "instructions": "Pick one", "criteria": {"a": "first", "b": None}},
+            "n": {"type": "noul", "instructions": "Yes?"},
+            "s": {"type": "score", "instructions": "How?", "criteria": ["low", {"x": 1}]},
+            "t": {"type": "set", "instructions": "Which?", "criteria": {"x": "y"}}})
+        assert text_of(ids) == (
+            "<bos>[Q]Pick one[O]a: first[O]b[ABS]"
+            "[Q]Yes?[O]no: No. The statement or question is not satisfied."
+            "[O]yes: Yes. The statement or question is satisfied.[ABS]"
+            '[Q]How?[O]low[O]{"x":1}'
+            "[Q]Which?[O]x: y"
+            '[SEP_SCHEMA][SEG_user]Q?[SEG_context]source:\ndoc\n\nnotes:\n{"n":1}[SEG_answer]A.<eos>')
+        start = ids.index(MARKER_IDS["[SEG_user]"])
+        assert [q[1:3] for q in readout.questions] == [(start, len(ids) - 1)] * 4
+        assert [len(q[3]) for q in readout.questions] == [3, 3, 2, 1]  # [ABS] after the choice and the noul only
+
+
+def test_word_units_meet_upstreams_goldens():
+    """src/model-runtime/tests/test_vela2_words.py @ 8fbc29ea49044d2555218b699c8d00a7d9f9c6c4 (vllm-project/
+    semantic-router), its inputs and expected words copied literally, on our word units (layout.WORD, words_of)."""
+    from jev_worker.families.vela.layout import WORD, words_of
+
+    def split_words(text):
+        return [m.span() for m in WORD.finditer(text)]
+
+    text = "Mail tom.baker@example.com or see https://example.org/a?b=1. @alice 你好"
+    words = [text[a:b] for a, b in split_words(text)]
+    assert "tom.baker@example.com" in words
+    assert "https://example.org/a?b=1" in words
+    assert "@alice" in words
+    assert words[-2:] == ["你", "好"]
+    text = "state-of-the-art, well_known (yes)!"
+    assert [text[a:b] for a, b in split_words(text)] == ["state-of-the-art", ",", "well_known", "(", "yes", ")", "!"]
+    text = "ab cd ef"
+    offsets = [(0, 2), (2, 2), (3, 4), (4, 5), (6, 8)]
+    words = words_of(text, offsets)
+    assert [list(o) for o in words.offsets] == [[0, 2], [3, 5], [6, 8]]
+    assert list(words.first) == [0, 2, 4]
+    assert len(words_of(text, offsets[:1]).first) == 1
+    assert len(words_of("", offsets).first) == 0
