@@ -16,6 +16,7 @@ from . import kernels
 from .abandon import LayerChecks
 from .bounds import PromptBounds
 from .graphs import capture_for
+from .load_progress import LoadProgress
 from .loader import LoadedModel, pick_device
 from .prefix_cache import L3PrefixCache
 from .reuse import ReusePolicy
@@ -41,9 +42,13 @@ class LocalModel:
         self.scheduler: Scheduler | None = None
         self.assets = None  # vision.AssetStore on vision-language recipes (L2)
         self.vision = None
-        self.stage = "starting"  # how far loading is, for health while the worker loads
+        self.progress = LoadProgress()  # how far loading is, for health while the worker loads
         self.bounds = PromptBounds(None)  # the longest prompt the model reads (bounds.py), known once loaded
         self.checks: LayerChecks | None = None
+
+    @property
+    def stage(self) -> str:
+        return self.progress.describe()
 
     @property
     def readout(self):
@@ -64,14 +69,14 @@ class LocalModel:
     def _load(self) -> None:
         s = self.settings
         torch.set_num_threads(compute_threads(s.threads))
-        self.stage = "checking the checkpoint"
+        self.progress.enter("checking the checkpoint")
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
-        self.stage = f"loading the weights from {self.serving.folder}"
+        self.progress.enter("loading the weights", f"from {self.serving.folder}")
         kernels.use_on(pick_device(s.device))  # before transformers imports the model's modules
         self.loaded = self.serving.load(s.device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
-        self.stage = "building the prompt layout, head and engine"
+        self.progress.enter("building the prompt layout, head and engine")
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
@@ -89,12 +94,12 @@ class LocalModel:
             vision=self.vision, graph_capture=capture_for(s.cuda_graphs, self.loaded.device),
             kv_budget_bytes=l3.budget, prefill_chunk=s.prefill_chunk_tokens)
         if self.prefix_cache.reuse.measures and l3.enabled:
-            self.stage = "measuring L3 reuse on the device"
+            self.progress.enter("measuring L3 reuse on the device")
             costs = self.engine.measure_reuse()
             if costs is not None:
                 self.prefix_cache.reuse.costs = costs
                 log.info("L3 reuse measured on %s: %s", self.loaded.device, self.prefix_cache.reuse.describe())
-        self.stage = "warming up"
+        self.progress.enter("warming up")
 
     def image_placeholder(self, asset) -> str:
         return self.vision.image_placeholder(self.loaded.processor or self.loaded.tokenizer, asset)

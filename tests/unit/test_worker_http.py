@@ -1,6 +1,8 @@
 """The worker's HTTP contract: health, errors as envelopes, capacity, deadlines, caches, metrics."""
 from __future__ import annotations
 
+import re
+
 import asyncio
 import copy
 
@@ -279,6 +281,9 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
                 stages.add(body["detail"]["stage"])
             await _asyncio.sleep(0.005)
         assert body["detail"]["state"] == "ok" and "stage" not in body["detail"]
-        assert stages and stages <= {"starting", "checking the checkpoint", "building the prompt layout, head and engine",
-                                     "measuring L3 reuse on the device", "warming up"} | {
-            s for s in stages if s.startswith("loading the weights from ")}
+        from jev_worker.load_progress import STEPS
+
+        # "step k/n: <step> [detail] (t s in this step)", each a known step (or "starting")
+        assert stages and all(s == "starting" or re.fullmatch(
+            rf"step (\d)/{len(STEPS)}: ({'|'.join(map(re.escape, STEPS))})( from \S+)? \(\d+ s in this step\)", s)
+            for s in stages), stages
