@@ -49,15 +49,19 @@ def test_cpu_image_is_multistage_slim_nonroot_with_healthcheck():
 
 def test_cuda_image_devel_builder_runtime_final_and_pins():
     stages = _stages(CUDA)
-    assert [s for _, s in stages] == ["builder", "runtime"]
+    # builder, the compiled wheel alone (a build output), and the serving stage last (a plain build's target)
+    assert [s for _, s in stages] == ["builder", "wheels", "runtime"]
     version = re.search(r"^ARG CUDA_VERSION=(\S+)$", CUDA, re.M).group(1)
     assert re.fullmatch(r"1[23]\.\d+\.\d+", version)
-    assert stages[0][0] == "nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}"
-    assert stages[1][0] == "nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}"
+    assert stages[0][0] == "${DEVEL_BASE}" and stages[1][0] == "scratch" and stages[2][0] == "${RUNTIME_BASE}"
+    assert "ARG DEVEL_BASE=nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}" in CUDA
+    assert "ARG RUNTIME_BASE=nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}" in CUDA
     assert 'ARG CUDA_ARCH=9.0' in CUDA and "TORCH_CUDA_ARCH_LIST=${CUDA_ARCH}" in CUDA
     assert re.search(r"^ARG CAUSAL_CONV1D_VERSION=\d+\.\d+\.\d+$", CUDA, re.M)
-    assert "pip wheel --no-build-isolation" in CUDA and "CAUSAL_CONV1D_FORCE_BUILD=TRUE" in CUDA
-    assert "causal_conv1d_arch.py" in CUDA
+    build = (ROOT / "images" / "build_causal_conv1d.sh").read_text()  # the one build of causal-conv1d
+    assert "build_causal_conv1d.sh" in CUDA and "causal_conv1d_arch.py" in CUDA
+    assert "pip wheel --no-build-isolation" in build and "CAUSAL_CONV1D_FORCE_BUILD=TRUE" in build
+    assert "causal_conv1d_arch.py" in build
     # TORCH_CUDA empty by default: derived from CUDA_VERSION (cu + major + minor) in the builder
     assert re.search(r"^ARG TORCH_CUDA=$", CUDA, re.M)
     assert 'torch_cuda="${TORCH_CUDA:-cu$(echo "${cuda_mm}" | tr -d .)}"' in CUDA
