@@ -117,10 +117,12 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, loaded: "LoadedModel", *, head: "Head", batching: bool, max_batch_rows: int, pad_id: int,
-              vision=None, graph_capture=None, kv_budget_bytes: int = 0, prefill_chunk: int = 0) -> Engine:
+              vision=None, graph_capture=None, kv_budget_bytes: int = 0, prefill_chunk: int = 0,
+              pack_tokens: int = 0) -> Engine:
         """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
         L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards;
-        `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks."""
+        `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks;
+        `pack_tokens` (JEV_PACK_TOKENS) for those that pack rows after prefix states into one forward."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
