@@ -217,8 +217,18 @@ class QuestionKind(ABC):
     # the fewest options a choice of this type is answered with (the API allows one; most families' upstreams need
     # two, and the envelope refuses fewer with a 422 naming the family's readout)
     min_options: ClassVar[int] = 2
-    # the coherence modes (a request's x_coherence besides "off") this type answers choices with
+    # the coherence modes (a request's x_coherence besides "off") that change how this type lays out and reads its
+    # rows (questions/choice.py, questions/score.py); under another mode the model offers, it answers single pass
     coherence_modes: ClassVar[frozenset[str]] = frozenset()
+    # the head scores each option apart from where it is listed (a row per candidate): no option order to correct,
+    # so every mode is answered unchanged, and GET /v1/models says "position-free"
+    position_free: ClassVar[bool] = False
+    # why the modes are what they are, when a family's layout is the reason (GET /v1/models, the 422)
+    coherence_note: ClassVar[str | None] = None
+
+    def refuses(self, question, mode: str) -> str | None:
+        """Why this type cannot answer `question` under coherence `mode` (one the model offers), or None."""
+        return None
 
     @abstractmethod
     def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...

@@ -49,6 +49,8 @@ def cyclic_shifts(n: int, most: int = MAX_SHIFTS) -> list[int]:
 class Choice(QuestionKind):
     type = "choice"
     coherence_modes = frozenset({"cyclic"})
+    coherence_note = (f"cyclic: every cyclic shift up to {MAX_SHIFTS} options, else {MAX_SHIFTS} evenly spaced, "
+                      "averaged in probability space, one row each after one state prefill")
 
     def _shifts(self, question: ChoiceQuestion, ctx: BuildContext) -> list[int]:
         return cyclic_shifts(len(question.criteria)) if ctx.coherence == "cyclic" else [0]
