@@ -31,17 +31,19 @@ def test_shifts_are_all_of_them_up_to_the_bound_then_evenly_spaced():
 async def test_a_shifted_option_order_gets_the_same_answer_under_cyclic(worker_settings):
     options = {"boiling": "water at 100 C", "cooling": None, "broken": "it makes no sound"}
     shifted = {"cooling": None, "broken": "it makes no sound", "boiling": "water at 100 C"}
+    swapped = {"cooling": None, "boiling": "water at 100 C", "broken": "it makes no sound"}  # not a shift
     async with worker_client(worker_settings()) as (client, service):
         answers = {}
         for mode in ("off", "cyclic"):
-            for name, criteria in (("sent", options), ("shifted", shifted)):
+            for name, criteria in (("sent", options), ("shifted", shifted), ("swapped", swapped)):
                 response = await client.post("/v1/systemone", json=ask(criteria, mode))
                 assert response.status == 200, await response.text()
                 body = await response.json()
                 answers[mode, name] = body["answers"]["q"]["probabilities"]
                 answers[mode, name, "tokens"] = body["usage"]["input_tokens"]
-        for option in options:  # cyclic: every shift seen either way, so the same mean
+        for option in options:  # cyclic: the shifts of the options by name, whatever order they were sent in
             assert abs(answers["cyclic", "sent"][option] - answers["cyclic", "shifted"][option]) <= 1e-5
+            assert abs(answers["cyclic", "sent"][option] - answers["cyclic", "swapped"][option]) <= 1e-5
         assert max(abs(answers["off", "sent"][o] - answers["off", "shifted"][o]) for o in options) > 1e-4
         assert abs(sum(answers["cyclic", "sent"].values()) - 1) <= 1e-6
         # the three shifts are three rows after ONE prefill of the state: no state prefill per shift
@@ -231,3 +233,18 @@ async def test_a_recipe_prior_estimated_on_another_checkpoint_is_not_applied(wor
     assert "not applied, it was estimated on 'HuggingFaceTB/SmolLM2-135M-Instruct" in \
         calibration["position_prior"]["unused"]
     assert models[0]["x_coherence"] == ["cyclic", "off"]
+
+
+async def test_a_checkpoint_s_own_prior_is_used_before_a_recipe_s_prior_for_another_checkpoint(
+        worker_settings, prior_checkpoint):
+    """The embedded recipe names its prior file; a checkpoint that carries its own prior (decision_config.json)
+    served with that recipe answers with its own, and the recipe's is reported unused."""
+    from jev_common.recipe import load_recipe
+
+    recipe = load_recipe()
+    tiny = recipe.model_copy(update={"model": recipe.model.model_copy(update={"gguf_file": None, "dtype": "float32"})})
+    async with worker_client(worker_settings(recipe=tiny, model_path=prior_checkpoint[0])) as (client, service):
+        calibration = (await (await client.get("/health")).json())["detail"]["serving"]["calibration"]
+        response = await client.post("/v1/systemone", json=ask({"a": None, "b": None, "c": None}, "prior"))
+    assert calibration["position_prior"]["source"] == "decision_config.json position_prior"
+    assert response.status == 200

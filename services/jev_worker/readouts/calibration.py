@@ -56,22 +56,22 @@ class Calibration:
                  if "position_prior" in config else None)
         return cls(temperatures, biases, source, prior)
 
-    def fit_prior(self, prior: PositionPrior | None, checkpoint: str | None, layout: str) -> "Calibration":
-        """This calibration with `prior` (or its own, when None) applied only if it fits what is served: the
-        checkpoint (when the prior is kept outside it; None: not checked) and the layout digest."""
+    def fit_prior(self, kept_apart: PositionPrior | None, checkpoint: str, layout: str) -> "Calibration":
+        """This calibration with the position prior that fits what is served: its own (the checkpoint's file, which
+        travels with the weights) first, else `kept_apart` (a recipe's file, for a checkpoint folder that cannot be
+        written), which must also name the served `checkpoint`; both must match the `layout` digest. A prior that
+        does not fit is not applied, and describe() says why."""
         from dataclasses import replace
 
-        from .base import ServingError
-
-        if prior is not None and self.position_prior is not None:
-            raise ServingError(f"two position priors: {self.position_prior.source} and {prior.source}; keep one")
-        prior = prior or self.position_prior
-        if prior is None:
-            return self
-        why = prior.mismatch(checkpoint if prior is not self.position_prior else None, layout)
-        if why is not None:
-            return replace(self, position_prior=None, position_prior_unused=f"{prior.source}: not applied, {why}")
-        return replace(self, position_prior=prior, position_prior_unused=None)
+        notes = []
+        for prior, identity in ((self.position_prior, None), (kept_apart, checkpoint)):
+            if prior is None:
+                continue
+            why = prior.mismatch(identity, layout)
+            if why is None:
+                return replace(self, position_prior=prior, position_prior_unused=None)
+            notes.append(f"{prior.source}: not applied, {why}")
+        return replace(self, position_prior=None, position_prior_unused="; ".join(notes) or None)
 
     @classmethod
     def from_file(cls, folder: str, name: str) -> "Calibration":
