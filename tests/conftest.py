@@ -26,13 +26,14 @@ def tiny_tied_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_recipe():
-    """The default recipe's prompt and verbalizer, pointed at a local tiny checkpoint."""
-    from jev_common.recipe import load_recipe
+    """The default recipe's prompt and verbalizer, pointed at a local tiny checkpoint (without the embedded model's
+    position prior, which is that checkpoint's)."""
+    from jev_common.recipe import ServingSpec, load_recipe
 
     recipe = load_recipe()
     model = recipe.model.model_copy(update={"hub_repo": "test/tiny-llama", "revision": "local", "source": "hub",
                                             "gguf_file": None, "dtype": "float32"})
-    return recipe.model_copy(update={"name": "tiny-llama", "model": model})
+    return recipe.model_copy(update={"name": "tiny-llama", "model": model, "serving": ServingSpec()})
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECIPES_DIR = Path(os.environ.get("JEV_RECIPES_DIR", REPO_ROOT / "recipes"))
@@ -111,6 +111,11 @@ class Recipe(_Section):
     gpu: bool = False
     check: str = Field(default="", description="how to check this recipe end to end")
     release_date: str = Field(default="unknown", description="the checkpoint's release date (GET /v1/models)")
+    _folder: Path | None = PrivateAttr(default=None)  # where recipe.yaml was read from (files it names are beside it)
+
+    @property
+    def folder(self) -> Path | None:
+        return self._folder
 
     @property
     def identity(self) -> str:
@@ -145,8 +150,11 @@ def recipe_path(name_or_path: str) -> Path:
 
 
 def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
-    with open(recipe_path(name_or_path), encoding="utf-8") as handle:
-        return Recipe.model_validate(yaml.load(handle, Loader=_RecipeYamlLoader))
+    path = recipe_path(name_or_path)
+    with open(path, encoding="utf-8") as handle:
+        recipe = Recipe.model_validate(yaml.load(handle, Loader=_RecipeYamlLoader))
+    recipe._folder = path.parent
+    return recipe
 
 
 def all_recipes() -> list[Recipe]:

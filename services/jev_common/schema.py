@@ -449,8 +449,10 @@ class SystemOneRequest(BaseModel):
     assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
     # extension (x_: the SDK and other servers ignore it): answers that do not depend on option order.
     # `cyclic`: each choice answered from the cyclic shifts of its options (all of them up to 8 options, else 8
-    # evenly spaced shifts), each option's probability averaged over the shifts (README, "Coherence").
-    x_coherence: Literal["off", "cyclic"] = "off"
+    # evenly spaced shifts), each option's probability averaged over the shifts, and each score from its levels
+    # listed in both orders; `prior`: each choice single pass, debiased by the model's position prior (PriDe)
+    # estimated on a fixed calibration set (README, "Coherence").
+    x_coherence: Literal["off", "cyclic", "prior"] = "off"
 
     @model_validator(mode="before")
     @classmethod
@@ -558,6 +560,17 @@ class SystemOneResponse(BaseModel):
     x_elapsed_seconds: float = Field(default=0.0, ge=0)
 
 
+COHERENCE_MODES = ("off", "cyclic", "prior")  # SystemOneRequest.x_coherence
+
+
+class CoherenceEntry(BaseModel):
+    """How one question type of a model answers the x_coherence modes (GET /v1/models)."""
+
+    modes: list[str]  # the modes it lays out and reads its own way (under another mode the model offers: as off)
+    position_free: bool = False  # its head scores each option apart from where it is listed: every mode, unchanged
+    note: str | None = None  # why, where the family's layout is the reason
+
+
 class ModelInfo(BaseModel):
     name: str
     description: str
@@ -566,7 +579,8 @@ class ModelInfo(BaseModel):
     # them): the checkpoint's identity (its pinned revision, or a digest of a local folder) and the code version
     x_revision: str | None = None
     x_code_version: str | None = None
-    x_coherence: list[str] | None = None  # the request's x_coherence modes this model answers choices with
+    x_coherence: list[str] | None = None  # the request's x_coherence modes this model accepts
+    x_coherence_types: dict[str, CoherenceEntry] | None = None  # per question type with an option order
 
 
 class ModelList(BaseModel):

@@ -29,11 +29,12 @@ def response_json(response: DecisionResponse) -> dict:
 
 
 def model_list(recipe, revision: str | None = None, code_version: str | None = None,
-               coherence: list[str] | None = None) -> ModelList:
+               coherence: tuple[list[str] | None, dict | None] = (None, None)) -> ModelList:
     """The served recipe under its own name, and as the API's default alias, with the checkpoint revision and the
     code version that answer it."""
     description = " ".join(recipe.description.split()) or recipe.name
-    made_by = {"x_revision": revision, "x_code_version": code_version, "x_coherence": coherence}
+    made_by = {"x_revision": revision, "x_code_version": code_version, "x_coherence": coherence[0],
+               "x_coherence_types": coherence[1]}
     return ModelList(models=[
         ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date, **made_by),
         ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date,
@@ -95,7 +96,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response(text=model_list(service.recipe, service.identity, service.code_version,
-                                                 service.coherence_modes()).model_dump_json(
+                                                 service.coherence()).model_dump_json(
             exclude_none=True))
 
     async def cache_stats(_request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -69,13 +70,86 @@ def chunked_forward(forward, kwargs: dict, chunk: int, cache_kwarg: str, new_cac
     return torch.cat(out, dim=1)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive rows (indices into a forward's pairs) after one prefix state whose first `stem` tokens are the
+    same: the stem runs once and each row carries only its rest (stem 0: the rows share nothing)."""
+
+    rows: tuple[int, ...]
+    stem: int = 0
+
+    def tokens(self, pairs) -> int:
+        return self.stem + sum(len(pairs[r][1]) - self.stem for r in self.rows)
+
+
+MIN_STEM = 8  # fewer shared leading tokens are not worth a stem (e.g. `Question:` alone)
+
+
+def shared_length(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def segments(pairs, least: int = MIN_STEM) -> list[Segment]:
+    """The rows as segments: consecutive rows after the same prefix state that begin with at least `least` same
+    tokens (a choice's shifted listings share their question line) share a stem, shortened so that every row
+    keeps at least its last token to read."""
+    out: list[list] = []  # [rows, stem]
+    for i, (state, row) in enumerate(pairs):
+        if out:
+            rows, stem = out[-1]
+            first_state, first = pairs[rows[0]]
+            if first_state is state:
+                bound = stem if len(rows) > 1 else len(first) - 1
+                shared = min(shared_length(first[:bound], row), len(row) - 1)
+                if shared >= least:
+                    out[-1] = [rows + [i], shared]
+                    continue
+        out.append([[i], 0])
+    return [Segment(tuple(rows), stem if len(rows) > 1 else 0) for rows, stem in out]
+
+
+def packs(pairs, budget: int) -> list[list[Segment]]:
+    """The rows' segments in packed forwards of at most `budget` tokens each (0: one pack), in order: a packed
+    forward's attention is dense over all its tokens (the mask hides what a row may not see), so its cost grows
+    with the square of its length. A segment over the budget is split (its stem then runs once per part); a row
+    over it runs alone."""
+    pieces = segments(pairs)
+    if budget:
+        split = []
+        for segment in pieces:
+            part: list[int] = []
+            for r in segment.rows:
+                if part and Segment(tuple(part + [r]), segment.stem).tokens(pairs) > budget:
+                    split.append(Segment(tuple(part), segment.stem if len(part) > 1 else 0))
+                    part = []
+                part.append(r)
+            split.append(Segment(tuple(part), segment.stem if len(part) > 1 else 0))
+        pieces = split
+    out: list[list[Segment]] = []
+    used = 0
+    for segment in pieces:
+        cost = segment.tokens(pairs)
+        if out and (not budget or used + cost <= budget):
+            out[-1].append(segment)
+            used += cost
+        else:
+            out.append([segment])
+            used = cost
+    return out
+
+
 def _causal_block(n: int, device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 class Forwards:
     def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, pad_id: int = 0,
-                 prefill_chunk: int = 0):
+                 prefill_chunk: int = 0, pack_tokens: int = 0):
         self.model = model
         self.device = device
         self.adapter = adapter
@@ -85,6 +159,7 @@ class Forwards:
         params = inspect.signature(self.backbone.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.prefill_chunk = prefill_chunk  # tokens per prefill chunk (0: one pass): JEV_PREFILL_CHUNK_TOKENS
+        self.pack_tokens = max(0, pack_tokens)  # tokens per packed forward of rows (0: unbounded): JEV_PACK_TOKENS
         self.packing = adapter.packs
         self.packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
@@ -281,7 +356,7 @@ class Forwards:
             if graphed is not None:
                 return graphed
         if batch > 1 and self.packing and self.adapter.reads == "last":
-            packed = self._after_packed(pairs)
+            packed = torch.cat([self._after_packed(pairs, segments) for segments in packs(pairs, self.pack_tokens)])
             if self._packing_agrees("rows", packed, lambda: self._after_padded(pairs, ids, lengths)):
                 return packed
         return self._after_padded(pairs, ids, lengths)
@@ -329,29 +404,46 @@ class Forwards:
                               **{self.cache_kwarg: DynamicCache(ddp_cache_data=padded)})
         return self.read(hidden, lengths)
 
-    def _after_packed(self, pairs) -> torch.Tensor:
-        """Rows after their prefix states in one packed sequence, without padding: the distinct prefix states'
-        KV side by side, then every row end to end. Each row attends to its own prefix's KV and causally to
-        itself only, positions continuing from its prefix length, so it computes exactly what it would alone."""
+    def _after_packed(self, pairs, segments: list["Segment"]) -> torch.Tensor:
+        """The `segments` (packs()) of rows after their prefix states in one packed sequence, without padding: the
+        distinct prefix states' KV side by side, then each segment's stem once and its rows' rests end to end. A
+        stem attends to its prefix's KV and causally to itself; a row's rest to its prefix's KV, its stem and
+        causally to itself, positions continuing from the prefix and stem: so every row computes exactly what it
+        would alone, and its last token is read. -> the rows' hidden states, in the segments' order."""
         order: dict[int, int] = {}
         states: list[PrefixState] = []
-        for state, _ in pairs:
+        for segment in segments:
+            state = pairs[segment.rows[0]][0]
             if id(state) not in order:
                 order[id(state)] = sum(s.length for s in states)
                 states.append(state)
         kv_length = sum(s.length for s in states)
-        rows = [row for _, row in pairs]
-        total = sum(len(row) for row in rows)
-        ids = torch.tensor([[token for row in rows for token in row]], dtype=torch.long, device=self.device)
+        pieces = []  # (state, token ids, the stem's start in the pack or None, the stem's length, read it?)
+        start = 0
+        for segment in segments:
+            state, first = pairs[segment.rows[0]]
+            stem_start = None
+            if segment.stem:
+                pieces.append((state, first[: segment.stem], None, 0, False))
+                stem_start, start = start, start + segment.stem
+            for r in segment.rows:
+                rest = pairs[r][1][segment.stem :]
+                pieces.append((state, rest, stem_start, segment.stem, True))
+                start += len(rest)
+        total = start
+        ids = torch.tensor([[token for piece in pieces for token in piece[1]]], dtype=torch.long, device=self.device)
         mask = torch.zeros(1, 1, total, kv_length + total, dtype=torch.bool, device=self.device)
         ends, positions, start = [], [], 0
-        for state, row in pairs:
-            n, offset = len(row), order[id(state)]
-            mask[0, 0, start : start + n, offset : offset + state.length] = True
+        for state, tokens, stem_start, stem, read in pieces:
+            n, kv = len(tokens), order[id(state)]
+            mask[0, 0, start : start + n, kv : kv + state.length] = True
+            if stem_start is not None:
+                mask[0, 0, start : start + n, kv_length + stem_start : kv_length + stem_start + stem] = True
             mask[0, 0, start : start + n, kv_length + start : kv_length + start + n] = _causal_block(n, self.device)
-            positions.append(self.positions(state.length, n, 1, state.rope_delta))
+            positions.append(self.positions(state.length + stem, n, 1, state.rope_delta))
             start += n
-            ends.append(start - 1)
+            if read:
+                ends.append(start - 1)
         kv = [(torch.cat([s.kv[layer][0] for s in states], dim=2), torch.cat([s.kv[layer][1] for s in states], dim=2))
               if len(states) > 1 else states[0].kv[layer] for layer in range(len(states[0].kv))]
         hidden = self.forward(input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask,

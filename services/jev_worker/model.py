@@ -92,7 +92,7 @@ class LocalModel:
         self.engine = self.serving.backend.build(
             self.loaded, head=readout.head, batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id,
             vision=self.vision, graph_capture=capture_for(s.cuda_graphs, self.loaded.device),
-            kv_budget_bytes=l3.budget, prefill_chunk=s.prefill_chunk_tokens)
+            kv_budget_bytes=l3.budget, prefill_chunk=s.prefill_chunk_tokens, pack_tokens=s.pack_tokens)
         if self.prefix_cache.reuse.measures and l3.enabled:
             self.progress.enter("measuring L3 reuse on the device")
             costs = self.engine.measure_reuse()

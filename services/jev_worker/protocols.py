@@ -117,10 +117,12 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, loaded: "LoadedModel", *, head: "Head", batching: bool, max_batch_rows: int, pad_id: int,
-              vision=None, graph_capture=None, kv_budget_bytes: int = 0, prefill_chunk: int = 0) -> Engine:
+              vision=None, graph_capture=None, kv_budget_bytes: int = 0, prefill_chunk: int = 0,
+              pack_tokens: int = 0) -> Engine:
         """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
         L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards;
-        `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks."""
+        `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks;
+        `pack_tokens` (JEV_PACK_TOKENS) for those that pack rows after prefix states into one forward."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
@@ -215,8 +217,18 @@ class QuestionKind(ABC):
     # the fewest options a choice of this type is answered with (the API allows one; most families' upstreams need
     # two, and the envelope refuses fewer with a 422 naming the family's readout)
     min_options: ClassVar[int] = 2
-    # the coherence modes (a request's x_coherence besides "off") this type answers choices with
+    # the coherence modes (a request's x_coherence besides "off") that change how this type lays out and reads its
+    # rows (questions/choice.py, questions/score.py); under another mode the model offers, it answers single pass
     coherence_modes: ClassVar[frozenset[str]] = frozenset()
+    # the head scores each option apart from where it is listed (a row per candidate): no option order to correct,
+    # so every mode is answered unchanged, and GET /v1/models says "position-free"
+    position_free: ClassVar[bool] = False
+    # why the modes are what they are, when a family's layout is the reason (GET /v1/models, the 422)
+    coherence_note: ClassVar[str | None] = None
+
+    def refuses(self, question, mode: str) -> str | None:
+        """Why this type cannot answer `question` under coherence `mode` (one the model offers), or None."""
+        return None
 
     @abstractmethod
     def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...

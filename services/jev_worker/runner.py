@@ -34,10 +34,11 @@ log = logging.getLogger("jev.worker.runner")
 class ModelRunner(Engine):
     def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, *, batching: bool,
                  max_batch_rows: int, pad_id: int = 0, checkpoint_dir: str | None = None, head=None,
-                 graph_capture: Capture | None = None, kv_budget_bytes: int = 0, prefill_chunk: int = 0):
+                 graph_capture: Capture | None = None, kv_budget_bytes: int = 0, prefill_chunk: int = 0,
+                 pack_tokens: int = 0):
         self.adapter = adapter
         self.device = device
-        self.forwards = Forwards(model, device, adapter, pad_id, prefill_chunk)
+        self.forwards = Forwards(model, device, adapter, pad_id, prefill_chunk, pack_tokens)
         # the readout's projection of a row's hidden state (FP32 logits); LM-head label rows by default
         self.head = head if head is not None else DecisionHead(model, checkpoint_dir)
         if adapter.reads == "sequence" and not isinstance(self.head, RequestHead):

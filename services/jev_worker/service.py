@@ -26,6 +26,7 @@ from . import envelope, legacy
 from .caches import WorkerCaches
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
+from .questions import coherence
 from .registration import IndexLink, WorkerRegistration
 from .scheduler import Caller
 from .watchdog import Watchdog
@@ -321,12 +322,13 @@ class WorkerService:
             code, status = 503, "stalled"
         return code, {"status": status, "detail": detail}
 
-    def coherence_modes(self) -> list[str] | None:
-        """The x_coherence modes this model answers choices with (None until the readout is known)."""
+    def coherence(self) -> tuple[list[str] | None, dict | None]:
+        """The x_coherence modes this model accepts, and how each question type with an option order answers them
+        (questions/coherence.py; None until the readout is known)."""
         if self.serving is None:
-            return None
-        choice = self.serving.readout.kinds.get("choice")
-        return sorted({"off", *(choice.coherence_modes if choice is not None else ())})
+            return None, None
+        kinds = self.serving.readout.kinds
+        return coherence.offered(kinds), coherence.entries(kinds)
 
     def stalled(self) -> str | None:
         """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""

@@ -54,6 +54,10 @@ ENV = EnvTable("worker", [
     int_var("JEV_PREFILL_CHUNK_TOKENS", 512, "long prompts are prefilled in chunks of this many tokens (per "
             "sequence), so that a forward nobody waits for stops within one chunk's layer (about 0.1 s on 2 CPU "
             "cores for the embedded model) and health sees progress; `0` = one pass"),
+    int_var("JEV_PACK_TOKENS", 512, "rows after a prefix state run packed end to end in forwards of at most this "
+            "many tokens (a row longer runs alone): a packed forward's attention is dense over all its tokens, so "
+            "its cost grows with the square of its length (measured in benchmarks/RESULTS.md, 'Coherence mode'); "
+            "`0` = one packed forward per batch chunk"),
     float_var("JEV_STALL_S", 60.0, "`/health` answers 503 `stalled` when a batch has run this long without "
               "finishing a layer or prefill chunk, or the event loop was blocked this long "
               "(`jev_worker_stalled`); a liveness probe then restarts the worker. `0` = never"),
@@ -162,6 +166,7 @@ class WorkerSettings:
     max_per_client: int = ENV["JEV_MAX_PER_CLIENT"].field()
     retry_linger_s: float = ENV["JEV_RETRY_LINGER_S"].field()
     prefill_chunk_tokens: int = ENV["JEV_PREFILL_CHUNK_TOKENS"].field()
+    pack_tokens: int = ENV["JEV_PACK_TOKENS"].field()
     stall_s: float = ENV["JEV_STALL_S"].field()
     shutdown_grace_s: float = ENV["JEV_SHUTDOWN_GRACE_S"].field()
     batching: bool = ENV["JEV_BATCHING"].field()
@@ -212,6 +217,7 @@ class WorkerSettings:
             max_per_client=ENV["JEV_MAX_PER_CLIENT"].get(),
             retry_linger_s=ENV["JEV_RETRY_LINGER_S"].get(),
             prefill_chunk_tokens=ENV["JEV_PREFILL_CHUNK_TOKENS"].get(),
+            pack_tokens=ENV["JEV_PACK_TOKENS"].get(),
             stall_s=ENV["JEV_STALL_S"].get(),
             shutdown_grace_s=ENV["JEV_SHUTDOWN_GRACE_S"].get(),
             batching=ENV["JEV_BATCHING"].get(recipe.batching.enabled),

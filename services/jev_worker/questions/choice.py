@@ -1,8 +1,11 @@
 """choice: one row listing the options under codes (A..Z, then two-letter codes); softmax over the codes.
 
-Coherence `cyclic` (the request's x_coherence): one row per cyclic shift of the options (every shift up to
-MAX_SHIFTS options, else MAX_SHIFTS evenly spaced ones), each a softmax over its codes, each option's probability
-the mean over the rows of the probability its code got where it stood. In probability space, not log space: the
+Coherence `cyclic` (the request's x_coherence): the options put in one canonical order (by name, whatever order they
+were sent in), then one row per cyclic shift of that order (every shift up to MAX_SHIFTS options, else MAX_SHIFTS
+evenly spaced ones), each a softmax over its codes, each option's probability the mean over the rows of the
+probability its code got where it stood. The rows depend only on the set of options, so any reordering of a
+question's options (not only a shift) gets the same rows and the same answer, and each option still stands at each
+position once (with every shift used), as PriDe's prior estimate needs. In probability space, not log space: the
 mean of distributions is a distribution, and one shift that puts an option at a position the model shuns pulls its
 mean down by at most 1/K, where a log-space mean would let that one row dominate. The rows follow the same state
 prefix, so K shifts cost K rows after one prefill, not K passes (Zheng et al., ICLR 2024, "cyclic permutation")."""
@@ -49,25 +52,35 @@ def cyclic_shifts(n: int, most: int = MAX_SHIFTS) -> list[int]:
 class Choice(QuestionKind):
     type = "choice"
     coherence_modes = frozenset({"cyclic"})
+    coherence_note = (f"cyclic: the options by name, then every cyclic shift up to {MAX_SHIFTS} options, else "
+                      f"{MAX_SHIFTS} evenly spaced, averaged in probability space, one row each after one state "
+                      "prefill: any reordering of the options gets the same answer")
 
     def _shifts(self, question: ChoiceQuestion, ctx: BuildContext) -> list[int]:
         return cyclic_shifts(len(question.criteria)) if ctx.coherence == "cyclic" else [0]
+
+    def _order(self, question: ChoiceQuestion, ctx: BuildContext) -> list[int]:
+        """The options' indices in the order the rows list them from: as sent, or under cyclic by name."""
+        names = list(question.criteria)
+        order = list(range(len(names)))
+        return sorted(order, key=names.__getitem__) if ctx.coherence == "cyclic" else order
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         options = option_texts(list(question.criteria), list(question.criteria.values()), ctx, where)
         codes, ids = ctx.builder.coded(len(options))
         question_line = ctx.question_line(question, where)
+        ordered = [options[i] for i in self._order(question, ctx)]
         rows = []
         for shift in self._shifts(question, ctx):  # the same checked texts, listed from each shift
-            listing = listed(options[shift:] + options[:shift], codes, ctx)
+            listing = listed(ordered[shift:] + ordered[:shift], codes, ctx)
             rows.append(RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listing), ids))
         return rows
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
-        names = list(question.criteria)
+        names, order = list(question.criteria), self._order(question, ctx)
         n, shifts = len(names), self._shifts(question, ctx)
         probs = [0.0] * n
         for shift, row in zip(shifts, logits):
-            for position, p in enumerate(probabilities(row)):
-                probs[(position + shift) % n] += p / len(shifts)  # the code at `position` named option shift+position
+            for position, p in enumerate(probabilities(row)):  # the code at `position` named ordered[shift+position]
+                probs[order[(position + shift) % n]] += p / len(shifts)
         return choice_answer(names, probs)

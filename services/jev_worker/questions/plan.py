@@ -11,6 +11,7 @@ from jev_common.schema import SystemOneRequest
 
 from ..prompt import RowSpec
 from .base import BuildContext
+from .coherence import check as check_coherence
 from .registry import QUESTION_KINDS
 
 
@@ -40,6 +41,7 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
     kinds = QUESTION_KINDS if kinds is None else kinds
     ctx = BuildContext(builder, state, coherence=coherence)
     rows: list[RowSpec] = []
+    check_coherence(questions, kinds, coherence, served_by)
     plans = []
     for qid, question in questions.items():
         kind = kinds.get(question.type)
@@ -52,11 +54,6 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
                 f"questions[{qid!r}].criteria: this model's readout ({served_by}) answers a choice of at least "
                 f"{kind.min_options} options, as its upstream does; got {len(question.criteria)} (too_short)",
                 ("questions", qid, "criteria"), "too_short")
-        if coherence != "off" and question.type == "choice" and coherence not in kind.coherence_modes:
-            raise validation_error(
-                f"x_coherence: this model's readout ({served_by}) does not offer {coherence!r} for choice questions "
-                f"(it offers: {', '.join(sorted({'off', *kind.coherence_modes}))}; GET /v1/models lists them)",
-                ("x_coherence",))
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)

@@ -38,6 +38,16 @@ class StandardReadout(Readout):
         return render_state(request.state)
 
     def serve(self, kinds: list, calibration: Calibration) -> None:
+        """Answer with `kinds`, each calibrated; with a position prior, the choice type also answers x_coherence
+        `prior` (questions/prior_choice.py), debiasing the calibrated logits."""
+        if calibration.position_prior is not None:
+            from ..questions.prior_choice import PriorChoice
+
+            try:
+                kinds = [PriorChoice(kind, calibration.position_prior) if kind.type == "choice" else kind
+                         for kind in kinds]
+            except ValueError as exc:
+                raise ServingError(f"readout {self.name!r}: {calibration.position_prior.source}: {exc}") from None
         self.calibration = calibration
         self.kinds = {kind.type: CalibratedKind(kind, calibration) for kind in kinds}
         assert set(self.kinds) == set(self.question_types), (self.name, sorted(self.kinds))

@@ -226,3 +226,6 @@ async def test_lfm2_refuses_what_upstream_refuses(worker_settings, lfm2_dir):
         image = {"<image:x>": {"type": "image", "format": "png", "data_base64": "iVBORw0KGgo="}}
         code, text = await status("see <image:x>", {"q": REFUND}, {"assets": image})
         assert code == 422 and "image_not_supported" in text
+        for mode in ("cyclic", "prior"):  # the options precede the state: a permutation would cost a state prefill
+            code, text = await status(STATE, {"q": REFUND}, {"x_coherence": mode})
+            assert code == 422 and f"does not offer '{mode}'" in text and "whole state prefill" in text, text

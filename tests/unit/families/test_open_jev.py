@@ -194,6 +194,26 @@ async def test_a_state_with_spaces_at_its_edges_is_sent_unchanged_and_the_trim_c
         assert abs(body["answers"]["q"]["noul"] - reference.probabilities([prompt], "noul")[1]) <= TOL
 
 
+async def test_open_jev_is_position_free_so_every_coherence_mode_answers_unchanged(worker_settings, release):
+    """Each candidate its own row, seeing no other option: no option order reaches the answer, so x_coherence
+    (cyclic, prior) is answered as off, never refused, and GET /v1/models says position-free."""
+    questions = {"c": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": None}},
+                 "s": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "cross", "furious"]}}
+    async with served(worker_settings(recipe=open_jev_recipe(), model_path=str(release[2]))) as (front, _, _):
+        bodies = {}
+        for mode in ("off", "cyclic", "prior"):
+            response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": "I was charged twice.",
+                                                               "questions": questions, "x_coherence": mode})
+            assert response.status == 200, await response.text()
+            bodies[mode] = await response.json()
+        models = (await (await front.get("/v1/models")).json())["models"]
+    for mode in ("cyclic", "prior"):
+        assert bodies[mode]["answers"] == bodies["off"]["answers"]
+        assert bodies[mode]["usage"]["input_tokens"] == bodies["off"]["usage"]["input_tokens"]
+    assert models[0]["x_coherence"] == ["cyclic", "off", "prior"]
+    assert all(models[0]["x_coherence_types"][t]["position_free"] for t in ("choice", "score"))
+
+
 async def test_open_jev_refuses_what_upstream_refuses(worker_settings, release):
     long_state = "word " * 4200  # past 4096 tokens per candidate
     refused = [

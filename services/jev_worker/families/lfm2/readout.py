@@ -44,6 +44,10 @@ def softmax(scores: list[float]) -> list[float]:
 class Lfm2Choice(QuestionKind):
     type = "choice"
     min_options = 1  # upstream's enum takes 1 to 255 values
+    # no coherence mode: the options' order is the schema's enum in the system turn, before the state, so every
+    # permutation would pay a whole state prefill (nothing after the prefix to vary)
+    coherence_note = ("the options are listed in the system turn before the state (LFM2.5's contract), so each "
+                      "permutation would pay a whole state prefill: no coherence mode is offered")
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[CandidateRow]:
         if not isinstance(ctx.state, str) or not ctx.state.strip():

@@ -5,6 +5,9 @@ scalar s per row from the head (readout.py), already divided by the temperature 
 - score: one candidate per level; softmax over the scalars; score = sum(i * p_i).
 - noul: one row; the logits are [0, s], so noul = P(yes) = softmax([0, s])[1].
 
+Choice and score are position-free: a candidate's row never shows another option, so no option order reaches the
+answer, and every x_coherence mode is answered unchanged (questions/coherence.py; GET /v1/models says so).
+
 As upstream's `compile_request` does, `instructions` are required (text, an object or an array) and a noul's
 `criteria`, when given, must describe both `true` and `false`; the softmax is in float64, as upstream's.
 """
@@ -52,6 +55,7 @@ def candidate_rows(question, ctx: BuildContext, where: str, options: list[str]) 
 class CandidateChoice(QuestionKind):
     type = "choice"
     min_options = 1  # upstream answers one option ({"only": 1.0} in its golden contract)
+    position_free = True  # each candidate its own row, seeing no other option: every x_coherence mode, unchanged
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         options = []
@@ -67,6 +71,7 @@ class CandidateChoice(QuestionKind):
 
 class CandidateScore(QuestionKind):
     type = "score"
+    position_free = True  # each level its own row
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         levels = [text(level, ctx, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)]

@@ -197,6 +197,7 @@ class ValenNoul(QuestionKind):
 
 class ValenScore(QuestionKind):
     type = "score"
+    position_free = True  # a branch per level, seeing only its own description: no listing order to correct
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[ValenRow]:
         instructions = _instructions(question, ctx, where)
