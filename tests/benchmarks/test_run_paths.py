@@ -94,8 +94,10 @@ def test_peers_profile_ours_tiny(tmp_path, tiny_model):
 
 
 def test_coherence_tiny():
-    """benchmarks.coherence's run path: a worker, jevbench's plan answered once per x_coherence mode, the table;
-    on the tiny checkpoint over jevbench's one-case `examples` suite."""
+    """benchmarks.coherence's run path: a tiny checkpoint given a position prior by tools.calibrate_prior, a worker,
+    jevbench's plan answered in every x_coherence mode (interleaved), labelled accuracy on two cases, the tables;
+    over jevbench's one-case `examples` suite."""
     pytest.importorskip("jevbench")
-    out = run("benchmarks.coherence", "--tiny", "--suite", "examples")
-    assert "| off | option_permutation |" in out and "| cyclic | option_permutation |" in out
+    out = run("benchmarks.coherence", "--tiny", "--suite", "examples", "--domains", "all", "--accuracy-cases", "2")
+    assert all(f"| {mode} | " in out for mode in ("uniform answerer", "off", "cyclic", "prior"))
+    assert "requests outside the plan" not in out and "unlike the worker's" not in out
