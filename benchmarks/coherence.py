@@ -7,7 +7,7 @@ per answer in time and prompt tokens.
 
 The subset (default, "coherence-6"): jevbench-mini's tests of option_permutation and clone_symmetry (REP) and
 option_closure and option_clone (MEA: the two choice relations of MEA.partition the embedded model passes at least
-once with the mode off) on 6 of its 12 domains (DOMAINS below): 12 tests per relation, 169 requests, jevbench's own
+once with the mode off) on 6 of its 12 domains (DOMAINS below): 12 tests per relation, 156 requests, jevbench's own
 fixed plan (the same requests for every mode). One worker (`python -m jev_worker`, the embedded SmolLM2 unless
 `--tiny`) answers every request of the plan in every mode, the modes interleaved request by request (their order
 rotated), so a change in the machine's load falls on all of them alike; jevbench then scores each mode on those
