@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -104,6 +103,7 @@ def lfm2_forward_check(device: str, dtype_name: str, folder: Path) -> dict:
 def served_check(device: str, dtype_name: str, folder: Path, log_path: Path) -> dict:
     """The worker on `device` answers a System One choice on the tiny LFM2, with /health naming the kernel."""
     from tests.fakes.net import free_port
+    from tools.stack_run import spawn, stop_all, wait_healthy
 
     body = {"model": "lfm2.5-350m", "state": "Invoice 2231 was charged twice; the customer wants the money back.",
             "questions": {"team": {"type": "choice", "instructions": "Which team handles this?",
@@ -115,27 +115,18 @@ def served_check(device: str, dtype_name: str, folder: Path, log_path: Path) -> 
         env.update(PYTHONPATH=f"{REPO / 'services'}:{REPO}:{env.get('PYTHONPATH', '')}", JEV_RECIPE="lfm2.5-350m",
                    JEV_MODEL_PATH=str(folder), JEV_DEVICE=run_device, JEV_DTYPE=run_dtype, JEV_REDIS_URL="",
                    JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port), JEV_WORKER_REGISTER_TTL_S="0")
-        with open(log_path, "a", encoding="utf-8") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "jev_worker"], env=env, stdout=log, stderr=log)
+        proc = spawn(f"worker-{run_device}", [sys.executable, "-m", "jev_worker"], env, REPO, log_path)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=5) as response:
-                        health[run_device] = json.load(response)["detail"]
-                        break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(f"worker on {run_device} never became healthy (see {log_path})")
-                    time.sleep(0.5)
+            wait_healthy(proc, url + "/health", others=[], timeout_s=180, log=lambda line: None)
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                health[run_device] = json.load(response)["detail"]
             request = urllib.request.Request(url + "/v1/systemone", json.dumps(body).encode(),
                                              {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=60) as response:
                 answers[run_device] = json.load(response)["answers"]["team"]["probabilities"]
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_all([proc], log=lambda line: None)
     diff = max(abs(answers[device][k] - answers["cpu"][k]) for k in answers["cpu"])
     kernels = health[device].get("kernels", {})
     return {"kernels": kernels, "answers": answers, "max_abs_diff": diff,

@@ -36,6 +36,7 @@ class LocalModel:
         self.caches = caches  # caches.WorkerCaches: L2 goes to the asset store, L3 to the engine
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="jev-model")  # the one model thread
         self.loaded: LoadedModel | None = None
+        self.kernels: dict = {}  # kernels.describe() of the loaded model (hybrid layers only)
         self.builder = None
         self.engine = None  # the runner (runner.py, or a backend's own Engine)
         self.prefix_cache = L3PrefixCache()  # L3, owned by the scheduler; sized once the backend is known
@@ -76,6 +77,7 @@ class LocalModel:
         kernels.use_on(pick_device(s.device))  # before transformers imports the model's modules
         self.loaded = self.serving.load(s.device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
+        self.kernels = kernels.describe(self.loaded.model.config)  # fixed once loaded: not re-read per /health
         self.progress.enter("building the prompt layout, head and engine")
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -118,7 +120,7 @@ class LocalModel:
             return {}
         return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
                 "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-                **self.bounds.describe(), **kernels.describe(self.loaded.model.config),
+                **self.bounds.describe(), **self.kernels,
                 **self.engine_paths()}
 
     def engine_paths(self) -> dict:
