@@ -23,6 +23,7 @@ from jev_common.route_key import state_route_key
 from .caches import BudgetLRU
 from .batch import EngineItem
 from .job import ImageSlot, Job
+from .questions import coherence
 from .questions.plan import answers as plan_answers, rows_for
 from .scheduler import Caller
 
@@ -166,6 +167,7 @@ class ExternalPipeline(Pipeline):
     async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
         if job.images:
             raise ImagesNotSupported("this model reads text states only; send a text state")
+        coherence.check(job.request.questions, self.readout.kinds, job.coherence, self.readout.name)
         raw = await self.backend.post("/v1/systemone", self.readout.request_body(job.request), timeout)
         answers, usage = self.readout.answers(job.request, raw)
         return Decision(answers, usage.input_tokens, 0, usage=usage, cache={"l1": "off", "l3": "off"})

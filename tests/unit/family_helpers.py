@@ -59,8 +59,10 @@ async def served(settings):
             yield front, worker, service
 
 
-async def ask(client, state, questions: dict, status: int = 200) -> dict:
-    response = await client.post("/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions})
+async def ask(client, state, questions: dict, status: int = 200, **extra) -> dict:
+    """POST a System One request (`extra`: more top-level fields, e.g. x_coherence); its body, checked for `status`."""
+    response = await client.post("/v1/systemone",
+                                 json={"model": "jev-latest", "state": state, "questions": questions, **extra})
     body = await response.json()
     assert response.status == status, body
     return body

@@ -109,6 +109,52 @@ async def test_a_score_under_cyclic_averages_its_levels_asked_in_both_orders(wor
         assert abs(off["probabilities"][str(level)] - want[0][level]) <= 1e-5
 
 
+# ----- span: candidates listed under codes, as choice's options ----------------------------------------
+async def test_a_span_under_cyclic_gets_the_same_answer_in_any_candidate_order_and_the_shifts_mean(worker_settings):
+    import torch
+
+    candidates = ["steam comes out", "The kettle whistles", "its spout"]
+
+    def body(order, mode):
+        return {"model": "jev-latest", "state": STATE, "x_coherence": mode, "questions": {
+            "s": {"type": "span", "instructions": "What shows the water boils?", "criteria": order}}}
+
+    async with worker_client(worker_settings()) as (client, service):
+        got = {}
+        for mode in ("off", "cyclic"):
+            for name, order in (("sent", candidates), ("reversed", candidates[::-1])):
+                response = await client.post("/v1/systemone", json=body(order, mode))
+                assert response.status == 200, await response.text()
+                got[mode, name] = (await response.json())["answers"]["s"]
+        model = service.model
+        request = SystemOneRequest.model_validate(body(candidates, "cyclic"))
+        rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds,
+                              model.readout.name, "cyclic")
+        prepared = model.builder.prepare(STATE, rows, (), plan)
+        with torch.inference_mode():  # each shift as a plain forward over its whole prompt
+            shifts = [torch.softmax(service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)])).logits[
+                0, -1, list(prepared.row_labels[i])].float(), -1).tolist() for i in range(len(rows))]
+        models = (await (await client.get("/v1/models")).json())["models"]
+    ordered = sorted(candidates)  # by text, then shifted: row k lists ordered[k:] + ordered[:k]
+    assert [r.content.split("Options:\n")[1].split("\nAnswer")[0].splitlines()[0][3:] for r in rows] == ordered
+    for i, candidate in enumerate(ordered):
+        want = sum(shifts[k][(i - k) % 3] for k in range(3)) / 3  # where candidate i stood in shift k
+        assert abs(got["cyclic", "sent"]["probabilities"][candidate] - want) <= 1e-5
+        assert abs(got["cyclic", "reversed"]["probabilities"][candidate] - want) <= 1e-5
+    assert max(abs(got["off", "sent"]["probabilities"][c] - got["off", "reversed"]["probabilities"][c])
+               for c in candidates) > 1e-4
+    best = max(candidates, key=got["cyclic", "sent"]["probabilities"].__getitem__)
+    assert got["cyclic", "sent"]["span"]["text"] == best and STATE[got["cyclic", "sent"]["span"]["start"]:].startswith(best)
+    assert all(m["x_coherence_types"]["span"]["modes"] == ["cyclic", "off"] for m in models)
+
+
+def test_vela_s_span_is_position_free():
+    from jev_worker.families.vela.readout import VelaSpan
+    from jev_worker.questions import coherence
+
+    assert coherence.entries({"span": VelaSpan(None)})["span"].position_free
+
+
 # ----- prior: PriDe ------------------------------------------------------------------------------
 def test_the_prior_is_pride_s_formula_on_a_hand_computed_case():
     """Zheng et al. (ICLR 2024) Eq. 4-6, worked by hand. Question 1, two options, P_obs by position under shift 0 =

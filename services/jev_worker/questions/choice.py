@@ -49,6 +49,34 @@ def cyclic_shifts(n: int, most: int = MAX_SHIFTS) -> list[int]:
     return list(range(n)) if n <= most else sorted({round(j * n / most) % n for j in range(most)})
 
 
+class Listings:
+    """How one coded question lists its options under a coherence mode: the order its rows list them from (as
+    sent; under `cyclic` by name) and the shifts of that order, a row each (under any other mode one row, as sent).
+    Shared by every type that lists options under codes (choice, span)."""
+
+    def __init__(self, names: list[str], coherence: str):
+        self.n = len(names)
+        self.order = list(range(self.n))
+        self.shifts = [0]
+        if coherence == "cyclic":
+            self.order.sort(key=names.__getitem__)
+            self.shifts = cyclic_shifts(self.n)
+
+    def rows(self, items: list) -> list[list]:
+        """`items` (one per option, in the order sent) as each row lists them."""
+        ordered = [items[i] for i in self.order]
+        return [ordered[shift:] + ordered[:shift] for shift in self.shifts]
+
+    def mean(self, logits) -> list[float]:
+        """Each option's probability (in the order sent): the mean over the rows of what its code got where it
+        stood."""
+        probs = [0.0] * self.n
+        for shift, row in zip(self.shifts, logits):
+            for position, p in enumerate(probabilities(row)):  # the code at `position` named order[shift+position]
+                probs[self.order[(position + shift) % self.n]] += p / len(self.shifts)
+        return probs
+
+
 class Choice(QuestionKind):
     type = "choice"
     coherence_modes = frozenset({"cyclic"})
@@ -56,31 +84,13 @@ class Choice(QuestionKind):
                       f"{MAX_SHIFTS} evenly spaced, averaged in probability space, one row each after one state "
                       "prefill: any reordering of the options gets the same answer")
 
-    def _shifts(self, question: ChoiceQuestion, ctx: BuildContext) -> list[int]:
-        return cyclic_shifts(len(question.criteria)) if ctx.coherence == "cyclic" else [0]
-
-    def _order(self, question: ChoiceQuestion, ctx: BuildContext) -> list[int]:
-        """The options' indices in the order the rows list them from: as sent, or under cyclic by name."""
-        names = list(question.criteria)
-        order = list(range(len(names)))
-        return sorted(order, key=names.__getitem__) if ctx.coherence == "cyclic" else order
-
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         options = option_texts(list(question.criteria), list(question.criteria.values()), ctx, where)
         codes, ids = ctx.builder.coded(len(options))
         question_line = ctx.question_line(question, where)
-        ordered = [options[i] for i in self._order(question, ctx)]
-        rows = []
-        for shift in self._shifts(question, ctx):  # the same checked texts, listed from each shift
-            listing = listed(ordered[shift:] + ordered[:shift], codes, ctx)
-            rows.append(RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listing), ids))
-        return rows
+        return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
+                for row in Listings(list(question.criteria), ctx.coherence).rows(options)]
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
-        names, order = list(question.criteria), self._order(question, ctx)
-        n, shifts = len(names), self._shifts(question, ctx)
-        probs = [0.0] * n
-        for shift, row in zip(shifts, logits):
-            for position, p in enumerate(probabilities(row)):  # the code at `position` named ordered[shift+position]
-                probs[order[(position + shift) % n]] += p / len(shifts)
-        return choice_answer(names, probs)
+        names = list(question.criteria)
+        return choice_answer(names, Listings(names, ctx.coherence).mean(logits))

@@ -1,8 +1,9 @@
 """Which coherence modes (the request's x_coherence) a readout's question types offer, and the refusals.
 
-A mode changes how the types with an option order (choice, score) lay out and read their rows; the other types
-(noul, set, span) are answered as always. A model offers `off`, and every mode one of its ordered types answers
-its own way (questions/choice.py: cyclic; questions/prior_choice.py: prior; questions/score.py: cyclic); under a
+A mode changes how the types with an option order (choice, score, span: each lists its options under codes in the
+label-token layouts) lay out and read their rows; the other types (noul, set) are answered as
+always. A model offers `off`, and every mode one of its ordered types answers its own way (questions/choice.py and
+questions/span.py: cyclic; questions/prior_choice.py: prior; questions/score.py: cyclic); under a
 mode the model offers that a type does not list, that type answers single pass, as `off`. A type whose head scores
 each option apart from where it is listed (`position_free`) answers every mode unchanged, and a readout whose
 ordered types are all position-free offers every mode. A mode the model does not offer, or a question the mode
@@ -10,10 +11,26 @@ cannot answer (a prior for an option count it does not cover), is a 422 before a
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jev_common.errors import validation_error
 from jev_common.schema import COHERENCE_MODES, CoherenceEntry
 
-ORDERED_TYPES = ("choice", "score")
+ORDERED_TYPES = ("choice", "score", "span")
+
+
+@dataclass(frozen=True)
+class AnsweredElsewhere:
+    """An ordered question type that a server of the family's own answers (an external backend): no rows here, only
+    what its head does with option order, for /v1/models and the refusals."""
+
+    type: str
+    position_free: bool
+    coherence_note: str | None = None
+    coherence_modes: frozenset = frozenset()
+
+    def refuses(self, question, mode: str) -> str | None:
+        return None
 
 
 def offered(kinds: dict) -> list[str]:

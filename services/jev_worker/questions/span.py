@@ -1,27 +1,33 @@
 """span (extension): which candidate substring of the text state answers; lettered like choice, and
-the answer locates the chosen candidate's first occurrence in the state."""
+the answer locates the chosen candidate's first occurrence in the state. Its candidates are listed under codes as a
+choice's options are, so it carries the same position bias and answers coherence `cyclic` the same way
+(questions/choice.py: the candidates by text, a row per cyclic shift, averaged); under `prior` it answers single
+pass (the position prior is estimated on the choice layout, not span's)."""
 from __future__ import annotations
 
 from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
 
 from ..prompt import RowSpec
 from ..protocols import QuestionKind
-from .base import BuildContext, probabilities
-from .choice import option_lines
+from .base import BuildContext
+from .choice import MAX_SHIFTS, Listings, listed, option_texts
 
 
 class SpanKind(QuestionKind):
     type = "span"
+    coherence_modes = frozenset({"cyclic"})
+    coherence_note = (f"cyclic: the candidates by text, then every cyclic shift up to {MAX_SHIFTS}, else {MAX_SHIFTS} "
+                      "evenly spaced, averaged as choice's; prior: single pass (the prior is the choice layout's)")
 
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        codes, ids = ctx.builder.coded(len(question.criteria))
-        listing = option_lines(list(question.criteria), [None] * len(question.criteria), codes, ctx, where)
-        content = (ctx.question_line(question, where)
-                   + ctx.prompt.choice_instruction.format(options=listing))
-        return [RowSpec(content, ids)]
+        candidates = option_texts(list(question.criteria), [None] * len(question.criteria), ctx, where)
+        codes, ids = ctx.builder.coded(len(candidates))
+        question_line = ctx.question_line(question, where)
+        return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
+                for row in Listings(question.criteria, ctx.coherence).rows(candidates)]
 
     def answer(self, question: SpanQuestion, logits, ctx: BuildContext) -> SpanAnswer:
-        probs = probabilities(logits[0])
+        probs = Listings(question.criteria, ctx.coherence).mean(logits)
         best = max(range(len(probs)), key=probs.__getitem__)
         text = question.criteria[best]
         start = str(ctx.state).index(text)

@@ -79,7 +79,8 @@ async def clm_stack(worker_settings, head: str, deadline_s: float = 30.0, **opti
     async with TestServer(embeddings_app(control["embedded"], control)) as emb:
         async with upstream_clm_server(head, str(emb.make_url("/v1/embeddings"))) as clm:
             settings = worker_settings(recipe=clm_recipe(clm.url, **options), model_path=None, deadline_s=deadline_s)
-            async with served(settings) as (front, worker, _):
+            async with served(settings) as (front, worker, service):
+                control["service"] = service
                 yield front, worker, control, emb, clm
 
 
@@ -156,6 +157,27 @@ async def test_clm_refuses_span_and_set_before_sending(worker_settings, clm_head
         body = await ask(front, STATE, {"q": question}, status=422)
         assert body["detail"]["error_type"] == "unsupported_question_type" and "CLM answers" in body["detail"]["message"]
         assert clm.calls == [] and control["embedded"] == []
+
+
+async def test_clm_is_position_free_every_coherence_mode_answered_unchanged(worker_settings, clm_head):
+    from jev_worker.questions.coherence import AnsweredElsewhere
+
+    async with clm_stack(worker_settings, clm_head) as (front, worker, control, _, clm):
+        off = await ask(front, STATE, QUESTIONS)
+        sent = clm.calls[-1]
+        for mode in ("cyclic", "prior"):
+            body = await ask(front, STATE, QUESTIONS, x_coherence=mode)
+            assert body["answers"] == off["answers"] and clm.calls[-1] == sent  # nothing of the mode reaches CLM
+        model = (await (await worker.get("/v1/models")).json())["models"][0]
+        assert model["x_coherence"] == ["cyclic", "off", "prior"]
+        assert {t: e["position_free"] for t, e in model["x_coherence_types"].items()} == {"choice": True, "score": True}
+        # an external readout whose choice depends on option order: the mode is refused before anything is sent
+        control["service"].serving.readout.kinds = {"choice": AnsweredElsewhere("choice", position_free=False)}
+        calls = len(clm.calls)
+        body = await ask(front, STATE, QUESTIONS, status=422, x_coherence="cyclic")
+        [error] = body["detail"]
+        assert error["loc"][-1] == "x_coherence" and "clm-cosine" in error["msg"] and "does not offer 'cyclic'" in error["msg"]
+        assert len(clm.calls) == calls
 
 
 async def test_clm_server_down_is_502_and_health_503(worker_settings, clm_head):

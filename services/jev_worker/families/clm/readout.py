@@ -8,6 +8,8 @@ noul, choice and score. The worker sends `{model: native_model, state, questions
 exactly one answer per question, of the asked type, with one finite probability per option summing to 1
 (else 502, naming the question); `confidence` and score `legend` are this API's, computed here; `usage`
 is CLM's encoder tokens (cache misses only). span / set are refused (422) before anything is sent.
+Choice and score are position-free: each option's own text is embedded apart from the others, so every
+x_coherence mode is accepted and answered unchanged (nothing of the mode is sent to CLM).
 
 serving.options: `endpoint` (read by the backend), `native_model` (`clm-latest`; `clm-raw` is CLM's
 no-head ablation), `temperature` (CLM's softmax temperature, default 1.0).
@@ -20,9 +22,14 @@ from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
 from ...backends.external import ExternalHTTP
+from ...questions.coherence import AnsweredElsewhere
 from ...readouts.base import ServingError
 from ...readouts.standard import ExternalReadout
 from ...readouts.calibration import Calibration
+
+
+POSITION_FREE = ("CLM embeds each option's own text apart from the others and scores it against the state: no listing "
+                 "order, so every mode is answered unchanged")
 
 
 class ClmCosine(ExternalReadout):
@@ -39,6 +46,8 @@ class ClmCosine(ExternalReadout):
             raise ServingError(f"readout {self.name!r}: temperature must be in (0, 100] (CLM's range), "
                                f"got {temperature!r}")
         self.calibration = Calibration({}, {}, f"CLM server ({self.option('native_model')}, T={temperature:g})")
+        self.kinds = {t: AnsweredElsewhere(t, position_free=True, coherence_note=POSITION_FREE)
+                      for t in ("choice", "score")}
 
     def make_backend(self) -> ExternalHTTP:
         return ExternalHTTP()  # CLM's own server (serving.options.endpoint) answers

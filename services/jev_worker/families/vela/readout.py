@@ -237,6 +237,7 @@ class VelaSet(_Options):
 
 class VelaSpan(QuestionKind):
     type = "span"
+    position_free = True  # each candidate scored from the state's own word probabilities: no listing order
 
     def __init__(self, readout: "VelaHeadsReadout"):
         self.readout = readout
