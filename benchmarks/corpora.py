@@ -7,6 +7,9 @@ Built-in corpora (each a list of /v1/systemone request bodies, in the order they
   the L3 prefix cache can serve every question after the first one on each state.
 - `set`: `set`-kind requests with five options each, several per state, state-major, so concurrent
   requests share a prefix and each request has five candidate rows to batch.
+- `ordered`: System One requests shaped like jevbench's (four noul, two choice of four described options and one
+  score of four levels about one state), two per long state; `ordered-cyclic` is the same requests with
+  `x_coherence: "cyclic"` (the coherence group compares the two: what the mode costs per answer).
 
 A file corpus is JSON lines, one request object a line (blank lines and lines starting with # skipped).
 """
@@ -149,7 +152,48 @@ def mixed() -> list[dict]:
     return out
 
 
-BUILTIN = {"mixed": mixed, "shared-prefix": shared_prefix, "set": set_kind}
+_ORDERED = {
+    _KITCHEN: ({"kettle": "Is the kettle whistling?", "rain": "Is it raining outside?",
+                "cat": "Is the cat awake?", "radio": "Is the radio loud?"},
+               [("What needs attention first?", {"kettle": "take it off the stove", "window": "close it against the rain",
+                                                 "cat": "feed the cat", "sandwich": "finish the sandwich"}),
+                ("What time of day is it?", {"morning": "around breakfast", "noon": "around lunch",
+                                             "evening": "after work", "night": "after midnight"})],
+               ("How urgent is the kitchen's state?", ["calm", "a little", "urgent", "an emergency"])),
+    _STATION: ({"delayed": "Is the coast train delayed?", "guard": "Is a guard checking tickets?",
+                "machine": "Does the vending machine work?", "balloon": "Is the balloon red?"},
+               [("Which train leaves on time?", {"coast": "the 8:15 to the coast", "capital": "the 8:30 to the capital",
+                                                 "airport": "the airport shuttle", "none": "no train leaves on time"}),
+                ("Who wears a blue uniform?", {"guard": "the guard at the gate", "child": "the child",
+                                               "driver": "the train driver", "cleaner": "a cleaner"})],
+               ("How crowded is the platform?", ["empty", "a few people", "busy", "packed"])),
+    _GARDEN: ({"ripe": "Are the tomatoes ripe?", "lettuce": "Is the lettuce good to eat?",
+               "shed": "Is the shed door open?", "rain": "Is rain likely soon?"},
+              [("What should be done first?", {"harvest": "pick the tomatoes", "mow": "cut the grass",
+                                               "leaves": "empty the wheelbarrow", "water": "water the lettuce"}),
+               ("Which birds are in the garden?", {"sparrows": "two sparrows", "crows": "a crow",
+                                                   "robins": "robins", "none": "no birds"})],
+              ("How well kept is the garden?", ["neglected", "untidy", "tidy", "immaculate"])),
+}
+
+
+def ordered(coherence: str | None = None) -> list[dict]:
+    out = []
+    for s, (state, (nouls, choices, score)) in enumerate(_ORDERED.items()):
+        for r in range(2):  # the second request lists the options and levels in reverse
+            questions: dict = {k: {"type": "noul", "instructions": q} for k, q in nouls.items()}
+            for c, (question, options) in enumerate(choices):
+                items = list(options.items())[::-1] if r else list(options.items())
+                questions[f"choice{c}"] = {"type": "choice", "instructions": question, "criteria": dict(items)}
+            questions["score"] = {"type": "score", "instructions": score[0],
+                                  "criteria": score[1][::-1] if r else score[1]}
+            body = {"model": "jev-latest", "state": state, "questions": questions}
+            out.append(body if coherence is None else {**body, "x_coherence": coherence})
+    return out
+
+
+BUILTIN = {"mixed": mixed, "shared-prefix": shared_prefix, "set": set_kind, "ordered": ordered,
+           "ordered-cyclic": lambda: ordered("cyclic")}
 
 # One request unlike any corpus entry (its own state), for warming connections without warming caches.
 WARMUP_BODY = {"kind": "choice", "state": {"text": "Warm-up: the benchmark is about to start."},

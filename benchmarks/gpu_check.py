@@ -396,7 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a folder with a saved tokenizer (see --save-tokenizer)")
     parser.add_argument("--save-tokenizer", default=None, help="save SmolLM2's tokenizer to this folder and exit")
     parser.add_argument("--requests", type=int, default=None, help="requests per variant (default 64; 8 with --small)")
-    parser.add_argument("--groups", default="l3,batching,concurrency")
+    parser.add_argument("--groups", default="l3,batching,concurrency,coherence")
     parser.add_argument("--batching-concurrency", type=int, default=8)
     parser.add_argument("--skip-bench", action="store_true", help="correctness only")
     return parser.parse_args(argv)

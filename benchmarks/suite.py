@@ -15,6 +15,9 @@ with it):
   pooling      new ClientSession per request  vs  one pooled    (through F, mixed, concurrency 1)
   batching     C (batching off)  vs  A (batching on)            (direct, set corpus, concurrency 4)
   concurrency  through F at 1, 2, 4, 8                          (mixed corpus)
+  coherence    x_coherence off  vs  cyclic on A                 (direct, the `ordered` corpus and the same
+                                                                  requests with cyclic; warm L3, so the cost
+                                                                  is the shift rows, not the state)
 
 The A/B pairs are measured in interleaved rounds (a part of A, a part of B, and again) so drift in a
 shared machine's load hits both sides alike. Apart from the `l3` group, each worker sees every
@@ -36,7 +39,7 @@ from .corpora import load_corpus
 from .loadgen import Report, merge_reports, run_load
 from .stack import REPO, Service, Stack, get_json, get_text
 
-ALL_GROUPS = ("l3", "frontend", "pooling", "batching", "concurrency")  # l3 first: it needs cold caches
+ALL_GROUPS = ("l3", "frontend", "pooling", "batching", "concurrency", "coherence")  # l3 first: it needs cold caches
 CONCURRENCY_LEVELS = (1, 2, 4, 8)
 
 
@@ -182,8 +185,9 @@ class Suite:
 
     async def pair(self, group: str, corpus_name: str, concurrency: int,
                    variants: list[tuple[str, str, str, bool]]) -> list[Run]:
-        """variants: (label, target service, worker service, pooled); the first is the baseline."""
-        corpus = load_corpus(corpus_name)
+        """variants: (label, target service, worker service, pooled[, corpus name: the variant's own]); the first is
+        the baseline."""
+        corpora = {label: load_corpus(rest[0] if rest else corpus_name) for label, _t, _w, _p, *rest in variants}
         total = self.config.requests
         rounds = max(1, min(self.config.rounds, total))
         sizes = [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
@@ -191,17 +195,18 @@ class Suite:
         deltas: dict[str, WorkerDelta] = {label: WorkerDelta() for label, *_ in variants}
         offset = 0  # each round continues through the corpus where the last one stopped
         for size in sizes:
-            for label, target, worker, pooled in variants:
-                report, delta = await self._load(self.services[target], self.services[worker], corpus,
+            for label, target, worker, pooled, *_ in variants:
+                report, delta = await self._load(self.services[target], self.services[worker], corpora[label],
                                                  concurrency=concurrency, requests=size, pooled=pooled,
                                                  offset=offset)
                 reports[label].append(report)
                 deltas[label].add(delta)
             offset += size
         runs = []
-        for i, (label, target, worker, _pooled) in enumerate(variants):
+        for i, (label, target, worker, _pooled, *rest) in enumerate(variants):
             run = Run(group=group, variant=label, path="frontend" if target == "F" else "worker", worker=worker,
-                      corpus=corpus_name, concurrency=concurrency, report=merge_reports(reports[label]),
+                      corpus=rest[0] if rest else corpus_name, concurrency=concurrency,
+                      report=merge_reports(reports[label]),
                       delta=deltas[label], baseline=(i == 0))
             runs.append(run)
         for run in runs[1:]:
@@ -248,6 +253,12 @@ class Suite:
             runs.append(run)
             self.log(f"  {'concurrency':<12} {run.variant:<24} {report.summary()}")
         self.runs += runs
+
+    async def group_coherence(self) -> None:
+        await self._prewarm("A", "ordered")
+        await self._prewarm("A", "ordered-cyclic")
+        await self.pair("coherence", "ordered", 1, [("x_coherence off", "A", "A", True),
+                                                    ("x_coherence cyclic", "A", "A", True, "ordered-cyclic")])
 
     # ----- the whole thing ----------------------------------------------------------------------
     async def run(self) -> None:

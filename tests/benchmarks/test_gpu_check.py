@@ -30,4 +30,8 @@ def test_small_dry_run_passes_every_check(tmp_path):
         assert mine and all(c["passed"] for c in mine), (name, mine)
         assert f"| {name} |" in report
     assert results["benchmark"]["runs"], "the HTTP benchmark part did not run"
+    coherence = {r["variant"]: r for r in results["benchmark"]["runs"] if r["group"] == "coherence"}
+    assert set(coherence) == {"x_coherence off", "x_coherence cyclic"}  # what the mode costs on the GPU
+    assert all(r["report"]["ok"] == r["report"]["sent"] > 0 for r in coherence.values())
+    assert "x_coherence cyclic" in report
     assert elapsed < 120, f"--small took {elapsed:.0f} s; keep it short for `make test`"
