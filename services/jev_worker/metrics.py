@@ -37,9 +37,11 @@ class WorkerMetrics(HttpMetrics):
             "Layer passes the stopped batches did not run: compute freed for the requests behind them", registry=r)
         self.flight = Counter(
             "jev_worker_flight_rows_total",
-            "Rows by what became of them: computed (a batch finished), answered (a waiter got them), joined (a "
-            "request joined identical work in flight), kept (a retry answered from work finished for nobody while "
-            "it lingered), client_limited (refused: the client's limit of work in flight)", ["event"], registry=r)
+            "Rows by what became of them: computed (a batch finished) = answered (a waiter got them) + unwanted "
+            "(finished for nobody: the caller left after its batch began, the batch running on for the others in "
+            "it); joined (a request joined identical work in flight), kept (a retry answered from unwanted work "
+            "while it lingered), client_limited (refused: the client's limit of work in flight)", ["event"],
+            registry=r)
         self.stalled = Gauge("jev_worker_stalled", "1 while health reports a stall (no layer or chunk finished for "
                              "JEV_STALL_S while a batch runs, or the event loop blocked)", registry=r)
         self.progress_age = Gauge("jev_worker_progress_age_seconds", "Seconds since the running batch last finished "

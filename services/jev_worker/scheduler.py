@@ -145,7 +145,7 @@ class Scheduler:
         self._on_batch = on_batch
         self._on_depth = on_depth
         self._on_abandoned = on_abandoned
-        self._on_event = on_event  # (event, rows): joined, kept, computed, answered, client_limited
+        self._on_event = on_event  # (event, rows): joined, kept, computed, answered, unwanted, client_limited
         self._pending: list[Flight] = []
         self._batch: list[Flight] = []  # the batch on the model thread now
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
@@ -284,7 +284,10 @@ class Scheduler:
         job.future.set_result(result)
         if job.waiters:
             self._event("answered", job.rows)
-        elif job.linger_until > time.monotonic():  # finished for nobody while its caller may retry: kept
+            return
+        # finished for nobody (its caller left after the batch began, which ran on for the others in it)
+        self._event("unwanted", job.rows)
+        if job.linger_until > time.monotonic():  # while its caller may retry: kept
             self._kept[job.key] = KeptResult(result, job.linger_until)
 
     def _event(self, event: str, rows: int) -> None:

@@ -56,7 +56,7 @@ def test_reliability_tiny():
     parts = {line["part"]: line["result"] for line in lines}
     assert parts["bounds"]["1MB state"]["status"] == 422 and parts["bounds"]["small after"]["status"] == 200
     assert parts["disconnect"]["client"] != 422, parts["disconnect"]
-    assert parts["clients"]["clients"] == 2 and parts["clients"]["computed_le_answered_plus_stopped"]
+    assert parts["clients"]["clients"] == 2 and parts["clients"]["computed_is_answered_plus_unwanted"]
 
 
 def test_peers_reference_and_our_arm(tiny_model, tmp_path):
