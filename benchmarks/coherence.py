@@ -68,20 +68,16 @@ def tiny_checkpoint() -> Path:
 class Worker:
     def __init__(self, tiny_dir: Path | None, l3: bool = True):
         from tests.fakes.net import free_port
+        from tools.stack_run import spawn, wait_healthy
 
         self.port = free_port()
-        self.process = subprocess.Popen([sys.executable, "-m", "jev_worker"], env=worker_env(tiny_dir, self.port, l3),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        self.health = json.loads(answer.read())
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("the worker did not become ready")
+        self.log_path = Path(tempfile.mkdtemp(prefix="jev-coherence-log-")) / "worker.log"
+        self.process = spawn("worker", [sys.executable, "-m", "jev_worker"], worker_env(tiny_dir, self.port, l3), REPO,
+                             self.log_path)
+        wait_healthy(self.process, self.url + "/health", others=[], timeout_s=300, log=lambda line: None)
+        with urllib.request.urlopen(self.url + "/health", timeout=5) as answer:
+            self.health = json.loads(answer.read())
 
     def ask(self, state, questions: dict, mode: str) -> tuple[dict, float]:
         body = json.dumps({"model": "jev-latest", "state": state, "questions": questions, "x_coherence": mode}).encode()
@@ -96,8 +92,9 @@ class Worker:
         return reply, time.perf_counter() - started
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
+        from tools.stack_run import stop_all
+
+        stop_all([self.process], log=lambda line: None)
 
 
 class PromptCounter:
@@ -117,7 +114,7 @@ class PromptCounter:
         kwargs = {"gguf_file": gguf} if gguf and os.path.isfile(os.path.join(folder, gguf)) else {}
         self.builder = ChatPromptBuilder(AutoTokenizer.from_pretrained(folder, **kwargs), recipe, "count")
 
-    def count(self, state, questions: dict, mode: str) -> tuple[int, list[int]]:
+    def count(self, state, questions: dict, mode: str) -> tuple[int, list[int], int]:
         from jev_common.schema import SystemOneRequest
         from jev_common.state_text import render_state
         from jev_worker.questions.plan import rows_for
@@ -126,7 +123,16 @@ class PromptCounter:
         layout = "cyclic" if mode == "cyclic" else "off"  # `prior` reads the single-pass rows
         rows, plan = rows_for(request.questions, request.state, self.builder, coherence=layout)
         prepared = self.builder.prepare(render_state(request.state), rows, (), plan)
-        return len(prepared.prefix_ids), [len(r) for r in prepared.rows]
+        return len(prepared.prefix_ids), [len(r) for r in prepared.rows], computed_row_tokens(prepared.rows)
+
+
+def computed_row_tokens(rows, pack_tokens: int = 512) -> int:
+    """The row tokens the worker's packed forwards run after the prefix (forwards.packs at the default
+    JEV_PACK_TOKENS): rows that begin with the same tokens run their stem once per pack."""
+    from jev_worker.forwards import packs
+
+    pairs = [(None, tuple(row)) for row in rows]
+    return sum(segment.tokens(pairs) for pack in packs(pairs, pack_tokens) for segment in pack)
 
 
 def uniform(questions: dict) -> dict:
@@ -170,7 +176,8 @@ def run(args) -> dict:
     counter = PromptCounter(tiny_dir)
     worker = Worker(tiny_dir, args.l3 == "on")
     answers: dict[tuple[str, str], dict] = {}
-    cost = {m: {"seconds": 0.0, "answers": 0, "tokens": 0, "prefix": 0, "rows": 0, "row_count": 0, "requests": 0,
+    cost = {m: {"seconds": 0.0, "answers": 0, "tokens": 0, "prefix": 0, "rows": 0, "computed": 0, "row_count": 0,
+                "requests": 0,
                 "per_row_prefill": 0, "mismatch": 0, "tops": []} for m in MODES}
     accuracy = {m: [] for m in MODES}
     started = time.perf_counter()
@@ -180,12 +187,13 @@ def run(args) -> dict:
                 reply, seconds = worker.ask(state, questions, mode)
                 answers[key, mode] = reply["answers"]
                 c = cost[mode]
-                prefix, rows = counter.count(state, questions, mode)
+                prefix, rows, computed = counter.count(state, questions, mode)
                 c["seconds"] += seconds
                 c["answers"] += len(reply["answers"])
                 c["tokens"] += reply["usage"]["input_tokens"]
                 c["prefix"] += prefix
                 c["rows"] += sum(rows)
+                c["computed"] += computed
                 c["row_count"] += len(rows)
                 c["requests"] += 1
                 c["per_row_prefill"] += len(rows) * prefix + sum(rows)
@@ -251,6 +259,8 @@ def rows(result: dict) -> list[dict]:
                     "t_answer": c["tokens"] / max(1, c["answers"]), "x_tokens": c["tokens"] / max(1, c["answers"]) / base_t,
                     "prefix_request": c["prefix"] / max(1, c["requests"]), "rows_request": c["row_count"] / max(1, c["requests"]),
                     "row_tokens_request": c["rows"] / max(1, c["requests"]),
+                    "computed_request": c["computed"] / max(1, c["requests"]),
+                    "x_computed": c["computed"] / max(1, base["computed"]),
                     "per_row_prefill_answer": c["per_row_prefill"] / max(1, c["answers"]), "mismatch": c["mismatch"]})
     return out
 
@@ -267,10 +277,12 @@ def table(result: dict) -> str:
                      f"{pct(r['subset'])} | {pct(r['accuracy'])} | {'-' if r['top'] is None else round(r['top'], 4)} | "
                      f"{costs[0]} | {costs[1]} |")
     lines += ["", "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
-              "prompt tokens / answer | if every row prefilled the state: tokens / answer |", "|---|---|---|---|---|---|"]
+              "row tokens run / request (stems once) | prompt tokens / answer | if every row prefilled the state: tokens / answer |",
+              "|---|---|---|---|---|---|---|"]
     for r in rows(result)[1:]:
         lines.append(f"| {r['mode']} | {r['prefix_request']:.1f} | {r['rows_request']:.2f} | {r['row_tokens_request']:.1f} | "
-                     f"{r['t_answer']:.1f} | {r['per_row_prefill_answer']:.1f} |")
+                     f"{r['computed_request']:.1f} (x{r['x_computed']:.2f}) | {r['t_answer']:.1f} | "
+                     f"{r['per_row_prefill_answer']:.1f} |")
     return "\n".join(lines)
 
 
