@@ -59,6 +59,24 @@ async def test_a_shifted_option_order_gets_the_same_answer_under_cyclic(worker_s
         assert all(m["x_coherence"] == ["cyclic", "off"] for m in models)
 
 
+def test_every_shift_cancels_a_purely_positional_preference_and_a_subset_does_not():
+    """The shifts' balance is the debiasing (each option once at each position): a model that only prefers a
+    position gets a uniform answer under cyclic; the canonical order alone (or too few shifts) would not."""
+    import torch
+
+    from jev_worker.questions.choice import Listings
+
+    names = ["c", "a", "d", "b"]
+    by_position = torch.log(torch.tensor([0.7, 0.1, 0.1, 0.1]))
+    assert Listings(names, "cyclic").shifts == [0, 1, 2, 3]
+    assert all(abs(p - 0.25) <= 1e-6 for p in Listings(names, "cyclic").mean([by_position] * 4))
+    assert abs(Listings(names, "off").mean([by_position])[0] - 0.7) <= 1e-6  # "c", sent first, gets position 0's
+    many = [f"o{i:02d}" for i in range(16)]  # past MAX_SHIFTS: 8 evenly spaced shifts, every other position
+    first = torch.log(torch.tensor([0.7] + [0.02] * 15))
+    probs = Listings(many, "cyclic").mean([first] * 8)
+    assert abs(sum(probs) - 1) <= 1e-6 and max(probs) - min(probs) > 0.05
+
+
 class FixedOrderChoice(QuestionKind):
     """A family's own choice type that offers no coherence mode."""
 
