@@ -8,10 +8,12 @@ Built-in corpora (each a list of /v1/systemone request bodies, in the order they
 - `set`: `set`-kind requests with five options each, several per state, state-major, so concurrent
   requests share a prefix and each request has five candidate rows to batch.
 - `ordered`: System One requests shaped like jevbench's (four noul, two choice of four described options and one
-  score of four levels about one state), two per long state; `ordered-cyclic` is the same requests with
-  `x_coherence: "cyclic"` (the coherence group compares the two: what the mode costs per answer).
+  score of four levels about one state), four per long state (the options and levels as written, reversed, and
+  shifted by one and two); `ordered-cyclic` is the same requests with `x_coherence: "cyclic"` (the coherence
+  group compares the two: what the mode costs per answer).
 
-A file corpus is JSON lines, one request object a line (blank lines and lines starting with # skipped).
+Every corpus but `ordered` (and `ordered-cyclic`) is the single-question form. A file corpus is JSON lines,
+one request object a line (blank lines and lines starting with # skipped).
 """
 from __future__ import annotations
 
@@ -177,23 +179,27 @@ _ORDERED = {
 }
 
 
+_ORDERS = (lambda x: x, lambda x: x[::-1], lambda x: x[1:] + x[:1], lambda x: x[2:] + x[:2])
+
+
 def ordered(coherence: str | None = None) -> list[dict]:
     out = []
-    for s, (state, (nouls, choices, score)) in enumerate(_ORDERED.items()):
-        for r in range(2):  # the second request lists the options and levels in reverse
+    for state, (nouls, choices, score) in _ORDERED.items():
+        for order in _ORDERS:  # the options (and levels) as written, reversed, and shifted by one and two
             questions: dict = {k: {"type": "noul", "instructions": q} for k, q in nouls.items()}
             for c, (question, options) in enumerate(choices):
-                items = list(options.items())[::-1] if r else list(options.items())
-                questions[f"choice{c}"] = {"type": "choice", "instructions": question, "criteria": dict(items)}
-            questions["score"] = {"type": "score", "instructions": score[0],
-                                  "criteria": score[1][::-1] if r else score[1]}
+                questions[f"choice{c}"] = {"type": "choice", "instructions": question,
+                                           "criteria": dict(order(list(options.items())))}
+            questions["score"] = {"type": "score", "instructions": score[0], "criteria": order(score[1])}
             body = {"model": "jev-latest", "state": state, "questions": questions}
             out.append(body if coherence is None else {**body, "x_coherence": coherence})
     return out
 
 
-BUILTIN = {"mixed": mixed, "shared-prefix": shared_prefix, "set": set_kind, "ordered": ordered,
-           "ordered-cyclic": lambda: ordered("cyclic")}
+BUILTIN = {"mixed": mixed, "shared-prefix": shared_prefix, "set": set_kind}  # the single-question form
+# System One requests (the coherence group's): load_corpus names them; the readers of BUILTIN (cpu_accuracy,
+# l3_replay, gpu_check's trained tokenizer) take the single-question form only
+SYSTEM_ONE = {"ordered": ordered, "ordered-cyclic": lambda: ordered("cyclic")}
 
 # One request unlike any corpus entry (its own state), for warming connections without warming caches.
 WARMUP_BODY = {"kind": "choice", "state": {"text": "Warm-up: the benchmark is about to start."},
@@ -204,7 +210,10 @@ def load_corpus(name_or_path: str) -> list[dict]:
     """A built-in corpus by name, or a JSON-lines file of request objects."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]()
+    if name_or_path in SYSTEM_ONE:
+        return SYSTEM_ONE[name_or_path]()
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"corpus {name_or_path!r} is neither a built-in ({', '.join(BUILTIN)}) nor a file")
+        raise ValueError(f"corpus {name_or_path!r} is neither a built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) "
+                         "nor a file")
     return read_jsonl_requests(path)

@@ -35,13 +35,17 @@ def test_accepts_loopback_and_appends_the_endpoint():
 
 
 def test_builtin_corpora_are_valid_requests():
-    from jev_common.schema import DecisionRequest
+    from benchmarks.corpora import SYSTEM_ONE
+    from jev_common.schema import DecisionRequest, SystemOneRequest
 
-    for name in BUILTIN:
+    for name in [*BUILTIN, *SYSTEM_ONE]:
         corpus = load_corpus(name)
         assert len(corpus) >= 8
         for body in corpus:
-            DecisionRequest.model_validate(body)
+            (SystemOneRequest if "questions" in body else DecisionRequest).model_validate(body)
+    ordered, cyclic = load_corpus("ordered"), load_corpus("ordered-cyclic")
+    assert [dict(b, x_coherence="cyclic") for b in ordered] == cyclic  # the same requests, the mode asked
+    assert len({json.dumps(b["questions"]["choice0"]["criteria"]) for b in ordered}) > len({b["state"] for b in ordered})
     shared = load_corpus("shared-prefix")
     assert len({b["state"]["text"] for b in shared}) == 3  # few states, many questions
     assert all(b["kind"] == "set" and len(b["options"]) >= 5 for b in load_corpus("set"))
