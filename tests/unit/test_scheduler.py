@@ -73,18 +73,23 @@ async def test_rows_finished_after_their_caller_left_are_counted_unwanted(worker
     """Two queued requests batched together; one caller leaves mid-batch: the batch runs on for the other, and the
     leaver's rows are computed for nobody, so computed = answered + unwanted."""
     async with worker_client(worker_settings()) as (client, service):
+        scheduler = service.scheduler
         events = ("computed", "answered", "unwanted")
         before = {e: flight(service, e) for e in events}
         layers = len(layer_stack(service.loaded.model))
-        step = 1.0 / layers  # each batch takes about 1 s
-        with slow_layers(service, step):
+        with slow_layers(service, 1.0 / layers):  # each batch takes about 1 s
             blocker = asyncio.ensure_future(client.post("/v1/systemone", json=ask(0, state="The first state.")))
-            await asyncio.sleep(0.1)  # the blocker's batch runs; the next two queue behind it, then batch together
+            await until(lambda: len(scheduler._batch) == 1)  # the blocker runs; the next two queue behind it
             stay = asyncio.ensure_future(client.post("/v1/systemone", json=ask(1, state="The second state.")))
-            await leave_after(client, ask(2, state="The third state."), 1.4)  # halfway through the second batch
+            leaver = asyncio.ensure_future(client.post("/v1/systemone", json=ask(2, state="The third state.")))
+            await until(lambda: len(scheduler._batch) == 2)  # the two, batched together, run
+            await asyncio.sleep(0.3)
+            leaver.cancel()  # its client leaves halfway through the batch
+            with contextlib.suppress(asyncio.CancelledError):
+                await leaver
             responses = [await blocker, await stay]
         assert all(r.status == 200 for r in responses)
-        await until(lambda: service.scheduler.depth == 0)
+        await until(lambda: scheduler.depth == 0)
         got = {e: flight(service, e) - before[e] for e in events}
         assert abandoned(service) == 0
         assert got == {"computed": 3, "answered": 2, "unwanted": 1}
