@@ -157,6 +157,11 @@ def evaluate(answer, args):
                        cache=None)
 
 
+def rotated(index: int) -> tuple[str, ...]:
+    """The modes in the order request `index` asks them: interleaved, the first one rotated request by request."""
+    return MODES[index % len(MODES):] + MODES[: index % len(MODES)]
+
+
 def run(args) -> dict:
     from benchmarks.jevbench_gold import correct, labelled, uniform_accuracy
 
@@ -177,13 +182,12 @@ def run(args) -> dict:
     worker = Worker(tiny_dir, args.l3 == "on")
     answers: dict[tuple[str, str], dict] = {}
     cost = {m: {"seconds": 0.0, "answers": 0, "tokens": 0, "prefix": 0, "rows": 0, "computed": 0, "row_count": 0,
-                "requests": 0,
-                "per_row_prefill": 0, "mismatch": 0, "tops": []} for m in MODES}
+                "requests": 0, "per_row_prefill": 0, "mismatch": 0, "tops": []} for m in MODES}
     accuracy = {m: [] for m in MODES}
     started = time.perf_counter()
     try:
         for index, (key, (state, questions)) in enumerate(plan.items()):
-            for mode in MODES[index % 3:] + MODES[: index % 3]:  # interleaved, the order rotated
+            for mode in rotated(index):
                 reply, seconds = worker.ask(state, questions, mode)
                 answers[key, mode] = reply["answers"]
                 c = cost[mode]
@@ -202,7 +206,7 @@ def run(args) -> dict:
                               if a.get("type") == "choice"]
         for index, (case, gold) in enumerate(graded):
             questions = {qid: case["questions"][qid] for qid in gold}
-            for mode in MODES[index % 3:] + MODES[: index % 3]:
+            for mode in rotated(index):
                 reply, _ = worker.ask(case["state"], questions, mode)
                 accuracy[mode] += [correct(questions[qid], reply["answers"][qid], g) for qid, g in gold.items()]
     finally:
@@ -266,10 +270,11 @@ def rows(result: dict) -> list[dict]:
 
 
 def table(result: dict) -> str:
+    all_rows = rows(result)
     lines = ["| x_coherence | option_permutation within tolerance | its mean deviation | REP | MEA | subset mean | "
              "accuracy (labelled, choice+score) | mean top p (choice) | s / answer | prompt tokens / answer |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows(result):
+    for r in all_rows:
         costs = ("-", "-") if r["mode"] == "uniform answerer" else (
             f"{r['s_answer']:.4f} (x{r['x_time']:.2f})", f"{r['t_answer']:.1f} (x{r['x_tokens']:.2f})")
         lines.append(f"| {r['mode']} | {r['within']}/{r['tests']} | "
@@ -279,7 +284,7 @@ def table(result: dict) -> str:
     lines += ["", "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
               "row tokens run / request (stems once) | prompt tokens / answer | if every row prefilled the state: tokens / answer |",
               "|---|---|---|---|---|---|---|"]
-    for r in rows(result)[1:]:
+    for r in all_rows[1:]:
         lines.append(f"| {r['mode']} | {r['prefix_request']:.1f} | {r['rows_request']:.2f} | {r['row_tokens_request']:.1f} | "
                      f"{r['computed_request']:.1f} (x{r['x_computed']:.2f}) | {r['t_answer']:.1f} | "
                      f"{r['per_row_prefill_answer']:.1f} |")

@@ -235,7 +235,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--url", required=True, help="base URL (http://127.0.0.1:8080) or the full endpoint URL")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--corpus", default="mixed", help=f"built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) or a JSON-lines file")
+    parser.add_argument("--corpus", default="mixed",
+                        help=f"built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) or a JSON-lines file")
     parser.add_argument("--new-session-per-request", action="store_true",
                         help="open a new aiohttp.ClientSession per request instead of one pooled session")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds")

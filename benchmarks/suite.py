@@ -184,10 +184,11 @@ class Suite:
         self._warmed.add((worker_name, corpus_name))
 
     async def pair(self, group: str, corpus_name: str, concurrency: int,
-                   variants: list[tuple[str, str, str, bool]]) -> list[Run]:
+                   variants: list[tuple]) -> list[Run]:
         """variants: (label, target service, worker service, pooled[, corpus name: the variant's own]); the first is
         the baseline."""
-        corpora = {label: load_corpus(rest[0] if rest else corpus_name) for label, _t, _w, _p, *rest in variants}
+        names = {label: rest[0] if rest else corpus_name for label, _t, _w, _p, *rest in variants}
+        corpora = {label: load_corpus(name) for label, name in names.items()}
         total = self.config.requests
         rounds = max(1, min(self.config.rounds, total))
         sizes = [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
@@ -203,10 +204,9 @@ class Suite:
                 deltas[label].add(delta)
             offset += size
         runs = []
-        for i, (label, target, worker, _pooled, *rest) in enumerate(variants):
+        for i, (label, target, worker, *_) in enumerate(variants):
             run = Run(group=group, variant=label, path="frontend" if target == "F" else "worker", worker=worker,
-                      corpus=rest[0] if rest else corpus_name, concurrency=concurrency,
-                      report=merge_reports(reports[label]),
+                      corpus=names[label], concurrency=concurrency, report=merge_reports(reports[label]),
                       delta=deltas[label], baseline=(i == 0))
             runs.append(run)
         for run in runs[1:]:

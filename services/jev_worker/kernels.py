@@ -33,10 +33,14 @@ def needed(config) -> list[str]:
     return sorted({d for kind in kinds for d in LAYER_KERNELS.get(kind, ())})
 
 
+def on_cuda(device) -> bool:
+    return getattr(device, "type", str(device)) == "cuda"
+
+
 def use_on(device) -> list[str]:
     """Before the model's modules are imported: on a device other than CUDA, make the kernel packages unimportable
     (transformers then decorates its PyTorch paths). The modules hidden; a package imported already stays."""
-    if getattr(device, "type", str(device)) == "cuda":
+    if on_cuda(device):
         return []
     hidden = []
     for module in MODULES.values():
@@ -64,7 +68,7 @@ def describe(config) -> dict:
 def warn_if_missing(config, device) -> list[str]:
     """Log (and return) the kernels a hybrid model on CUDA lacks."""
     missing = [d for d in needed(config) if version(d) is None]
-    if missing and getattr(device, "type", str(device)) == "cuda":
+    if missing and on_cuda(device):
         log.warning("hybrid layers on CUDA without %s: transformers falls back to PyTorch code (slow); "
                     "the CUDA image (images/cuda.Dockerfile) has them", ", ".join(missing))
     return missing

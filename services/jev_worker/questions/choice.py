@@ -36,11 +36,6 @@ def listed(options: list[tuple[str, str | None]], codes: list[str], ctx: BuildCo
                      for code, (name, text) in zip(codes, options))
 
 
-def option_lines(names: list[str], descriptions: list[object | None], codes: list[str], ctx: BuildContext,
-                 where: str) -> str:
-    return listed(option_texts(names, descriptions, ctx, where), codes, ctx)
-
-
 MAX_SHIFTS = 8
 
 
@@ -77,6 +72,16 @@ class Listings:
         return probs
 
 
+def coded_rows(question, names: list[str], options: list[tuple[str, str | None]], ctx: BuildContext,
+               where: str) -> list[RowSpec]:
+    """A coded question's rows (choice, span): its question line, then its checked options under their codes, one
+    row per listing of them (Listings)."""
+    codes, ids = ctx.builder.coded(len(options))
+    question_line = ctx.question_line(question, where)
+    return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
+            for row in Listings(names, ctx.coherence).rows(options)]
+
+
 class Choice(QuestionKind):
     type = "choice"
     coherence_modes = frozenset({"cyclic"})
@@ -85,11 +90,9 @@ class Choice(QuestionKind):
                       "prefill: any reordering of the options gets the same answer")
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        options = option_texts(list(question.criteria), list(question.criteria.values()), ctx, where)
-        codes, ids = ctx.builder.coded(len(options))
-        question_line = ctx.question_line(question, where)
-        return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
-                for row in Listings(list(question.criteria), ctx.coherence).rows(options)]
+        names = list(question.criteria)
+        return coded_rows(question, names, option_texts(names, list(question.criteria.values()), ctx, where), ctx,
+                          where)
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         names = list(question.criteria)

@@ -14,7 +14,6 @@ from jev_common.schema import ScoreAnswer, ScoreQuestion, score_answer
 from ..prompt import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
-from .choice import option_lines
 
 
 class Score(QuestionKind):
@@ -44,5 +43,3 @@ class Score(QuestionKind):
         probs = [sum(row[i] for row in rows) / len(rows) for i in range(len(rows[0]))]
         return score_answer(question.criteria, probs)
 
-
-__all__ = ["Score", "option_lines"]

@@ -10,7 +10,7 @@ from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
 from ..prompt import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext
-from .choice import MAX_SHIFTS, Listings, listed, option_texts
+from .choice import MAX_SHIFTS, Listings, coded_rows, option_texts
 
 
 class SpanKind(QuestionKind):
@@ -20,11 +20,8 @@ class SpanKind(QuestionKind):
                       "evenly spaced, averaged as choice's; prior: single pass (the prior is the choice layout's)")
 
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        candidates = option_texts(list(question.criteria), [None] * len(question.criteria), ctx, where)
-        codes, ids = ctx.builder.coded(len(candidates))
-        question_line = ctx.question_line(question, where)
-        return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
-                for row in Listings(question.criteria, ctx.coherence).rows(candidates)]
+        candidates = option_texts(question.criteria, [None] * len(question.criteria), ctx, where)
+        return coded_rows(question, question.criteria, candidates, ctx, where)
 
     def answer(self, question: SpanQuestion, logits, ctx: BuildContext) -> SpanAnswer:
         probs = Listings(question.criteria, ctx.coherence).mean(logits)
