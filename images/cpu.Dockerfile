@@ -26,8 +26,9 @@ FROM ${PYTHON_IMAGE} AS runtime
 RUN set -eux; \
     groupadd --system --gid 10001 jev; \
     useradd --system --uid 10001 --gid jev --home-dir /home/jev --create-home --shell /usr/sbin/nologin jev; \
-    mkdir -p /var/lib/jev/assets /data/hf /models; \
-    chown -R jev:jev /var/lib/jev /data/hf
+    mkdir -p /var/lib/jev/assets /var/lib/jev/secrets /data/hf /models; \
+    chown -R jev:jev /var/lib/jev /data/hf; \
+    chmod 700 /var/lib/jev/secrets
 COPY --from=builder /opt/venv /opt/venv
 WORKDIR /app
 COPY services/ /app/services/

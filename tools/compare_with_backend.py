@@ -27,6 +27,8 @@ from typing import Any
 import aiohttp
 
 from jev_common.errors import error_type_of
+from jev_common.internal_auth import backend_headers
+from tools.local_stack import internal_token
 
 TOLERANCE = 1e-6
 FLOAT_FIELDS = ("noul", "score")
@@ -132,11 +134,13 @@ def diff_answers(index: int, request: dict, worker: Answer, frontend: Answer) ->
     return out
 
 
-async def _send(session: aiohttp.ClientSession, base_url: str, payload: bytes, timeout_s: float) -> Answer:
+async def _send(session: aiohttp.ClientSession, base_url: str, payload: bytes, timeout_s: float,
+                headers: dict[str, str] | None = None) -> Answer:
     try:
         async with session.post(
             base_url.rstrip("/") + "/v1/systemone", data=payload,
-            headers={"Content-Type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers={"Content-Type": "application/json", **(headers or {})},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             raw = await resp.read()
             try:
@@ -150,14 +154,16 @@ async def _send(session: aiohttp.ClientSession, base_url: str, payload: bytes, t
         return Answer(None, error=f"{type(exc).__name__}: {exc}")
 
 
-async def compare_rows(worker_url: str, frontend_url: str, requests: list[dict], timeout_s: float = 60.0) -> list[Row]:
+async def compare_rows(worker_url: str, frontend_url: str, requests: list[dict], timeout_s: float = 60.0,
+                       worker_headers: dict[str, str] | None = None) -> list[Row]:
+    """worker_headers: what the worker is sent beside each request (the internal token, where it asks for one)."""
     rows: list[Row] = []
     async with aiohttp.ClientSession() as session:
         for index, request in enumerate(requests):
             payload = json.dumps(request).encode()
-            first = await _send(session, worker_url, payload, timeout_s)
+            first = await _send(session, worker_url, payload, timeout_s, worker_headers)
             via_frontend = await _send(session, frontend_url, payload, timeout_s)
-            second = await _send(session, worker_url, payload, timeout_s)
+            second = await _send(session, worker_url, payload, timeout_s, worker_headers)
             row = Row(index, request, first, via_frontend, second)
             row.mismatches = diff_answers(index, request, second, via_frontend)
             if second.status is None and via_frontend.status is None:
@@ -226,13 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend", required=True, help="frontend base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--corpus", type=Path, help="JSON lines of requests (default: the built-in corpus)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
+    parser.add_argument("--internal-token", default=None,
+                        help="the worker's internal token (default: JEV_INTERNAL_TOKENS' first, else the one "
+                             "`make up` generated in .cache/local-stack/jev-secrets)")
     args = parser.parse_args(argv)
+    token = args.internal_token or internal_token()
     try:
         requests = load_corpus(args.corpus) if args.corpus else DEFAULT_CORPUS
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = asyncio.run(compare_rows(args.worker, args.frontend, requests, args.timeout))
+    rows = asyncio.run(compare_rows(args.worker, args.frontend, requests, args.timeout, backend_headers(
+        (token,) if token else ())))
     print(render(rows))
     return 1 if any(row.mismatches for row in rows) else 0
 

@@ -17,6 +17,9 @@ docker-compose.yml stays the one source of truth for ports and env. For each ser
   paths of the bind mounts (relative to the repository), named volumes a folder under
   ``.cache/local-stack/``;
 * ``python`` in a command is this interpreter; PYTHONPATH is ``services:.`` as in the images.
+* the rest of this shell's environment reaches every process, but for the variables the compose file gives
+  some service: those reach only the services it gives them to (``JEV_API_KEYS`` the frontend's alone), and
+  the internal token file lands in the shared ``jev-secrets`` folder, generated on the first start.
 
 Services without a ``build`` (redis) are not compose-built: `up` uses a Redis that answers on the
 host, or starts one for this stack (stopped with it, in a per-run folder). Services start in
@@ -310,6 +313,29 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     return _ordered(plan)
 
 
+def internal_token(state_dir: str | os.PathLike = STATE_DIR) -> str | None:
+    """The token a tool sends a worker of this machine's stack directly: JEV_INTERNAL_TOKENS' first, else the one
+    `make up` generated (docker-compose.yml's JEV_INTERNAL_TOKEN_FILE, in the jev-secrets folder), else None."""
+    listed = [t.strip() for t in os.environ.get("JEV_INTERNAL_TOKENS", "").split(",") if t.strip()]
+    if listed:
+        return listed[0]
+    path = Path(state_dir) / "jev-secrets" / "internal-token"
+    if not path.is_file():
+        return None
+    return next((t.strip() for line in path.read_text().splitlines() for t in line.split(",") if t.strip()), None)
+
+
+SECRET_NAME = re.compile(r"KEYS$|TOKENS?$|PASSWORD$")  # values `plan` does not print
+
+
+def shared_environ(environ: Mapping[str, str], plan: list[LocalService]) -> dict[str, str]:
+    """What every process inherits from this shell: all of it but the variables the compose file gives some
+    service, which reach just the services it gives them to (`JEV_API_KEYS=k make up`: the frontend's keys,
+    not the worker's, as in compose)."""
+    declared = {key for service in plan for key in service.env}
+    return {key: value for key, value in environ.items() if key not in declared}
+
+
 def _ordered(plan: list[LocalService]) -> list[LocalService]:
     by_name = {s.name: s for s in plan}
     order: list[LocalService] = []
@@ -382,7 +408,7 @@ def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | Non
             for key in ("JEV_ASSET_DIR",):
                 if key in service.env and service.env[key].startswith(str(state_dir)):
                     Path(service.env[key]).mkdir(parents=True, exist_ok=True)
-        base_env = dict(os.environ)
+        base_env = shared_environ(os.environ, plan)
         base_env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT / "services"), str(REPO_ROOT)] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
         info = {"pid": os.getpid(), "profile": profile, "started": time.time(), "run_dir": str(run_dir),
@@ -474,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         for service in plan_profile(args.profile, overrides, compose=load_compose(args.compose)):
             print(f"{service.name}: {shlex.join(service.argv)}  (port {service.port}, health {service.health_url})")
             for key, value in sorted(service.env.items()):
-                print(f"    {key}={value}")
+                print(f"    {key}={'(set, not shown)' if value and SECRET_NAME.search(key) else value}")
         return 0
     _install_signal_handlers()
     try:

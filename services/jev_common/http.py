@@ -20,6 +20,7 @@ from .errors import (
     MalformedBody, UndecodableBody, UnsupportedEncoding, UnsupportedMediaType, api_error_response, error_body,
     error_response, validation_error,
 )
+from .internal_auth import TRUSTED
 from .schema import summarize_details
 
 log = logging.getLogger("jev.http")
@@ -125,8 +126,9 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
 
 
 def client_key(request: web.Request) -> str:
-    """Who is asking, for fairness: the frontend's `x-jev-client`, else the caller's own identity."""
-    given = request.headers.get(CLIENT_HEADER, "").strip()
+    """Who is asking, for fairness: the frontend's `x-jev-client` when the caller carries the internal credential
+    (internal_auth.TRUSTED), else the caller's own identity (a direct caller cannot pick its own fairness key)."""
+    given = request.headers.get(CLIENT_HEADER, "").strip() if request.get(TRUSTED, False) else ""
     return given[:128] if given else caller_identity(request)
 
 

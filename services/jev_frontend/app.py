@@ -15,6 +15,7 @@ from jev_common.http import (
     CLIENT_HEADER, DEADLINE_HEADER, REQUEST_ID, REQUEST_ID_HEADER, RETRY_HEADERS, auth_middleware, caller_identity,
     error_middleware, parse_model, read_systemone_body, request_deadline, request_id_middleware,
 )
+from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
@@ -30,6 +31,7 @@ log = logging.getLogger("jev_frontend")
 
 DEADLINE_GRACE_S = 0.25
 RETRIED_ELSEWHERE = ("unavailable", "not_ready")  # a worker's 503s that mean "not here": draining (ShuttingDown), loading
+SET_HERE = (CLIENT_HEADER, INTERNAL_TOKEN_HEADER)  # headers a caller may not send on to a backend
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
 POOL = web.AppKey("pool", BackendPool)
@@ -52,11 +54,12 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     """What the worker needs of the caller's headers: the body's type, x-jev-* (the deadline among them), the
     SDK's retry headers (a retry may join its first attempt's work) and the request id (so both services log
     and answer the same id); and who the caller is, for the worker's fairness (`x-jev-client`, set here
-    whatever the caller sent). The API key stays here: the frontend checked it."""
+    whatever the caller sent). The API key stays here: the frontend checked it; the backend call carries the
+    internal token instead (proxy.Backend), never one a caller sent."""
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
-    headers.update({k: v for k, v in request.headers.items() if k.lower() != CLIENT_HEADER and (
+    headers.update({k: v for k, v in request.headers.items() if k.lower() not in SET_HERE and (
         k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS)})
     headers[CLIENT_HEADER] = caller_identity(request)  # the caller may not name its own fairness key
     return headers

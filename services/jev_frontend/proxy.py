@@ -17,6 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from jev_common.errors import BackendTimeout, BackendUnavailable
+from jev_common.internal_auth import backend_headers
 from jev_common.metrics import LATENCY_BUCKETS
 
 from .settings import Settings
@@ -101,6 +102,7 @@ class Backend:
     def __init__(self, settings: Settings, metrics: BackendMetrics):
         self.settings = settings
         self.metrics = metrics
+        self.credential = backend_headers(settings.internal_tokens)  # on every call: the backends' internal token
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -132,6 +134,7 @@ class Backend:
     ) -> BackendAnswer:
         base = url or self.settings.backend_url
         started = time.perf_counter()
+        headers = {**(headers or {}), **self.credential}
         try:
             async with self.session.request(
                 method, base + path, data=data, headers=headers, allow_redirects=False,

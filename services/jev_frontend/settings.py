@@ -17,6 +17,7 @@ from yarl import URL
 
 from jev_common.config import (LOG_LEVEL, EnvTable, bool_var, bytes_var, custom_var, float_var, int_var, list_var,
                                str_var)
+from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -83,6 +84,8 @@ ENV = EnvTable("frontend", [
     int_var("JEV_FRONTEND_MAX_CONNECTIONS", 64, "size of the pooled connection set to the worker (requests "
             "beyond it wait for a free connection)"),
     list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the frontend", note="auth off"),
+    INTERNAL_TOKENS,
+    INTERNAL_TOKEN_FILE,
     LOG_LEVEL,
 ])
 UPSTREAM_NAMES = ("OMNI_JEV_BIND", "OMNI_JEV_BACKEND_URL")
@@ -97,6 +100,7 @@ class Settings:
     max_body_bytes: int = ENV["JEV_FRONTEND_MAX_BODY_BYTES"].field()
     max_connections: int = ENV["JEV_FRONTEND_MAX_CONNECTIONS"].field()
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the file's; the first is sent
     # (model or "", url); with backend_url="" it is the whole list
     backends: tuple[tuple[str, str], ...] = ENV["JEV_BACKENDS"].field()
     discovery: bool = ENV["JEV_FRONTEND_DISCOVERY"].field()
@@ -159,6 +163,7 @@ class Settings:
             max_body_bytes=ENV["JEV_FRONTEND_MAX_BODY_BYTES"].get(),
             max_connections=ENV["JEV_FRONTEND_MAX_CONNECTIONS"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),
+            internal_tokens=load_internal_tokens(INTERNAL_TOKENS.get(), INTERNAL_TOKEN_FILE.get()),
             backends=backends,
             discovery=discovery,
             default_model=ENV["JEV_DEFAULT_MODEL"].get(),

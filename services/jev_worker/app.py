@@ -7,9 +7,10 @@ from aiohttp import web
 
 from jev_common.errors import Stalled, domain_error_type, error_body, validation_error
 from jev_common.http import (
-    auth_middleware, caller_retries, client_key, error_middleware, parse_model, read_systemone_body,
+    caller_retries, client_key, error_middleware, parse_model, read_systemone_body,
     request_deadline, request_id_middleware,
 )
+from jev_common.internal_auth import backend_guard
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
 
@@ -46,7 +47,8 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
     service = WorkerService(settings)
     app = web.Application(
         middlewares=[request_id_middleware, service.metrics.middleware, error_middleware,
-                     auth_middleware(settings.api_keys)],
+                     backend_guard(settings.internal_tokens, settings.api_keys,
+                                   internal_prefixes=("/v1/cache/",))],
         client_max_size=settings.max_body_bytes)
     app[SERVICE] = service
 

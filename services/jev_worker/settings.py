@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_var, bytes_var, custom_var, float_var,
                                int_var, list_var, one_of, optional_var, parse_bytes, str_var)
+from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec, Recipe, load_recipe
 
 from .graphs import graph_mode
@@ -114,7 +115,10 @@ ENV = EnvTable("worker", [
             "capped by a container's CPU quota). `python -m jev_worker` also sets `OMP_WAIT_POLICY=PASSIVE` unless "
             "it is set: idle OpenMP threads sleep instead of spinning, so another busy process on the host no longer "
             "slows a forward several-fold", note="auto"),
-    list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the worker", note="auth off"),
+    list_var("JEV_API_KEYS", (), "comma-separated API keys of callers served without a frontend (a frontend "
+             "reaches the worker with the internal token; keys belong on the frontend)", note="auth off"),
+    INTERNAL_TOKENS,
+    INTERNAL_TOKEN_FILE,
     LOG_LEVEL,
     RECIPES_DIR,
 ])
@@ -186,6 +190,7 @@ class WorkerSettings:
     cuda_graphs: str = ENV["JEV_CUDA_GRAPHS"].field()
     l3_reuse: str = ENV["JEV_L3_REUSE"].field()
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the token file's; empty: any caller
 
     @classmethod
     def from_env(cls, **overrides) -> "WorkerSettings":
@@ -237,5 +242,6 @@ class WorkerSettings:
             cuda_graphs=ENV["JEV_CUDA_GRAPHS"].get(),
             l3_reuse=ENV["JEV_L3_REUSE"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),
+            internal_tokens=load_internal_tokens(INTERNAL_TOKENS.get(), INTERNAL_TOKEN_FILE.get()),
         )
         return replace(settings, **overrides)

@@ -238,6 +238,44 @@ def test_redis_requires_the_password_every_service_gets():
     assert password == "s3cret"
 
 
+def test_keys_on_the_frontends_and_the_internal_token_on_both_sides_never_a_default_one():
+    """`JEV_API_KEYS=... docker compose up`: the keys reach the frontends only; frontends and workers share an internal
+    token, JEV_INTERNAL_TOKENS or one generated into the jev-secrets volume (no token is written in the file)."""
+    keyed = {"JEV_API_KEYS": "k-1", "JEV_INTERNAL_TOKENS": "t-1"}
+    for name, svc in SERVICES.items():
+        module = _module(svc)
+        if module not in ("jev_worker", "jev_frontend"):
+            continue
+        env = svc.get("environment") or {}
+        assert interpolate(str(env["JEV_INTERNAL_TOKENS"]), ENV) == "", f"{name} ships a default token"
+        assert interpolate(str(env["JEV_INTERNAL_TOKENS"]), keyed) == "t-1", name
+        assert env["JEV_INTERNAL_TOKEN_FILE"] == "/var/lib/jev/secrets/internal-token", name
+        assert "jev-secrets:/var/lib/jev/secrets" in (svc.get("volumes") or []), name
+        if module == "jev_frontend":
+            assert interpolate(str(env["JEV_API_KEYS"]), keyed) == "k-1", name
+        else:
+            assert "JEV_API_KEYS" not in env, f"{name}: the callers' keys are the frontend's"
+    assert "jev-secrets" in DATA["volumes"]
+    for dockerfile in ("cpu", "cuda"):  # the volume starts as the image's folder: owned by the services' user
+        text = (ROOT / "images" / f"{dockerfile}.Dockerfile").read_text()
+        assert "/var/lib/jev/secrets" in text and "chmod 700 /var/lib/jev/secrets" in text, dockerfile
+
+
+def test_make_up_gives_the_keys_to_the_frontend_only(tmp_path):
+    """`JEV_API_KEYS=k make up` runs the profile as local processes: the shell's keys reach the frontend, not the
+    worker (which would then refuse the frontend), and both read one token file in the stack's folder."""
+    from tools.local_stack import plan_profile, shared_environ
+
+    environ = {"JEV_API_KEYS": "k-1", "PATH": "/bin", "HF_HOME": "/x"}
+    plan = {s.name: s for s in plan_profile("cpu", environ=environ, state_dir=tmp_path)}
+    worker, frontend = plan["worker-cpu"], plan["frontend-cpu"]
+    inherited = shared_environ(environ, list(plan.values()))
+    assert "JEV_API_KEYS" not in {**inherited, **worker.env} and inherited["PATH"] == "/bin"
+    assert {**inherited, **frontend.env}["JEV_API_KEYS"] == "k-1"
+    token_file = str(tmp_path / "jev-secrets" / "internal-token")
+    assert worker.env["JEV_INTERNAL_TOKEN_FILE"] == frontend.env["JEV_INTERNAL_TOKEN_FILE"] == token_file
+
+
 def test_local_processes_drop_the_password_for_the_host_redis():
     """tools/local_stack runs the services against the host's Redis (no password, tools/ensure_redis.sh)."""
     from tools.local_stack import plan_profile

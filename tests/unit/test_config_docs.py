@@ -158,9 +158,10 @@ SERVICES = {
     "worker": (worker_settings.WorkerSettings, worker_settings.ENV,
                {"JEV_RECIPE", "JEV_CACHE", "JEV_CACHE_L1", "JEV_CACHE_L2", "JEV_CACHE_L3", "JEV_CACHE_L1_MAX",
                 "JEV_CACHE_L2_BYTES", "JEV_CACHE_L3_BYTES", "JEV_WORKER_ID", "JEV_WORKER_URL", "JEV_LOG_LEVEL",
-                "JEV_RECIPES_DIR", "JEV_CODE_VERSION"},
+                "JEV_RECIPES_DIR", "JEV_CODE_VERSION", "JEV_INTERNAL_TOKEN_FILE"},
                {"cache", "worker_id", "worker_url", "code_version"}),  # cache: checked below; the others computed
-    "frontend": (frontend_settings.Settings, frontend_settings.ENV, {"OMNI_JEV_BIND", "JEV_LOG_LEVEL"}, set()),
+    "frontend": (frontend_settings.Settings, frontend_settings.ENV,
+                 {"OMNI_JEV_BIND", "JEV_LOG_LEVEL", "JEV_INTERNAL_TOKEN_FILE"}, set()),  # the file: read into tokens
     "preencoder": (preencoder_settings.PreencoderSettings, preencoder_settings.ENV,
                    {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR"}, set()),
 }

@@ -113,6 +113,20 @@ async def test_forwards_original_bytes_and_passes_answer_through_unchanged():
     assert headers["X-TypeSafe-Retry-Count"] == "1"  # the SDK's retry headers too (a retry joins its work)
 
 
+async def test_every_backend_call_carries_the_internal_token_and_never_the_callers():
+    backend = ScriptedBackend()
+    async with backend.serve() as url, frontend(url, internal_tokens=("t-new", "t-old")) as client:
+        await client.post("/v1/systemone", json=CHOICE, headers={"x-jev-internal-token": "guessed"})
+        await client.get("/v1/models")
+        await client.get("/health")
+    assert backend.lookups >= 1
+    sent = [headers for _body, headers in backend.received]
+    assert len(sent) >= 2 and all(h.get("x-jev-internal-token") == "t-new" for h in sent), sent
+    async with backend.serve() as url, frontend(url) as client:  # no token here: nothing of the caller's passes
+        await client.post("/v1/systemone", json=CHOICE, headers={"x-jev-internal-token": "guessed"})
+    assert "x-jev-internal-token" not in backend.received[-1][1]
+
+
 async def test_decision_from_fake_worker_with_cache_header(fake):
     async with frontend(fake.url) as client:
         first = await client.post("/v1/systemone", json={**CHOICE, "request_id": "r1"})

@@ -5,6 +5,7 @@ asserted: selectors match pod labels, probes and resources set, the grace period
 `latest`, only the frontend exposed, secrets only through secretKeyRef. No cluster is needed."""
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from pathlib import Path
@@ -37,6 +38,7 @@ MATRIX = {
         "redis": {"enabled": False, "external": {"host": "redis.shared.svc", "port": 6380, "tls": True,
                                                  "existingSecret": "shared-redis", "secretKey": "password"}},
         "apiKeys": {"existingSecret": "jev-api-keys", "key": "keys"},
+        "internalToken": {"existingSecret": "jev-internal", "key": "internal-token"},
         "frontend": {"service": {"type": "LoadBalancer"}, "ingress": {"enabled": True, "className": "nginx"},
                      "autoscaling": {"enabled": True}},
         "metrics": {"serviceMonitor": {"enabled": True}},
@@ -210,8 +212,20 @@ def test_secrets_only_through_secret_key_refs(rendered):
         if "JEV_REDIS_URL" in env:
             assert "$(JEV_REDIS_PASSWORD)" in env["JEV_REDIS_URL"]["value"]
             assert "secretKeyRef" in env["JEV_REDIS_PASSWORD"]["valueFrom"]
-        if values.get("apiKeys", {}).get("existingSecret") and container["name"] in ("frontend", "worker"):
+        if values.get("apiKeys", {}).get("existingSecret") and container["name"] == "frontend":
             assert env["JEV_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "jev-api-keys"
+        if container["name"] == "worker":  # the callers' keys are the frontend's: it reaches workers by token
+            assert "JEV_API_KEYS" not in env
+        if container["name"] in ("frontend", "worker"):
+            token = env["JEV_INTERNAL_TOKENS"]["valueFrom"]["secretKeyRef"]
+            assert token == {"name": values.get("internalToken", {}).get("existingSecret") or "demo-jev-internal-token",
+                             "key": "internal-token"}
+    generated = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == "demo-jev-internal-token"]
+    if values.get("internalToken", {}).get("existingSecret"):
+        assert not generated
+    else:  # generated at install (never a default in the chart), kept across upgrades by lookup
+        token = base64.b64decode(generated[0]["data"]["internal-token"]).decode()
+        assert len(token) == 48 and token.isalnum()
     if name == "external-redis-and-extras":
         assert not of_kind(docs, "StatefulSet") and not of_kind(docs, "Secret")
         frontend = next(c for d, c in containers(docs) if c["name"] == "frontend")

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import gzip
+from dataclasses import replace
 
 import pytest
 from aiohttp import ClientSession
@@ -24,6 +25,7 @@ from jev_worker.app import SERVICE, create_app
 STATE = ("Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
          "still hasn't arrived. I've emailed three times. Please fix this today or I will dispute the charge. ") * 6
 KEY = "sdk-test-key"
+TOKEN = "internal-test-token"
 
 
 def questions():
@@ -36,14 +38,16 @@ def questions():
 
 
 @contextlib.asynccontextmanager
-async def stack(settings, api_keys: tuple[str, ...] = ()):
-    """A worker and a frontend in front of it, both real servers on loopback ports."""
-    worker_app = create_app(settings, wait_until_ready=True)
+async def stack(settings, api_keys: tuple[str, ...] = (), internal_tokens: tuple[str, ...] = ()):
+    """A worker and a frontend in front of it, both real servers on loopback ports: the callers' keys on the
+    frontend, the internal token on both (the documented configuration)."""
+    worker_app = create_app(replace(settings, internal_tokens=internal_tokens), wait_until_ready=True)
     worker = TestServer(worker_app)
     await worker.start_server()
     assert worker_app[SERVICE].state == "ok", worker_app[SERVICE].error
     front = TestServer(create_frontend(FrontendSettings(backend_url=str(worker.make_url("")).rstrip("/"),
-                                                        api_keys=api_keys)))
+                                                        api_keys=api_keys,
+                                                        internal_tokens=internal_tokens)))
     await front.start_server()
     try:
         yield str(front.make_url("")).rstrip("/"), str(worker.make_url("")).rstrip("/"), worker_app[SERVICE]
@@ -66,7 +70,7 @@ def check_answers(response) -> dict:
 
 
 async def test_sdk_async_and_sync_clients_with_a_key_and_zstd(worker_settings):
-    async with stack(worker_settings(), api_keys=(KEY,)) as (base, _worker, service):
+    async with stack(worker_settings(), api_keys=(KEY,), internal_tokens=(TOKEN,)) as (base, worker, service):
         async with AsyncTypeSafeClient(api_key=KEY, base_url=base, timeout=60) as client:
             assert client._config.compression == "zstd"  # bodies over 1 KiB go out zstd-compressed
             first = check_answers(await client.system_one(state=STATE, questions=questions()))
@@ -92,6 +96,13 @@ async def test_sdk_async_and_sync_clients_with_a_key_and_zstd(worker_settings):
                 assert (await response.json())["detail"]["error_type"] == "authentication_error"
             async with http.get(base + "/health") as response:  # health and metrics stay open
                 assert response.status == 200
+            # the worker serves the frontend only: the caller's own key does not open it, the internal token does
+            for headers, status in (({}, 403), ({"Authorization": f"Bearer {KEY}"}, 401),
+                                    ({"x-jev-internal-token": TOKEN}, 200)):
+                async with http.post(worker + "/v1/systemone", headers=headers, json={
+                        "model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "y?"}}
+                }) as response:
+                    assert response.status == status, await response.text()
 
 
 async def test_compressed_bodies_answer_like_plain_ones(worker_settings):

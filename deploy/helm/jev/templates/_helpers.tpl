@@ -59,6 +59,16 @@ jev.dev/worker: {{ .worker }}
   value: {{ printf "%s://%s%s:%v/%v" $scheme $auth (include "jev.redisHost" .) $port $db | quote }}
 {{- end -}}
 
+{{/* JEV_INTERNAL_TOKENS for the frontend and every backend: the chart's generated Secret, or the operator's */}}
+{{- define "jev.internalTokenEnv" -}}
+- name: JEV_INTERNAL_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (printf "%s-internal-token" (include "jev.fullname" .)) .Values.internalToken.existingSecret }}
+      key: {{ .Values.internalToken.key }}
+{{- end -}}
+
+{{/* The callers' API keys: the frontend's alone (it does not forward them; backends take the internal token) */}}
 {{- define "jev.apiKeysEnv" -}}
 {{- if .Values.apiKeys.existingSecret }}
 - name: JEV_API_KEYS
