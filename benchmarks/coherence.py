@@ -105,8 +105,8 @@ class PromptCounter:
         from transformers import AutoTokenizer
 
         from jev_common.recipe import load_recipe
-        from jev_worker.loader import resolve_checkpoint
-        from jev_worker.prompt import ChatPromptBuilder
+        from jev_worker.loading.loader import resolve_checkpoint
+        from jev_worker.prompt.builder import ChatPromptBuilder
 
         recipe = load_recipe()
         folder = resolve_checkpoint(recipe, str(tiny_dir) if tiny_dir else None)
@@ -129,7 +129,7 @@ class PromptCounter:
 def computed_row_tokens(rows, pack_tokens: int = 512) -> int:
     """The row tokens the worker's packed forwards run after the prefix (forwards.packs at the default
     JEV_PACK_TOKENS): rows that begin with the same tokens run their stem once per pack."""
-    from jev_worker.forwards import packs
+    from jev_worker.engine.forwards import packs
 
     pairs = [(None, tuple(row)) for row in rows]
     return sum(segment.tokens(pairs) for pack in packs(pairs, pack_tokens) for segment in pack)

@@ -61,9 +61,9 @@ def corpus_requests(with_255: bool) -> list[tuple[str, object]]:
 def prepared_rows(builder, requests) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """(name, whole token ids, label ids) of every row, built by the worker's own code."""
     from jev_common.schema import SystemOneRequest
-    from jev_worker import envelope
+    from jev_worker.request import envelope
     from jev_worker.questions import plan as question_plan
-    from jev_worker.legacy import prepare_legacy
+    from jev_worker.request.legacy import prepare_legacy
 
     rows = []
     for name, request in requests:
@@ -101,7 +101,7 @@ class LlamaScorer:
 def scorers(names: list[str], threads: int) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from jev_worker.head import DecisionHead
+    from jev_worker.engine.head import DecisionHead
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF,
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.cpu_speed import cpu_description
     from jev_common.cpu import usable_cpus
     from jev_common.recipe import load_recipe
-    from jev_worker.prompt import ChatPromptBuilder
+    from jev_worker.prompt.builder import ChatPromptBuilder
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
     threads = args.threads or usable_cpus()

@@ -200,7 +200,7 @@ def _reference_rows(service, body: dict) -> list[list[float]]:
     import torch
 
     from jev_common.schema import DecisionRequest
-    from jev_worker.legacy import prepare_legacy
+    from jev_worker.request.legacy import prepare_legacy
 
     prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(body))
     model = service.loaded.model

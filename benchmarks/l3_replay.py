@@ -28,23 +28,23 @@ REPO = Path(__file__).resolve().parents[1]
 def tokenizer_of(recipe):
     from transformers import AutoTokenizer
 
-    from jev_worker.loader import resolve_checkpoint  # the worker's own way to find the files
+    from jev_worker.loading.loader import resolve_checkpoint  # the worker's own way to find the files
 
     folder = resolve_checkpoint(recipe, None)
     return AutoTokenizer.from_pretrained(folder, gguf_file=recipe.model.gguf_file)
 
 
 def current_keys(recipe, tokenizer, corpus: list[dict]) -> list[str]:
-    from jev_worker.legacy import prepare_legacy
-    from jev_worker.prompt import ChatPromptBuilder
+    from jev_worker.request.legacy import prepare_legacy
+    from jev_worker.prompt.builder import ChatPromptBuilder
 
     builder = ChatPromptBuilder(tokenizer, recipe, recipe.identity)
     return [prepare_legacy(builder, DecisionRequest.model_validate(body)).prefix_key for body in corpus]
 
 
 def revision_keys(revision: str, recipe, tokenizer, corpus: list[dict]) -> list[str]:
-    """Prefix keys from services/jev_worker/prompt.py as it was at `revision` (its prepare(request))."""
-    source = subprocess.run(["git", "show", f"{revision}:services/jev_worker/prompt.py"], cwd=REPO,
+    """Prefix keys from services/jev_worker/prompt/builder.py as it was at `revision` (its prepare(request))."""
+    source = subprocess.run(["git", "show", f"{revision}:services/jev_worker/prompt/builder.py"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "old_prompt.py"

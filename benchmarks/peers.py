@@ -423,10 +423,10 @@ class Reference:
         import torch
 
         from jev_common.recipe import load_recipe
-        from jev_worker import envelope as worker_envelope
+        from jev_worker.request import envelope as worker_envelope
         from jev_worker.questions import plan as question_plan
-        from jev_worker.loader import load_model
-        from jev_worker.prompt import ChatPromptBuilder
+        from jev_worker.loading.loader import load_model
+        from jev_worker.prompt.builder import ChatPromptBuilder
         from jev_worker.serving import build_serving
 
         # not timed, and run while the machine may be shared: one thread, so OpenMP barriers never spin

@@ -117,9 +117,9 @@ class EnvelopeScorer:
         from transformers import AutoTokenizer
 
         from jev_common.recipe import load_recipe
-        from jev_worker import envelope
+        from jev_worker.request import envelope
         from jev_worker.questions import plan as question_plan
-        from jev_worker.prompt import ChatPromptBuilder
+        from jev_worker.prompt.builder import ChatPromptBuilder
 
         torch.set_num_threads(1)  # only softmaxes over a few labels run in torch here
         self._torch = torch

@@ -33,7 +33,7 @@ class ModelSpec(_Section):
     trust_remote_code: bool = False
     remote_code_manifest: dict[str, str] | None = Field(
         default=None, description="sha256 of every code file of the checkpoint package (path relative to it); "
-        "trust_remote_code is honoured only with a commit revision and this manifest (jev_worker.package_gate)")
+        "trust_remote_code is honoured only with a commit revision and this manifest (jev_worker.loading.package_gate)")
     notes: str = ""
 
 

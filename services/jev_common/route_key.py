@@ -1,6 +1,6 @@
 """The routing key of a request's state: what a frontend (no tokenizer) and a worker both compute.
 
-A worker's L3 key (`prefix_key`, jev_worker.prompt) hashes the checkpoint identity, the image keys and
+A worker's L3 key (`prefix_key`, jev_worker.prompt.builder) hashes the checkpoint identity, the image keys and
 the prefix *token ids*; a frontend cannot tokenize, so it cannot compute it. Instead both sides hash
 what decides the prefix before tokenisation: the state as the worker renders it (text as sent; objects
 and arrays as JSON text, jev_common.state_text.render_state) and the sorted keys of its images

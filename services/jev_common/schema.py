@@ -5,7 +5,7 @@ Two request forms share the route, told apart by shape (`is_envelope`):
   `{"model", "state", "questions": {id: question}}` -> `{"model", "answers": {id: answer}, "usage"}`;
 - the older single-question form of the flagship's worker contract: `{"kind", "state", "question", "options"}`.
   Its `state` is text, `{text, image}`, or the flagship contract's own forms (a list of text and image parts, a JSON
-  object); which forms and kinds a served model answers is its family's (jev_worker.legacy).
+  object); which forms and kinds a served model answers is its family's (jev_worker.request.legacy).
 """
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ class Span(BaseModel):
 
 
 class DecisionResponse(BaseModel):
-    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.legacy; the flagship family's noul
+    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.request.legacy; the flagship family's noul
     is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
 
     kind noul: `noul` is P(none of these); probabilities + noul sum to 1, and when none wins
@@ -260,7 +260,7 @@ MAX_CONTENT_DEPTH = 32
 MAX_NAME_CHARS = 2_000
 # Text in one request (state, instructions, criteria), in characters: sized from the largest context a served
 # family reads (262,144 tokens, Qwen3.5's) at 8 characters a token. Each worker refuses far less by its own
-# model's limit (jev_worker.bounds); this cap keeps megabytes from being parsed, rendered or tokenised anywhere.
+# model's limit (jev_worker.prompt.bounds); this cap keeps megabytes from being parsed, rendered or tokenised anywhere.
 MAX_CONTENT_CHARS = 2_097_152
 LATEST_ALIAS = "jev-latest"
 

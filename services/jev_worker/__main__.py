@@ -13,7 +13,7 @@ from jev_common.http import run_app  # noqa: E402
 from jev_common.logs import setup_logging  # noqa: E402
 
 from .app import SERVICE, create_app  # noqa: E402
-from .readouts.base import ServingError  # noqa: E402
+from jev_common.checkpoint_files import ServingError  # noqa: E402
 from .serving import preflight  # noqa: E402
 from .settings import WorkerSettings  # noqa: E402
 

@@ -14,7 +14,7 @@ from jev_common.internal_auth import backend_guard
 from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
 
 
-from .scheduler import Caller
+from .scheduling.scheduler import Caller
 from .service import WorkerService
 from .settings import WorkerSettings
 

@@ -12,15 +12,15 @@ import torch
 
 from jev_common.cpu import compute_threads
 
-from . import kernels
-from .abandon import LayerChecks
-from .bounds import PromptBounds
-from .graphs import capture_for
-from .load_progress import LoadProgress
-from .loader import LoadedModel, pick_device
-from .prefix_cache import L3PrefixCache
-from .reuse import ReusePolicy
-from .scheduler import Scheduler
+from .engine import kernels
+from .scheduling.abandon import LayerChecks
+from .prompt.bounds import PromptBounds
+from .engine.graphs import capture_for
+from .loading.load_progress import LoadProgress
+from .loading.loader import LoadedModel, pick_device
+from .scheduling.prefix_cache import L3PrefixCache
+from .scheduling.reuse import ReusePolicy
+from .scheduling.scheduler import Scheduler
 from .serving import Serving, build_serving
 
 log = logging.getLogger("jev.worker.model")
@@ -82,7 +82,7 @@ class LocalModel:
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         if self.recipe.model.modality == "vision-language":
-            from . import vision
+            from .loading import vision
 
             self.vision = vision
             self.assets = vision.AssetStore(s.asset_dir, None, self.identity, self.caches.l2)

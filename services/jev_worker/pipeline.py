@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidRequest, validation_error
 from jev_common.route_key import state_route_key
 
-from .caches import BudgetLRU
-from .batch import EngineItem
-from .job import ImageSlot, Job
+from .scheduling.caches import BudgetLRU
+from .scheduling.batch import EngineItem
+from .request.job import ImageSlot, Job
 from .questions import coherence
 from .questions.plan import answers as plan_answers, rows_for
-from .scheduler import Caller
+from .scheduling.scheduler import Caller
 
 log = logging.getLogger("jev.worker.pipeline")
 

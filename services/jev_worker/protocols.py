@@ -175,7 +175,7 @@ class PromptBuilder(ABC):
 
     # The family's own input limit in tokens (its upstream's documented cut), when it has one: the builder then
     # refuses (or cuts the state, as upstream does) past it, in upstream's words. None: the model's positions
-    # bound the prompt (jev_worker.bounds).
+    # bound the prompt (jev_worker.prompt.bounds).
     max_length: int | None = None
     # The family cuts an over-long input to fit, as its upstream does: nothing is refused by its length in
     # characters before tokenising (the schema's cap still holds), only the prepared prompt is checked.
@@ -310,7 +310,7 @@ class Readout(ABC):
 
     # the checkpoint
     def requirements(self) -> list:
-        """Files (and keys in them) the checkpoint folder must hold (readouts.base.Requirement)."""
+        """Files (and keys in them) the checkpoint folder must hold (loading/checkpoint.py: Requirement)."""
         return []
 
     def check(self, folder: str) -> None:

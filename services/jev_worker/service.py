@@ -22,13 +22,13 @@ from jev_common.schema import (
 from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
-from . import envelope, legacy
-from .caches import WorkerCaches
+from .request import envelope, legacy
+from .scheduling.caches import WorkerCaches
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .questions import coherence
 from .registration import IndexLink, WorkerRegistration
-from .scheduler import Caller
+from .scheduling.scheduler import Caller
 from .watchdog import Watchdog
 from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from jev_common.recipe import Recipe
 
 from .families.registry import build_readout, family_class
-from .loader import LoadedModel, ModelNotAvailable, resolve_checkpoint
-from .package_gate import check_remote_code
+from .loading.loader import LoadedModel, ModelNotAvailable, resolve_checkpoint
+from .loading.package_gate import check_remote_code
 from .protocols import Backend, Readout
 from .readouts.standard import ExternalReadout
-from .readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 
 @dataclass

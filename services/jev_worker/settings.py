@@ -16,10 +16,12 @@ from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_
 from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec, Recipe, load_recipe
 
-from .graphs import graph_mode
-from .reuse import reuse_mode
 
-schedule_mode = one_of("prefix", "fifo")  # scheduler.py: how a batch is filled
+schedule_mode = one_of("prefix", "fifo")  # scheduling/scheduler.py: how a batch is filled
+GRAPH_MODES = ("auto", "on", "off")  # engine/graphs.py: CUDA graphs
+graph_mode = one_of(*GRAPH_MODES)
+REUSE_MODES = ("auto", "always", "measured")  # scheduling/reuse.py: whether an L3 hit is used
+reuse_mode = one_of(*REUSE_MODES)
 
 
 def _recipe_default(spec: type, name: str):

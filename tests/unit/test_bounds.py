@@ -1,4 +1,4 @@
-"""Bounds before compute (jev_worker/bounds.py) and chunked prefill (engine.chunked_forward): a prompt past the
+"""Bounds before compute (jev_worker/prompt/bounds.py) and chunked prefill (engine.chunked_forward): a prompt past the
 model's limit is a 422 naming the limit and the count, megabytes are refused before tokenising, and a prompt
 prefilled in chunks is answered exactly as in one pass."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from jev_common.schema import MAX_CONTENT_CHARS
-from jev_worker.bounds import CHARS_PER_TOKEN, PromptBounds, positions_of
+from jev_worker.prompt.bounds import CHARS_PER_TOKEN, PromptBounds, positions_of
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import REQUESTS, assert_close, record_forwards, reference_row_probs, served_row_probs, worker_client
@@ -101,7 +101,7 @@ async def test_token_count_over_the_limit_is_refused_naming_both(worker_settings
 def test_chunked_forward_cuts_masks_and_positions():
     from transformers import DynamicCache
 
-    from jev_worker.forwards import chunked_forward
+    from jev_worker.engine.forwards import chunked_forward
 
     seen = []
 

@@ -16,7 +16,7 @@ from jev_common.assets import asset_key
 from jev_common.cache_index import CacheIndex, IndexUnavailable, namespace
 from jev_common.errors import DomainError
 from jev_preencoder.settings import PreencoderSettings
-from jev_worker.vision import AssetStore
+from jev_worker.loading.vision import AssetStore
 
 from .vl_helpers import png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
 

@@ -1,7 +1,7 @@
 """BudgetLRU: budgets, LRU order, counters, eviction callbacks."""
 from __future__ import annotations
 
-from jev_worker.caches import BudgetLRU
+from jev_worker.scheduling.caches import BudgetLRU
 
 
 def test_count_budget_and_lru_order():
@@ -42,7 +42,7 @@ def test_zero_budget_is_off_and_reset_keeps_entries():
 def test_worker_caches_own_every_level():
     """L1, L2 and L3 are made, sized, counted and reset in one place (caches.WorkerCaches); L3 takes the
     backend's share of the configured budget and tells the index of every insert and eviction."""
-    from jev_worker.caches import WorkerCaches
+    from jev_worker.scheduling.caches import WorkerCaches
     from jev_worker.settings import CacheSettings
 
     inserted, evicted = [], []

@@ -11,7 +11,7 @@ def builder():
     from transformers import AutoTokenizer
 
     from jev_common.recipe import load_recipe
-    from jev_worker.prompt import ChatPromptBuilder
+    from jev_worker.prompt.builder import ChatPromptBuilder
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF)
@@ -35,7 +35,7 @@ def test_every_corpus_request_becomes_rows_with_labels(builder):
 def test_whole_rows_equal_the_prepared_prefix_plus_row(builder):
     from benchmarks.cpu_accuracy import prepared_rows
     from jev_common.schema import DecisionRequest
-    from jev_worker.legacy import prepare_legacy
+    from jev_worker.request.legacy import prepare_legacy
     from tools.example_requests import REQUESTS
 
     request = DecisionRequest.model_validate(REQUESTS["choice"])

@@ -77,5 +77,5 @@ def test_contracts_error_table_is_rendered_from_the_catalogue():
 def test_readouts_and_backends_raise_no_http():
     """What a readout or backend refuses is a domain error; only the service layer speaks HTTP."""
     for path in sorted([*WORKER.glob("readouts/*.py"), *WORKER.glob("backends/*.py"), *WORKER.glob("families/**/*.py"),
-                        WORKER / "prompt.py", WORKER.parent / "jev_common" / "control_tokens.py"]):
+                        WORKER / "prompt" / "builder.py", WORKER.parent / "jev_common" / "control_tokens.py"]):
         assert not re.search(r"\bApiError\b", path.read_text()), f"{path.name} raises ApiError"

@@ -2,7 +2,7 @@
 cyclic shifts share their question line), and packed forwards stay within JEV_PACK_TOKENS; answers do not change."""
 from __future__ import annotations
 
-from jev_worker.forwards import Segment, packs, segments
+from jev_worker.engine.forwards import Segment, packs, segments
 
 from .worker_helpers import record_forwards, worker_client
 

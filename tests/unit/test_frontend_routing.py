@@ -355,7 +355,7 @@ def test_backends_setting(monkeypatch):
 
 def test_route_key_matches_the_workers_rendering():
     from jev_common.schema import SystemOneRequest
-    from jev_worker.envelope import render_state as worker_render
+    from jev_worker.request.envelope import render_state as worker_render
 
     for state in ("plain text", "  spaced\n", {"b": [1, 2.5, None], "a": "ü 中"}, [{"x": True}], "🙂"):
         request = SystemOneRequest.model_validate({"model": "m", "state": state, "questions": QUESTIONS})

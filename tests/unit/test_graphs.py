@@ -8,9 +8,10 @@ import copy
 import pytest
 import torch
 
-from jev_worker.prefix_cache import PrefixState
-from jev_worker.graphs import (LENGTH_BUCKETS, Bucket, CudaGraphCapture, Fallback, NoCapture, capture_for,
-                               choose_bucket, graph_mode, row_buckets)
+from jev_worker.scheduling.prefix_cache import PrefixState
+from jev_worker.engine.graphs import (LENGTH_BUCKETS, Bucket, CudaGraphCapture, Fallback, NoCapture, capture_for,
+                                      choose_bucket, row_buckets)
+from jev_worker.settings import graph_mode
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client

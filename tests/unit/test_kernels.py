@@ -1,4 +1,4 @@
-"""services/jev_worker/kernels.py: which hybrid-layer kernels a model uses and whether they are installed."""
+"""services/jev_worker/engine/kernels.py: which hybrid-layer kernels a model uses and whether they are installed."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from jev_worker import kernels
+from jev_worker.engine import kernels
 
 
 def _installed(monkeypatch, present: dict[str, str]):
@@ -35,7 +35,7 @@ def test_describe_reports_versions_and_the_missing(monkeypatch, caplog):
     config = SimpleNamespace(text_config=SimpleNamespace(layer_types=["linear_attention"]))
     assert kernels.describe(config) == {"kernels": {"causal-conv1d": {"version": "1.7.0", "used": True},
                                                     "flash-linear-attention": {"version": None, "used": False}}}
-    with caplog.at_level(logging.WARNING, logger="jev_worker.kernels"):
+    with caplog.at_level(logging.WARNING, logger="jev_worker.engine.kernels"):
         assert kernels.warn_if_missing(config, torch.device("cpu")) == ["flash-linear-attention"]
         assert not caplog.records  # on CPU the fallback is the only path: nothing to warn about
         kernels.warn_if_missing(config, torch.device("cuda"))
@@ -58,7 +58,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, **kw
 }
 PROGRAM = """
 import sys, torch
-from jev_worker import kernels
+from jev_worker.engine import kernels
 hide = sys.argv[1] == "hide"
 if hide:
     assert kernels.use_on(torch.device("cpu")) == ["causal_conv1d"]

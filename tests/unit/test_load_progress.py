@@ -1,9 +1,9 @@
-"""services/jev_worker/load_progress.py: the loading step, its number among the steps and its age."""
+"""services/jev_worker/loading/load_progress.py: the loading step, its number among the steps and its age."""
 from __future__ import annotations
 
 import pytest
 
-from jev_worker.load_progress import STEPS, LoadProgress
+from jev_worker.loading.load_progress import STEPS, LoadProgress
 
 
 def test_the_step_its_number_and_how_long_it_has_run():

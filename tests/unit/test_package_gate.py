@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jev_worker.package_gate import manifest_of
-from jev_worker.readouts.base import ServingError
+from jev_worker.loading.package_gate import manifest_of
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import preflight
 
 from .family_helpers import ask, family_recipe, served

@@ -7,13 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from jev_worker.batch import EngineItem
-from jev_worker.caches import BudgetLRU
-from jev_worker.prefix_cache import L3PrefixCache, PrefixState
-from jev_worker.prompt import PreparedRequest
+from jev_worker.scheduling.batch import EngineItem
+from jev_worker.scheduling.caches import BudgetLRU
+from jev_worker.scheduling.prefix_cache import L3PrefixCache, PrefixState
+from jev_worker.prompt.builder import PreparedRequest
 from jev_worker.protocols import Engine
-from jev_worker.reuse import LinearCost, ReuseCosts, ReusePolicy
-from jev_worker.scheduler import Scheduler
+from jev_worker.scheduling.reuse import LinearCost, ReuseCosts, ReusePolicy
+from jev_worker.scheduling.scheduler import Scheduler
 
 
 class NoEngine(Engine):

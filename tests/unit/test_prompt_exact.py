@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jev_common.schema import SystemOneRequest
-from jev_worker.envelope import render_state
+from jev_worker.request.envelope import render_state
 from jev_worker.questions.plan import question_rows
-from jev_worker.prompt import ChatPromptBuilder
+from jev_worker.prompt.builder import ChatPromptBuilder
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import worker_client
@@ -212,7 +212,7 @@ def test_nul_bytes_and_the_old_marker_reach_the_model(builders):
 @pytest.mark.parametrize("layout", ["chat", "plain"])
 def test_single_question_form_is_one_pass_too(builders, kind, layout):
     from jev_common.schema import DecisionRequest
-    from jev_worker.legacy import legacy_rows, legacy_state_text
+    from jev_worker.request.legacy import legacy_rows, legacy_state_text
     from tools.example_requests import REQUESTS
 
     builder = builders[layout]

@@ -11,7 +11,8 @@ import torch
 from jev_common.recipe import REPO_ROOT, all_recipes
 from jev_worker.backends.registry import BACKENDS
 from jev_worker.families.registry import FAMILIES, build_readout, family_class
-from jev_worker.readouts.base import ServingError, load_exactly
+from jev_common.checkpoint_files import ServingError
+from jev_worker.loading.checkpoint import load_exactly
 from jev_worker.readouts.calibration import Calibration
 from jev_worker.serving import build_serving, preflight
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jev_worker.reuse import LinearCost, ReuseCosts, ReusePolicy, reuse_mode, reuse_pays
+from jev_worker.scheduling.reuse import LinearCost, ReuseCosts, ReusePolicy, reuse_pays
+from jev_worker.settings import reuse_mode
 
 from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 

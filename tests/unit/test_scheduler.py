@@ -1,4 +1,4 @@
-"""One request cannot hurt the others (jev_worker/scheduler.py, watchdog.py): work stops when its caller
+"""One request cannot hurt the others (jev_worker/scheduling/scheduler.py, watchdog.py): work stops when its caller
 leaves, identical work is computed once (single flight, SDK retries joined), one client cannot starve the
 others, the caller owns its deadline, and health says when the worker makes no progress."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from jev_common.http import DEADLINE_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
-from jev_worker.abandon import layer_stack
+from jev_worker.scheduling.abandon import layer_stack
 from jev_worker.watchdog import Watchdog
 
 from .worker_helpers import worker_client

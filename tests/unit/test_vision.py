@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from jev_common.assets import ImageAsset, asset_key, read_asset
-from jev_worker import vision
+from jev_worker.loading import vision
 
 from .vl_helpers import PROMPT_TEXT, pattern_image, png_uri, request_line, tiny_encoder
 

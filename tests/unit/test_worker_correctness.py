@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jev_worker.settings import CacheSettings
-from jev_worker.legacy import prepare_legacy
+from jev_worker.request.legacy import prepare_legacy
 
 from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
@@ -208,7 +208,7 @@ async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settin
 async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_off(worker_settings,
                                                                                    tiny_hybrid_dir):
     from jev_common.schema import DecisionRequest
-    from jev_worker.batch import EngineItem
+    from jev_worker.scheduling.batch import EngineItem
 
     async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
         engine = service.engine

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import SERVICE, create_app
 from jev_worker.settings import CacheSettings
-from jev_worker.legacy import prepare_legacy
+from jev_worker.request.legacy import prepare_legacy
 
 from .worker_helpers import REQUESTS, slow_engine, worker_client
 
@@ -281,7 +281,7 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
                 stages.add(body["detail"]["stage"])
             await _asyncio.sleep(0.005)
         assert body["detail"]["state"] == "ok" and "stage" not in body["detail"]
-        from jev_worker.load_progress import STEPS
+        from jev_worker.loading.load_progress import STEPS
 
         # "step k/n: <step> [detail] (t s in this step)", each a known step (or "starting")
         assert stages and all(s == "starting" or re.fullmatch(

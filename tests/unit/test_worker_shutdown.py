@@ -1,7 +1,7 @@
 """Work stops when nobody waits for it, and SIGTERM is obeyed (issue: CPU speed and deadlines).
 
 - A request past its deadline gets its 504, and its forward stops at the next layer instead of running on
-  (jev_worker/abandon.py); the stopped batch and the layers it did not run show in /metrics.
+  (jev_worker/scheduling/abandon.py); the stopped batch and the layers it did not run show in /metrics.
 - SIGTERM with a long decision in flight: new requests get 503 `unavailable` with Retry-After at once, the
   running decision is answered 503 when the grace period ends, its forward stops at its next layer, and the
   process exits 0 within the grace period plus about one layer.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from jev_worker.abandon import layer_stack
+from jev_worker.scheduling.abandon import layer_stack
 from tests.fakes.net import free_port
 
 from .worker_helpers import worker_client

@@ -10,7 +10,7 @@ from jev_common.assets import asset_key
 from jev_common.recipe import load_recipe
 from jev_common.schema import DecisionRequest
 from jev_worker.settings import CacheSettings, WorkerSettings
-from jev_worker.legacy import prepare_legacy
+from jev_worker.request.legacy import prepare_legacy
 
 from .vl_helpers import pattern_image, png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
 from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client

@@ -8,7 +8,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.schema import DecisionRequest
 from jev_worker.app import SERVICE, create_app
-from jev_worker.legacy import legacy_rows, legacy_state_text
+from jev_worker.request.legacy import legacy_rows, legacy_state_text
 from tools.example_requests import REQUESTS, STATE  # noqa: F401 - re-exported for the tests
 
 def record_forwards(engine) -> list[dict]:

@@ -1,10 +1,10 @@
 """causal-lm: a causal language model with prefix KV (L3), batching and shared-prefix branching (runner.py)."""
 from __future__ import annotations
 
-from ..adapters import TextAdapter, VisionAdapter
-from ..loader import LoadedModel, load_model
+from ..engine.adapters import TextAdapter, VisionAdapter
+from ..loading.loader import LoadedModel, load_model
 from ..protocols import Backend, ForwardAdapter
-from ..runner import ModelRunner
+from ..engine.runner import ModelRunner
 
 
 class CausalLM(Backend):

@@ -8,7 +8,7 @@ equals a plain forward over prefix + row, which is what the reference's branch l
 """
 from __future__ import annotations
 
-from ..adapters import RowReadAdapter, VisionRowReadAdapter
+from ..engine.adapters import RowReadAdapter, VisionRowReadAdapter
 from .causal_lm import CausalLM
 
 

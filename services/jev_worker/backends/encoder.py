@@ -19,10 +19,11 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..batch import BatchOutput, EngineResult
-from ..loader import LoadedModel, pick_device, pick_dtype, placed
+from ..scheduling.batch import BatchOutput, EngineResult
+from ..loading.loader import LoadedModel, pick_device, pick_dtype, placed
 from ..protocols import Backend, Engine
-from ..readouts.base import ServingError, load_exactly, require_files
+from jev_common.checkpoint_files import ServingError
+from ..loading.checkpoint import load_exactly, require_files
 
 ENCODER_CONFIG = "encoder"
 TOKENIZER = "tokenizer"

@@ -19,7 +19,7 @@ import aiohttp
 from jev_common.errors import ExternalServerFailed, ExternalServerTimeout
 
 from ..protocols import ExternalBackend
-from ..readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 HEALTH_TIMEOUT_S = 2.0
 

@@ -9,7 +9,7 @@ reads every position, the state's included, after the questions have been seen (
 """
 from __future__ import annotations
 
-from ..adapters import SequenceAdapter, VisionSequenceAdapter
+from ..engine.adapters import SequenceAdapter, VisionSequenceAdapter
 from .causal_lm import CausalLM
 
 

@@ -4,8 +4,8 @@ L3 is off whatever the settings say, every row runs whole (prefix + row) in one 
 mask hides only the padding, and /health and /v1/cache/stats say why."""
 from __future__ import annotations
 
-from ..adapters import NoncausalAdapter
-from ..readouts.base import ServingError
+from ..engine.adapters import NoncausalAdapter
+from jev_common.checkpoint_files import ServingError
 from .causal_lm import CausalLM
 
 

@@ -3,7 +3,7 @@ backend (Valen's, Vela's decoder) lives in its folder (families/<family>/backend
 readout (`Readout.make_backend`), never named here."""
 from __future__ import annotations
 
-from ..named import named_class
+from ..loading.named import named_class
 from ..protocols import Backend
 
 BACKENDS = {

@@ -9,7 +9,7 @@ readout says which backend runs it
 """
 from __future__ import annotations
 
-from ..named import named_class
+from ..loading.named import named_class
 from ..protocols import Readout
 
 FAMILIES = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from jev_common.schema import NoulAnswer, NoulQuestion
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 

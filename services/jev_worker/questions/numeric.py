@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 from .choice import Choice

@@ -9,7 +9,7 @@ import torch
 from jev_common.errors import UnsupportedQuestionType, validation_error
 from jev_common.schema import SystemOneRequest
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from .base import BuildContext
 from .coherence import check as check_coherence
 from .registry import QUESTION_KINDS

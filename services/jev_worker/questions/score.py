@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from jev_common.schema import ScoreAnswer, ScoreQuestion, score_answer
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 

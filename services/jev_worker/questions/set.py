@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jev_common.schema import SetAnswer, SetQuestion
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 

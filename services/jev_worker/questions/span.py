@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
 
-from ..prompt import RowSpec
+from ..prompt.builder import RowSpec
 from ..protocols import QuestionKind
 from .base import BuildContext
 from .choice import MAX_SHIFTS, Listings, coded_rows, option_texts

@@ -3,7 +3,7 @@
 Read from a JSON file of the checkpoint (`decision_config.json` by default; Open-Jev's `calibration.json`):
 `temperature` (every type), `temperatures` or `temperature_by_type` {type: T} (wins for its type; the name
 StartLux's and Decider's releases use), `biases` {type: b} and `position_prior` (PriDe's prior over option positions,
-position_prior.py: the request's x_coherence `prior`).
+questions/position_prior.py: the request's x_coherence `prior`).
 For a type, FP32 logits become `(logits + b * e0) / T`: the bias moves the first label's logit (noul's
 Yes: its log-odds) before the temperature. `set` falls back to noul's values, `span` to choice's.
 Every readout applies it the same way (CalibratedKind); /health reports what was loaded.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..protocols import QuestionKind
-from .position_prior import PositionPrior
+from ..questions.position_prior import PositionPrior
 
 FALLBACK = {"set": "noul", "span": "choice"}
 TYPES = ("noul", "choice", "score", "span", "set")
@@ -33,7 +33,7 @@ class Calibration:
 
     @classmethod
     def from_config(cls, config: dict, source: str) -> "Calibration":
-        from .base import ServingError
+        from jev_common.checkpoint_files import ServingError
 
         def number(value, what: str, positive: bool) -> float:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
@@ -76,7 +76,7 @@ class Calibration:
     @classmethod
     def from_file(cls, folder: str, name: str) -> "Calibration":
         """The calibration in `folder/name`, or none when the checkpoint has no such file."""
-        from .base import read_json
+        from jev_common.checkpoint_files import read_json
 
         path = os.path.join(folder, name)
         if not os.path.isfile(path):

@@ -32,10 +32,10 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..prompt import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
+from ..prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
 from ..protocols import QuestionKind
 from ..questions.base import BuildContext
-from .base import ServingError
+from jev_common.checkpoint_files import ServingError
 from .code_readout import CodeReadout
 
 STATE = "State:\n{state}\n\n"

@@ -23,7 +23,8 @@ from ..protocols import Backend, Head
 from ..questions.choice import Choice
 from ..questions.score import Score
 from ..questions.span import SpanKind
-from .base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ..loading.checkpoint import Requirement
 from .calibration import Calibration
 from .standard import StandardReadout
 

@@ -24,12 +24,12 @@ class StandardReadout(Readout):
         return build_backend("causal-lm")
 
     def prompt_builder(self, tokenizer, recipe, identity: str) -> PromptBuilder:
-        from ..prompt import ChatPromptBuilder
+        from ..prompt.builder import ChatPromptBuilder
 
         return ChatPromptBuilder(tokenizer, recipe, identity)
 
     def single_question(self, recipe) -> SingleQuestionForm:
-        from ..legacy import QuestionForm
+        from ..request.legacy import QuestionForm
 
         return QuestionForm(recipe.verbalizer.noul_option)
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from jev_common.recipe import load_recipe
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import preflight
 
 from ..clm_helpers import embedding, embeddings_app, make_tiny_clm_head, project, upstream_clm_server

@@ -280,7 +280,7 @@ async def test_cua_s1_screenshot_refuses_what_upstream_refuses(worker_settings, 
 
 def test_the_readout_refuses_thinking_kwargs_and_the_profile_bounds_the_preencoder():
     from jev_worker.families.cua_s1.screenshot import CuaS1ScreenshotLabels
-    from jev_worker.readouts.base import ServingError
+    from jev_common.checkpoint_files import ServingError
 
     recipe = cua_recipe()
     thinking = recipe.model_copy(update={"prompt": recipe.prompt.model_copy(

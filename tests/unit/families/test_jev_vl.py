@@ -33,7 +33,7 @@ from jev_common.errors import InvalidRequest, TooManyOptions
 from jev_common.recipe import REPO_ROOT, load_recipe
 from jev_common.vl import load_vl_processor
 from jev_worker.families.registry import build_readout
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 from ..family_helpers import TOL, ask, served
 from ..vl_helpers import pattern_image, png_uri, request_line

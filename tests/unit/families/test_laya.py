@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import ask, assert_probs, copy_without, family_recipe, run_worker, served

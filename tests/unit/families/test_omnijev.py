@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import ask, assert_probs, copy_without, family_recipe, served

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
 from jev_common.schema import SystemOneRequest
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 from ..family_helpers import TOL, ask, ask_twice, served, served_ids, tiny_recipe_of
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 from ..family_helpers import ask, served, served_ids, tiny_recipe_of
 from .code_readout_reference import CodeReadoutReference

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 from ..family_helpers import (TOL, ask, assert_probs, tiny_recipe_of, prepared_request, served,
                               upstream_annotate_indices)

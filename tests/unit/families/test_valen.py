@@ -21,7 +21,7 @@ from transformers import Qwen3_5ForConditionalGeneration
 
 from jev_common.recipe import load_recipe
 from jev_common.vl import load_vl_processor
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, run_worker, served

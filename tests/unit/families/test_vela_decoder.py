@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import preflight
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from transformers import ModernBertConfig, ModernBertModel
 
-from jev_worker.readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ...prompt import ChatPromptBuilder, PreparedRequest, ids_key
-from ...vision import placed_images
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, ids_key
+from ...loading.vision import placed_images
 
 SYSTEM_PROMPT = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one "
                  "of that field's allowed options.")

@@ -22,10 +22,11 @@ import torch
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...backends.joint import CausalJoint
-from ...prompt import RowSpec
+from ...prompt.builder import RowSpec
 from ...protocols import Backend, QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from .head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
 from .layout import TEMPLATE_TOKENS, ClefBuilder
 from ...readouts.standard import StandardReadout

@@ -23,7 +23,7 @@ from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choi
 
 from ...backends.external import ExternalHTTP
 from ...questions.coherence import AnsweredElsewhere
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from ...readouts.standard import ExternalReadout
 from ...readouts.calibration import Calibration
 

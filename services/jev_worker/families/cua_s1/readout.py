@@ -25,11 +25,11 @@ from jev_common.errors import UnreadableInput
 from jev_common.state_text import render_state
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
 
-from ...head import DecisionHead
-from ...prompt import RowSpec
+from ...engine.head import DecisionHead
+from ...prompt.builder import RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from ...readouts.standard import StandardReadout
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

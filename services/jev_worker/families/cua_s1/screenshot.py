@@ -28,10 +28,10 @@ from jev_common.assets import ImageAsset, short_key
 from jev_common.errors import ImageInvalid, UnreadableInput
 from jev_common.schema import ChoiceQuestion
 
-from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...questions.base import BuildContext
-from ...readouts.base import ServingError
-from ...vision import IMAGE_ITEM, PLACED_IMAGE
+from jev_common.checkpoint_files import ServingError
+from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
 from .readout import CuaChoice, CuaS1Labels, option_sources
 
 SCREENSHOT_LINE = "The current screenshot is attached.\n\n"

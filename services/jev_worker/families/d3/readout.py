@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from ...readouts.base import ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
 from ...readouts.code_prompt import CodePrompt, CodePromptReadout
 
 D3 = CodePrompt(

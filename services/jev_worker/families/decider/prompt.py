@@ -24,9 +24,9 @@ from jev_common.errors import UnreadableInput
 from jev_common.state_text import indexed_json
 
 from jev_common.control_tokens import ControlTokens
-from ...prompt import PreparedRequest, RowSpec, ids_key
+from ...prompt.builder import PreparedRequest, RowSpec, ids_key
 from ...protocols import PromptBuilder
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 NARROW = "ABCDEFGHIJ"      # up to 10 options the piece is one encoded text with "(A" ... "(J"
 MAX_OPTIONS = 255          # labels A..Z, then single-token two-letter names

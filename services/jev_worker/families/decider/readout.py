@@ -27,10 +27,11 @@ import torch
 from jev_common.errors import UnreadableInput
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
-from ...head import DecisionHead
+from ...engine.head import DecisionHead
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from ...readouts.calibration import Calibration
 from .prompt import DeciderBuilder, DeciderRow, text
 from ...readouts.standard import StandardReadout

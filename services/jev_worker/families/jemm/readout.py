@@ -29,12 +29,12 @@ import torch
 
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
-from ...head import DecisionHead
-from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
+from ...engine.head import DecisionHead
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import ServingError, read_json
-from ...vision import placed_images
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.vision import placed_images
 from ...readouts.standard import StandardReadout
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"

@@ -9,7 +9,7 @@ import torch
 
 from jev_common.checkpoint_files import ServingError
 
-from ...head import DecisionHead
+from ...engine.head import DecisionHead
 from .contract import LABEL_HEAD
 
 log = logging.getLogger("jev.worker.jev_vl")

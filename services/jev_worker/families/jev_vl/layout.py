@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from jev_common.errors import TooManyOptions, UnreadableInput
 
 from jev_common.control_tokens import ControlTokens
-from ...prompt import PreparedRequest, ids_key, split_prefix
+from ...prompt.builder import PreparedRequest, ids_key, split_prefix
 from ...protocols import PromptBuilder
 from .contract import head_text, options_message, single_token_labels, too_long_message
 

@@ -28,11 +28,12 @@ from jev_common.schema import (ChoiceAnswer, ChoiceQuestion, DecisionRequest, No
                                ScoreQuestion, State, choice_answer, score_answer)
 from jev_common.state_text import render_state
 
-from ...legacy import QID
-from ...job import ImageSlot, Job
+from ...request.legacy import QID
+from ...request.job import ImageSlot, Job
 from ...protocols import QuestionKind, SingleQuestionForm
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError
+from jev_common.checkpoint_files import ServingError
+from ...loading.checkpoint import Requirement
 from .contract import (HEAD_CONFIG, MAX_LENGTH, NOUL_OPTIONS, SCORE_OPTIONS, BadPart, DecisionFiles, choice_lines,
                        state_parts, tail_text)
 from .head import LabelHead

@@ -21,7 +21,7 @@ from jev_common.errors import TooManyOptions
 from jev_common.state_text import render_state
 
 from jev_common.control_tokens import ControlTokens
-from ...prompt import PreparedRequest, ids_key
+from ...prompt.builder import PreparedRequest, ids_key
 from ...protocols import PromptBuilder
 
 QTYPE_IDS = {"choice": 0, "score": 1, "noul": 2}

@@ -28,7 +28,8 @@ from jev_common.schema import (
 from ...backends.encoder import Encoder, SplitFolders
 from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError, load_exactly, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement, load_exactly
 from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 from ...readouts.standard import StandardReadout
 

@@ -17,7 +17,7 @@ import threading
 
 import torch
 
-from ...adapters import TextAdapter
+from ...engine.adapters import TextAdapter
 from ...backends.causal_lm import CausalLM
 from ...protocols import Head
 

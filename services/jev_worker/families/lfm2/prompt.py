@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from jev_common.control_tokens import ControlTokens
 
-from ...prompt import PreparedRequest, RowSpec, _common_prefix_length, ids_key
+from ...prompt.builder import PreparedRequest, RowSpec, _common_prefix_length, ids_key
 from ...protocols import PromptBuilder
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 SYSTEM_HEAD = ("Extract the attributes from the text. Return only a JSON object matching this schema. "
                "Use the exact allowed values. No explanation or markdown.\n")

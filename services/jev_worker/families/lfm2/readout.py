@@ -20,7 +20,7 @@ from jev_common.schema import ChoiceAnswer, ChoiceQuestion, SystemOneRequest, ch
 
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from .backend import Lfm2Values, ValueLogProbHead
 from .prompt import CandidateRow, Lfm2Builder, candidate_value, system_prompt
 from ...readouts.standard import StandardReadout

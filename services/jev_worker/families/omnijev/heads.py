@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
 FEATURES = 6

@@ -29,10 +29,11 @@ from jev_common.schema import (
 )
 
 from ...backends.causal_rows import CausalRows
-from ...prompt import ChatPromptBuilder, RowSpec
+from ...prompt.builder import ChatPromptBuilder, RowSpec
 from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from .heads import TYPE_IDS, OmniJevHeads, lm_features
 from ...readouts.standard import StandardReadout
 

@@ -21,7 +21,7 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ...prompt import RowSpec
+from ...prompt.builder import RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
 from .layout import CANDIDATE, NOUL, NOUL_CRITERIA, QUESTION, render

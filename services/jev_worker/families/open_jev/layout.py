@@ -21,8 +21,8 @@ import json
 from jev_common.errors import UnreadableInput
 from jev_common.recipe import PromptSpec
 
-from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
-from ...readouts.base import ServingError
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
+from jev_common.checkpoint_files import ServingError
 
 CONTEXT = "Context:\n{state}\n\n"
 QUESTION = "Question: {question}\n"

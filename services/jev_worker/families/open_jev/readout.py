@@ -15,7 +15,8 @@ import os
 import torch
 
 from ...protocols import Head
-from ...readouts.base import Requirement, ServingError, load_torch_state, read_json
+from jev_common.checkpoint_files import ServingError, load_torch_state, read_json
+from ...loading.checkpoint import Requirement
 from ...readouts.calibration import Calibration
 from ...readouts.code_readout import hidden_size
 from .candidates import CandidateChoice, CandidateNoul, CandidateScore

@@ -31,11 +31,12 @@ from jev_common.errors import TooManyOptions, UnreadableInput
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 from jev_common.state_text import indexed_json
 
-from ...head import DecisionHead
-from ...prompt import ChatPromptBuilder, PreparedRequest, RowSpec
+from ...engine.head import DecisionHead
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from ...readouts.calibration import Calibration
 from ...readouts.standard import StandardReadout
 

@@ -15,8 +15,8 @@ import logging
 from .checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
 from ...backends.causal_rows import CausalRows
-from ...loader import LoadedModel, pick_device, pick_dtype, placed
-from ...readouts.base import ServingError
+from ...loading.loader import LoadedModel, pick_device, pick_dtype, placed
+from jev_common.checkpoint_files import ServingError
 
 log = logging.getLogger("jev.worker.valen")
 

@@ -46,11 +46,12 @@ from jev_common.schema import (
 from .checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
 from jev_common.control_tokens import ControlTokens
-from ...prompt import PreparedRequest, ids_key
+from ...prompt.builder import PreparedRequest, ids_key
 from ...protocols import Backend, Head, PromptBuilder, QuestionKind
 from ...questions.base import BuildContext
-from ...readouts.base import Requirement, ServingError
-from ...vision import IMAGE_ITEM, PLACED_IMAGE
+from jev_common.checkpoint_files import ServingError
+from ...loading.checkpoint import Requirement
+from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
 from .backend import ValenLora
 from ...readouts.standard import StandardReadout
 

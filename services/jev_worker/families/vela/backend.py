@@ -12,8 +12,9 @@ import json
 import os
 
 from ...backends.causal_rows import CausalRows
-from ...loader import LoadedModel, pick_device, pick_dtype, placed
-from ...readouts.base import ServingError, load_exactly, require_files
+from ...loading.loader import LoadedModel, pick_device, pick_dtype, placed
+from jev_common.checkpoint_files import ServingError
+from ...loading.checkpoint import load_exactly, require_files
 
 CONFIG, INDEX, TOKENIZER, PREFIX = "config.json", "model.safetensors.index.json", "tokenizer.json", "backbone."
 

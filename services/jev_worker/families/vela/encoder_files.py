@@ -11,7 +11,7 @@ import json
 import os
 
 from ...backends.encoder import EncoderFiles
-from ...readouts.base import ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...protocols import Head
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 CANDIDATE = ("candidate_norm.weight", "candidate_norm.bias", "query_norm.weight", "query_norm.bias", "key.weight",
              "query.weight", "candidate_mlp.weight", "candidate_mlp.bias", "query_mlp.weight", "scalar.weight")

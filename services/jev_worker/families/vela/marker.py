@@ -28,7 +28,8 @@ import os
 
 from ...backends.encoder import Encoder
 from ...protocols import Backend
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from .encoder_files import VelaEncoderFiles
 from .layout import span_text
 from .marker_head import READOUTS, VelaMarkerHead, tensor_names

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ...protocols import Head
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 from .marker_layout import SequenceReadout
 
 PROJECTIONS = ("w_o", "w_q", "w_p", "w_t", "w_e")

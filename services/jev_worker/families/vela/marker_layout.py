@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from jev_common.errors import UnreadableInput
 
-from ...prompt import PreparedRequest, ids_key
+from ...prompt.builder import PreparedRequest, ids_key
 from ...protocols import PromptBuilder
 from .layout import SPAN_ROLE, state_parts, words_of
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 BLOCK = "noul_calibration"
 

@@ -41,9 +41,10 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ...prompt import PreparedRequest, RowSpec, ids_key
+from ...prompt.builder import PreparedRequest, RowSpec, ids_key
 from ...protocols import Backend, PromptBuilder, QuestionKind
-from ...readouts.base import Requirement, ServingError, read_json
+from jev_common.checkpoint_files import ServingError, read_json
+from ...loading.checkpoint import Requirement
 from .backend import VelaDecoder
 from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
 from .noul_fit import NoulFit

@@ -17,9 +17,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .abandon import ForwardAbandoned
-from .prefix_cache import PrefixState, layer_tensors
-from .protocols import ForwardAdapter
+from ..scheduling.abandon import ForwardAbandoned
+from ..scheduling.prefix_cache import PrefixState, layer_tensors
+from ..protocols import ForwardAdapter
 
 log = logging.getLogger("jev.worker.forwards")
 

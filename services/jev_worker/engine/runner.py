@@ -20,13 +20,13 @@ import torch
 
 from jev_common.checkpoint_files import ServingError
 
-from .batch import BatchOutput, EngineItem, EngineResult, PrefixGroup
+from ..scheduling.batch import BatchOutput, EngineItem, EngineResult, PrefixGroup
 from .forwards import Forwards, relative_error
 from .graphs import Capture, GraphRunner
 from .head import DecisionHead
-from .prefix_cache import PrefixState
-from .protocols import Engine, ForwardAdapter, RequestHead
-from .reuse import LinearCost, ReuseCosts
+from ..scheduling.prefix_cache import PrefixState
+from ..protocols import Engine, ForwardAdapter, RequestHead
+from ..scheduling.reuse import LinearCost, ReuseCosts
 
 log = logging.getLogger("jev.worker.runner")
 

@@ -19,7 +19,7 @@ from jev_common.errors import TooManyOptions
 from jev_common.recipe import PromptSpec, Recipe
 
 from jev_common.control_tokens import ControlTokens
-from .protocols import PromptBuilder
+from ..protocols import PromptBuilder
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@ from jev_common.errors import validation_error
 from jev_common.schema import (ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, State,
                                Usage)
 
-from .questions.plan import rows_for
+from ..questions.plan import rows_for
 from .job import ImageSlot, Job
-from .prompt import PreparedRequest
-from .protocols import SingleQuestionForm
-from .questions.numeric import NumericLevels, NumericQuestion
-from .questions.registry import QUESTION_KINDS
+from ..prompt.builder import PreparedRequest
+from ..protocols import SingleQuestionForm
+from ..questions.numeric import NumericLevels, NumericQuestion
+from ..questions.registry import QUESTION_KINDS
 
 QID = "question"
 FORM_KINDS = {"numeric": NumericLevels()}  # kinds the form asks beyond the System One types

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from .readouts.base import ServingError
+from jev_common.checkpoint_files import ServingError
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 CODE_SUFFIXES = (".py",)

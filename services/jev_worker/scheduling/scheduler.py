@@ -49,7 +49,7 @@ from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed,
 from .abandon import ForwardAbandoned, LayerChecks
 from .batch import EngineItem, EngineResult, group_by_prefix
 from .prefix_cache import L3PrefixCache
-from .protocols import Engine, PrefixCache
+from ..protocols import Engine, PrefixCache
 
 log = logging.getLogger("jev.worker.scheduler")
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Generic, Hashable, TypeVar
 from jev_common.schema import CacheLevelStats
 
 if TYPE_CHECKING:
-    from .settings import CacheSettings
+    from ..settings import CacheSettings
 
 V = TypeVar("V")
 

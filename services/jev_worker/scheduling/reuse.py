@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jev_common.config import one_of
+from ..settings import REUSE_MODES
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,6 @@ def reuse_pays(prefix_tokens: int, costs: ReuseCosts | None) -> bool:
     return costs is None or costs.reuse.at(prefix_tokens) <= costs.recompute.at(prefix_tokens)
 
 
-MODES = ("auto", "always", "measured")
-
-
-reuse_mode = one_of(*MODES)
 
 
 @dataclass
@@ -61,8 +57,8 @@ class ReusePolicy:
     decisions: dict[str, int] = field(default_factory=lambda: {"reuse": 0, "recompute": 0})
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"L3 reuse policy must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.mode not in REUSE_MODES:
+            raise ValueError(f"L3 reuse policy must be one of {', '.join(REUSE_MODES)}, not {self.mode!r}")
 
     def resolved(self, device_type: str) -> "ReusePolicy":
         if self.mode != "auto":

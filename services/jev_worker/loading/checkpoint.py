@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from jev_common.checkpoint_files import ServingError, load_torch_state, read_json  # noqa: F401 - re-exported
+from jev_common.checkpoint_files import ServingError, load_torch_state, read_json
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .prefix_cache import Match, PrefixState
-from .prompt import PreparedRequest
-from .protocols import PrefixCache
+from ..prompt.builder import PreparedRequest
+from ..protocols import PrefixCache
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .caches import BudgetLRU
-from .protocols import PrefixCache
+from ..protocols import PrefixCache
 from .reuse import ReusePolicy
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .protocols import ForwardAdapter
+from ..protocols import ForwardAdapter
 
 
 class TextAdapter(ForwardAdapter):

@@ -75,7 +75,7 @@ class PositionPrior:
 
     @classmethod
     def from_config(cls, block: object, source: str) -> "PositionPrior":
-        from .base import ServingError
+        from jev_common.checkpoint_files import ServingError
 
         if not isinstance(block, dict) or not isinstance(block.get("priors"), dict) or not block["priors"]:
             raise ServingError(f"{source}: position_prior must be an object with `priors` {{option count: [p, ...]}}")

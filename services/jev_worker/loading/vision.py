@@ -24,7 +24,7 @@ from jev_common.cache_index import IndexUnavailable
 from jev_common.errors import validation_error
 from jev_common.schema import CacheLevelStats
 
-from .caches import BudgetLRU
+from ..scheduling.caches import BudgetLRU
 
 log = logging.getLogger("jev.worker.vision")
 

@@ -24,7 +24,6 @@ from typing import Callable, Protocol
 
 import torch
 
-from jev_common.config import one_of
 
 log = logging.getLogger("jev.worker.graphs")
 
@@ -117,10 +116,6 @@ class CudaGraphCapture:
         return graph.replay
 
 
-GRAPH_MODES = ("auto", "on", "off")
-
-
-graph_mode = one_of(*GRAPH_MODES)
 
 
 def capture_for(mode: str, device: torch.device) -> Capture | None:

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from .protocols import Head
+from ..protocols import Head
 
 log = logging.getLogger("jev.worker.head")
 EXPORTED_HEAD_FILE = "decision_head.safetensors"  # written by tools/export_checkpoint.py

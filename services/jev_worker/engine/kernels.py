@@ -12,7 +12,7 @@ import logging
 import sys
 from importlib import metadata
 
-log = logging.getLogger("jev_worker.kernels")
+log = logging.getLogger("jev_worker.engine.kernels")
 
 # config.layer_types value -> the distributions whose kernels that layer uses
 LAYER_KERNELS = {"conv": ("causal-conv1d",), "linear_attention": ("flash-linear-attention", "causal-conv1d")}

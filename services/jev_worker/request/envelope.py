@@ -16,7 +16,7 @@ from jev_common.errors import validation_error
 from jev_common.schema import SystemOneRequest
 
 from .job import ImageSlot, Job
-from .questions.base import render_content
+from ..questions.base import render_content
 
 
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
