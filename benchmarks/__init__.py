@@ -1,4 +1,5 @@
 """Benchmarks: a bounded loopback load generator and the comparisons of docs/benchmarks.md."""
+
 import os
 import sys
 

@@ -19,6 +19,7 @@ Prompt tokens are counted by the worker (usage) and split with its own prompt bu
 (prefilled once per request) and the rows after it: the permutation rows never pay a state prefill each.
 Needs `jevbench` (requirements-dev).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,7 @@ from benchmarks.cpu_speed import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("off", "cyclic", "prior")
-DOMAINS = ["customer_support", "content_moderation", "finance_ops", "security_ops", "it_incidents",
-           "ecommerce_returns"]
+DOMAINS = ["customer_support", "content_moderation", "finance_ops", "security_ops", "it_incidents", "ecommerce_returns"]
 RELATIONS = ["option_permutation", "clone_symmetry", "option_closure", "option_clone"]
 
 
@@ -46,9 +46,16 @@ def worker_env(tiny_dir: Path | None, port: int, l3: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JEV_")}
     if not l3:
         env["JEV_CACHE_L3"] = "0"  # every request prefills its state, as one about a state seen for the first time
-    env.update(PYTHONPATH=f"{REPO / 'services'}:{REPO}", JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port),
-               JEV_REDIS_URL="redis://127.0.0.1:1/0", JEV_WORKER_REGISTER_TTL_S="0", JEV_LOG_LEVEL="error",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env.update(
+        PYTHONPATH=f"{REPO / 'services'}:{REPO}",
+        JEV_WORKER_HOST="127.0.0.1",
+        JEV_WORKER_PORT=str(port),
+        JEV_REDIS_URL="redis://127.0.0.1:1/0",
+        JEV_WORKER_REGISTER_TTL_S="0",
+        JEV_LOG_LEVEL="error",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
     if tiny_dir is not None:
         env.update(JEV_MODEL_PATH=str(tiny_dir), JEV_DTYPE="float32")
     return env
@@ -60,8 +67,13 @@ def tiny_checkpoint() -> Path:
     from tools.tiny_checkpoints import make_tiny_text
 
     folder = make_tiny_text(Path(tempfile.mkdtemp(prefix="jev-coherence-")) / "tiny")
-    subprocess.run([sys.executable, "-m", "tools.calibrate_prior", "--out", str(folder / "decision_config.json")],
-                   env=worker_env(folder, 0), check=True, stdout=subprocess.DEVNULL, cwd=REPO)
+    subprocess.run(
+        [sys.executable, "-m", "tools.calibrate_prior", "--out", str(folder / "decision_config.json")],
+        env=worker_env(folder, 0),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+    )
     return folder
 
 
@@ -73,16 +85,18 @@ class Worker:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkdtemp(prefix="jev-coherence-log-")) / "worker.log"
-        self.process = spawn("worker", [sys.executable, "-m", "jev_worker"], worker_env(tiny_dir, self.port, l3), REPO,
-                             self.log_path)
+        self.process = spawn(
+            "worker", [sys.executable, "-m", "jev_worker"], worker_env(tiny_dir, self.port, l3), REPO, self.log_path
+        )
         wait_healthy(self.process, self.url + "/health", others=[], timeout_s=300, log=lambda line: None)
         with urllib.request.urlopen(self.url + "/health", timeout=5) as answer:
             self.health = json.loads(answer.read())
 
     def ask(self, state, questions: dict, mode: str) -> tuple[dict, float]:
         body = json.dumps({"model": "jev-latest", "state": state, "questions": questions, "x_coherence": mode}).encode()
-        request = urllib.request.Request(self.url + "/v1/systemone", data=body,
-                                         headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            self.url + "/v1/systemone", data=body, headers={"content-type": "application/json"}
+        )
         started = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=600) as answer:
@@ -153,13 +167,14 @@ def request_key(state, questions: dict) -> str:
 def evaluate(answer, args):
     import jevbench as jb
 
-    return jb.evaluate(jb.from_callable(answer), suite=args.suite, domains=args.domains, relations=args.relations,
-                       cache=None)
+    return jb.evaluate(
+        jb.from_callable(answer), suite=args.suite, domains=args.domains, relations=args.relations, cache=None
+    )
 
 
 def rotated(index: int) -> tuple[str, ...]:
     """The modes in the order request `index` asks them: interleaved, the first one rotated request by request."""
-    return MODES[index % len(MODES):] + MODES[: index % len(MODES)]
+    return MODES[index % len(MODES) :] + MODES[: index % len(MODES)]
 
 
 def run(args) -> dict:
@@ -174,15 +189,31 @@ def run(args) -> dict:
     uniform_report = evaluate(record, args)
     items, unmatched = labelled(args.domains)
     items = [] if args.accuracy_cases < 0 else items[: args.accuracy_cases] if args.accuracy_cases else items
-    graded = [(case, {qid: g for qid, g in gold.items() if case["questions"][qid]["type"] in ("choice", "score")})
-              for case, gold in items]
+    graded = [
+        (case, {qid: g for qid, g in gold.items() if case["questions"][qid]["type"] in ("choice", "score")})
+        for case, gold in items
+    ]
     graded = [(case, gold) for case, gold in graded if gold]
     tiny_dir = tiny_checkpoint() if args.tiny else None
     counter = PromptCounter(tiny_dir)
     worker = Worker(tiny_dir, args.l3 == "on")
     answers: dict[tuple[str, str], dict] = {}
-    cost = {m: {"seconds": 0.0, "answers": 0, "tokens": 0, "prefix": 0, "rows": 0, "computed": 0, "row_count": 0,
-                "requests": 0, "per_row_prefill": 0, "mismatch": 0, "tops": []} for m in MODES}
+    cost = {
+        m: {
+            "seconds": 0.0,
+            "answers": 0,
+            "tokens": 0,
+            "prefix": 0,
+            "rows": 0,
+            "computed": 0,
+            "row_count": 0,
+            "requests": 0,
+            "per_row_prefill": 0,
+            "mismatch": 0,
+            "tops": [],
+        }
+        for m in MODES
+    }
     accuracy = {m: [] for m in MODES}
     started = time.perf_counter()
     try:
@@ -202,8 +233,9 @@ def run(args) -> dict:
                 c["requests"] += 1
                 c["per_row_prefill"] += len(rows) * prefix + sum(rows)
                 c["mismatch"] += reply["usage"]["input_tokens"] != prefix + sum(rows)
-                c["tops"] += [max(a["probabilities"].values()) for a in reply["answers"].values()
-                              if a.get("type") == "choice"]
+                c["tops"] += [
+                    max(a["probabilities"].values()) for a in reply["answers"].values() if a.get("type") == "choice"
+                ]
         for index, (case, gold) in enumerate(graded):
             questions = {qid: case["questions"][qid] for qid in gold}
             for mode in rotated(index):
@@ -224,10 +256,17 @@ def run(args) -> dict:
             return answers[key, mode]
 
         reports[mode] = (evaluate(cached, args), live)
-    return {"plan": plan, "uniform": uniform_report, "reports": reports, "cost": cost, "accuracy": accuracy,
-            "uniform_accuracy": uniform_accuracy(graded, ("choice", "score")) if graded else None,
-            "labelled": (len(graded), sum(len(g) for _, g in graded), unmatched), "wall": wall,
-            "prior": worker.health["detail"]["serving"]["calibration"].get("position_prior")}
+    return {
+        "plan": plan,
+        "uniform": uniform_report,
+        "reports": reports,
+        "cost": cost,
+        "accuracy": accuracy,
+        "uniform_accuracy": uniform_accuracy(graded, ("choice", "score")) if graded else None,
+        "labelled": (len(graded), sum(len(g) for _, g in graded), unmatched),
+        "wall": wall,
+        "prior": worker.health["detail"]["serving"]["calibration"].get("position_prior"),
+    }
 
 
 def scores(report, relation: str = "option_permutation") -> dict:
@@ -236,11 +275,15 @@ def scores(report, relation: str = "option_permutation") -> dict:
     checks = {c["relation"]: c for c in card(report.result)}
     check = checks.get(relation)
     relations = [v for v in report.relations.values() if v is not None]
-    return {"tests": check["n"] if check else None,
-            "within": (check["n"] - check["violations"]) if check else None,
-            "deviation": check["mean_deviation"] if check else None,
-            "REP": report.dimensions.get("REP"), "MEA": report.dimensions.get("MEA"),
-            "subset": statistics.mean(relations) if relations else None, "errors": len(report.errors)}
+    return {
+        "tests": check["n"] if check else None,
+        "within": (check["n"] - check["violations"]) if check else None,
+        "deviation": check["mean_deviation"] if check else None,
+        "REP": report.dimensions.get("REP"),
+        "MEA": report.dimensions.get("MEA"),
+        "subset": statistics.mean(relations) if relations else None,
+        "errors": len(report.errors),
+    }
 
 
 def pct(value) -> str:
@@ -257,37 +300,59 @@ def rows(result: dict) -> list[dict]:
     for mode in MODES:
         c, s = result["cost"][mode], scores(result["reports"][mode][0])
         acc = result["accuracy"][mode]
-        out.append({"mode": mode, **s, "accuracy": sum(acc) / len(acc) if acc else None,
-                    "top": statistics.mean(c["tops"]) if c["tops"] else None,
-                    "s_answer": c["seconds"] / max(1, c["answers"]), "x_time": c["seconds"] / max(1, c["answers"]) / base_s,
-                    "t_answer": c["tokens"] / max(1, c["answers"]), "x_tokens": c["tokens"] / max(1, c["answers"]) / base_t,
-                    "prefix_request": c["prefix"] / max(1, c["requests"]), "rows_request": c["row_count"] / max(1, c["requests"]),
-                    "row_tokens_request": c["rows"] / max(1, c["requests"]),
-                    "computed_request": c["computed"] / max(1, c["requests"]),
-                    "x_computed": c["computed"] / max(1, base["computed"]),
-                    "per_row_prefill_answer": c["per_row_prefill"] / max(1, c["answers"]), "mismatch": c["mismatch"]})
+        out.append(
+            {
+                "mode": mode,
+                **s,
+                "accuracy": sum(acc) / len(acc) if acc else None,
+                "top": statistics.mean(c["tops"]) if c["tops"] else None,
+                "s_answer": c["seconds"] / max(1, c["answers"]),
+                "x_time": c["seconds"] / max(1, c["answers"]) / base_s,
+                "t_answer": c["tokens"] / max(1, c["answers"]),
+                "x_tokens": c["tokens"] / max(1, c["answers"]) / base_t,
+                "prefix_request": c["prefix"] / max(1, c["requests"]),
+                "rows_request": c["row_count"] / max(1, c["requests"]),
+                "row_tokens_request": c["rows"] / max(1, c["requests"]),
+                "computed_request": c["computed"] / max(1, c["requests"]),
+                "x_computed": c["computed"] / max(1, base["computed"]),
+                "per_row_prefill_answer": c["per_row_prefill"] / max(1, c["answers"]),
+                "mismatch": c["mismatch"],
+            }
+        )
     return out
 
 
 def table(result: dict) -> str:
     all_rows = rows(result)
-    lines = ["| x_coherence | option_permutation within tolerance | its mean deviation | REP | MEA | subset mean | "
-             "accuracy (labelled, choice+score) | mean top p (choice) | s / answer | prompt tokens / answer |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| x_coherence | option_permutation within tolerance | its mean deviation | REP | MEA | subset mean | "
+        "accuracy (labelled, choice+score) | mean top p (choice) | s / answer | prompt tokens / answer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in all_rows:
-        costs = ("-", "-") if r["mode"] == "uniform answerer" else (
-            f"{r['s_answer']:.4f} (x{r['x_time']:.2f})", f"{r['t_answer']:.1f} (x{r['x_tokens']:.2f})")
-        lines.append(f"| {r['mode']} | {r['within']}/{r['tests']} | "
-                     f"{'-' if r['deviation'] is None else round(r['deviation'], 4)} | {pct(r['REP'])} | {pct(r['MEA'])} | "
-                     f"{pct(r['subset'])} | {pct(r['accuracy'])} | {'-' if r['top'] is None else round(r['top'], 4)} | "
-                     f"{costs[0]} | {costs[1]} |")
-    lines += ["", "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
-              "row tokens run / request (stems once) | prompt tokens / answer | if every row prefilled the state: tokens / answer |",
-              "|---|---|---|---|---|---|---|"]
+        costs = (
+            ("-", "-")
+            if r["mode"] == "uniform answerer"
+            else (f"{r['s_answer']:.4f} (x{r['x_time']:.2f})", f"{r['t_answer']:.1f} (x{r['x_tokens']:.2f})")
+        )
+        lines.append(
+            f"| {r['mode']} | {r['within']}/{r['tests']} | "
+            f"{'-' if r['deviation'] is None else round(r['deviation'], 4)} | {pct(r['REP'])} | {pct(r['MEA'])} | "
+            f"{pct(r['subset'])} | {pct(r['accuracy'])} | {'-' if r['top'] is None else round(r['top'], 4)} | "
+            f"{costs[0]} | {costs[1]} |"
+        )
+    lines += [
+        "",
+        "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
+        "row tokens run / request (stems once) | prompt tokens / answer | if every row prefilled the state: tokens / answer |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in all_rows[1:]:
-        lines.append(f"| {r['mode']} | {r['prefix_request']:.1f} | {r['rows_request']:.2f} | {r['row_tokens_request']:.1f} | "
-                     f"{r['computed_request']:.1f} (x{r['x_computed']:.2f}) | {r['t_answer']:.1f} | "
-                     f"{r['per_row_prefill_answer']:.1f} |")
+        lines.append(
+            f"| {r['mode']} | {r['prefix_request']:.1f} | {r['rows_request']:.2f} | {r['row_tokens_request']:.1f} | "
+            f"{r['computed_request']:.1f} (x{r['x_computed']:.2f}) | {r['t_answer']:.1f} | "
+            f"{r['per_row_prefill_answer']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -296,10 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="jevbench-mini")
     parser.add_argument("--domains", default=",".join(DOMAINS), help="jevbench domains (comma-separated) or `all`")
     parser.add_argument("--relations", type=lambda s: [r for r in s.split(",") if r], default=RELATIONS)
-    parser.add_argument("--accuracy-cases", type=int, default=0,
-                        help="at most this many labelled cases (0: all, -1: none)")
-    parser.add_argument("--l3", choices=("on", "off"), default="on",
-                        help="the worker's L3 prefix cache (off: every request prefills its state once)")
+    parser.add_argument(
+        "--accuracy-cases", type=int, default=0, help="at most this many labelled cases (0: all, -1: none)"
+    )
+    parser.add_argument(
+        "--l3",
+        choices=("on", "off"),
+        default="on",
+        help="the worker's L3 prefix cache (off: every request prefills its state once)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (smoke)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -307,15 +377,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# CPU: {cpu_description()}", flush=True)
     result = run(args)
     count, graded, unmatched = result["labelled"]
-    print(f"# L3 {args.l3}; {args.suite}, domains {','.join(args.domains) if args.domains else 'all'}, relations "
-          f"{','.join(args.relations)}: {len(result['plan'])} requests per mode; labelled: {count} cases of "
-          f"jevbench-240, {graded} choice/score questions with gold ({unmatched} cases unmatched); "
-          f"{result['wall']:.0f} s; prior: {json.dumps(result['prior'])[:300]}", flush=True)
+    print(
+        f"# L3 {args.l3}; {args.suite}, domains {','.join(args.domains) if args.domains else 'all'}, relations "
+        f"{','.join(args.relations)}: {len(result['plan'])} requests per mode; labelled: {count} cases of "
+        f"jevbench-240, {graded} choice/score questions with gold ({unmatched} cases unmatched); "
+        f"{result['wall']:.0f} s; prior: {json.dumps(result['prior'])[:300]}",
+        flush=True,
+    )
     for mode in MODES:
         live, errors = result["reports"][mode][1], len(result["reports"][mode][0].errors)
         if live or errors or result["cost"][mode]["mismatch"]:
-            print(f"# {mode}: {len(live)} requests outside the plan, {errors} errors, "
-                  f"{result['cost'][mode]['mismatch']} token counts unlike the worker's", flush=True)
+            print(
+                f"# {mode}: {len(live)} requests outside the plan, {errors} errors, "
+                f"{result['cost'][mode]['mismatch']} token counts unlike the worker's",
+                flush=True,
+            )
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(rows(result), indent=1))

@@ -15,6 +15,7 @@ Built-in corpora (each a list of /v1/systemone request bodies, in the order they
 Every corpus but `ordered` (and `ordered-cyclic`) is the single-question form. A file corpus is JSON lines,
 one request object a line (blank lines and lines starting with # skipped).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,26 +91,51 @@ _SET_STATEMENTS = {
     _STATION: [
         ["a train is delayed", "the platform is empty", "a guard is present", "the machine works", "a child is there"],
         ["the balloon is yellow", "the capital train is late", "tickets are checked", "it is 9 pm", "there are stairs"],
-        ["the guard wears blue", "the board shows departures", "the coast train is on time", "a sign is taped",
-         "nobody is waiting"],
-        ["the station is central", "the delay is an hour", "the gate is unattended", "it is morning",
-         "there is a vending machine"],
+        [
+            "the guard wears blue",
+            "the board shows departures",
+            "the coast train is on time",
+            "a sign is taped",
+            "nobody is waiting",
+        ],
+        [
+            "the station is central",
+            "the delay is an hour",
+            "the gate is unattended",
+            "it is morning",
+            "there is a vending machine",
+        ],
     ],
     _GARDEN: [
         ["the tomatoes are ripe", "the lettuce is sweet", "the shed is open", "there are birds", "the grass is short"],
         ["the hose is coiled", "it is windy", "the wheelbarrow is empty", "sparrows are bathing", "the sky is clear"],
-        ["the lettuce bolted", "the gate has a wheelbarrow", "the lawn was cut yesterday", "clouds gather",
-         "there is water"],
-        ["it may rain soon", "the tomatoes are green", "leaves are in the barrow", "the shed is locked",
-         "the dish is deep"],
+        [
+            "the lettuce bolted",
+            "the gate has a wheelbarrow",
+            "the lawn was cut yesterday",
+            "clouds gather",
+            "there is water",
+        ],
+        [
+            "it may rain soon",
+            "the tomatoes are green",
+            "leaves are in the barrow",
+            "the shed is locked",
+            "the dish is deep",
+        ],
     ],
 }
 
 
 def shared_prefix() -> list[dict]:
     return [
-        {"kind": "choice", "state": {"text": state}, "question": question, "options": options,
-         "request_id": f"sp-{s}-{q}"}
+        {
+            "kind": "choice",
+            "state": {"text": state},
+            "question": question,
+            "options": options,
+            "request_id": f"sp-{s}-{q}",
+        }
         for s, state in enumerate(LONG_STATES)
         for q, (question, options) in enumerate(_QUESTIONS[state])
     ]
@@ -117,8 +143,13 @@ def shared_prefix() -> list[dict]:
 
 def set_kind() -> list[dict]:
     return [
-        {"kind": "set", "state": {"text": state}, "question": "Which statements are true?", "options": options,
-         "request_id": f"set-{s}-{q}"}
+        {
+            "kind": "set",
+            "state": {"text": state},
+            "question": "Which statements are true?",
+            "options": options,
+            "request_id": f"set-{s}-{q}",
+        }
         for s, state in enumerate(LONG_STATES)
         for q, options in enumerate(_SET_STATEMENTS[state])
     ]
@@ -132,50 +163,131 @@ def mixed() -> list[dict]:
     ]
     out: list[dict] = []
     for i, (state, question, options) in enumerate(short):
-        out.append({"kind": "choice", "state": state, "question": question, "options": options,
-                    "request_id": f"mx-choice-{i}"})
-        out.append({"kind": "noul", "state": state, "question": question, "options": options[:2],
-                    "request_id": f"mx-noul-{i}"})
+        out.append(
+            {"kind": "choice", "state": state, "question": question, "options": options, "request_id": f"mx-choice-{i}"}
+        )
+        out.append(
+            {"kind": "noul", "state": state, "question": question, "options": options[:2], "request_id": f"mx-noul-{i}"}
+        )
     out += [
-        {"kind": "score", "state": "The film was long but the acting was superb.",
-         "question": "Rate the review from 1 to 5.", "options": ["1", "2", "3", "4", "5"], "request_id": "mx-score-0"},
-        {"kind": "span", "state": "Alice met Bob in Paris on Monday.", "question": "Where did they meet?",
-         "options": ["Paris", "Monday", "Alice"], "request_id": "mx-span-0"},
-        {"kind": "set", "state": "The soup is hot, salty and green.", "question": "Which statements are true?",
-         "options": ["The soup is hot", "The soup is cold", "The soup is green"], "request_id": "mx-set-0"},
+        {
+            "kind": "score",
+            "state": "The film was long but the acting was superb.",
+            "question": "Rate the review from 1 to 5.",
+            "options": ["1", "2", "3", "4", "5"],
+            "request_id": "mx-score-0",
+        },
+        {
+            "kind": "span",
+            "state": "Alice met Bob in Paris on Monday.",
+            "question": "Where did they meet?",
+            "options": ["Paris", "Monday", "Alice"],
+            "request_id": "mx-span-0",
+        },
+        {
+            "kind": "set",
+            "state": "The soup is hot, salty and green.",
+            "question": "Which statements are true?",
+            "options": ["The soup is hot", "The soup is cold", "The soup is green"],
+            "request_id": "mx-set-0",
+        },
     ]
-    for q, (question, options) in enumerate([
-        ("How many desks are occupied?", ["two", "four", "six"]),
-        ("Does the printer work?", ["yes", "no", "cannot tell"]),
-        ("Who is waiting at reception?", ["a courier", "a client", "nobody"]),
-    ]):
-        out.append({"kind": "choice", "state": _OFFICE, "question": question, "options": options,
-                    "request_id": f"mx-long-{q}"})
+    for q, (question, options) in enumerate(
+        [
+            ("How many desks are occupied?", ["two", "four", "six"]),
+            ("Does the printer work?", ["yes", "no", "cannot tell"]),
+            ("Who is waiting at reception?", ["a courier", "a client", "nobody"]),
+        ]
+    ):
+        out.append(
+            {"kind": "choice", "state": _OFFICE, "question": question, "options": options, "request_id": f"mx-long-{q}"}
+        )
     return out
 
 
 _ORDERED = {
-    _KITCHEN: ({"kettle": "Is the kettle whistling?", "rain": "Is it raining outside?",
-                "cat": "Is the cat awake?", "radio": "Is the radio loud?"},
-               [("What needs attention first?", {"kettle": "take it off the stove", "window": "close it against the rain",
-                                                 "cat": "feed the cat", "sandwich": "finish the sandwich"}),
-                ("What time of day is it?", {"morning": "around breakfast", "noon": "around lunch",
-                                             "evening": "after work", "night": "after midnight"})],
-               ("How urgent is the kitchen's state?", ["calm", "a little", "urgent", "an emergency"])),
-    _STATION: ({"delayed": "Is the coast train delayed?", "guard": "Is a guard checking tickets?",
-                "machine": "Does the vending machine work?", "balloon": "Is the balloon red?"},
-               [("Which train leaves on time?", {"coast": "the 8:15 to the coast", "capital": "the 8:30 to the capital",
-                                                 "airport": "the airport shuttle", "none": "no train leaves on time"}),
-                ("Who wears a blue uniform?", {"guard": "the guard at the gate", "child": "the child",
-                                               "driver": "the train driver", "cleaner": "a cleaner"})],
-               ("How crowded is the platform?", ["empty", "a few people", "busy", "packed"])),
-    _GARDEN: ({"ripe": "Are the tomatoes ripe?", "lettuce": "Is the lettuce good to eat?",
-               "shed": "Is the shed door open?", "rain": "Is rain likely soon?"},
-              [("What should be done first?", {"harvest": "pick the tomatoes", "mow": "cut the grass",
-                                               "leaves": "empty the wheelbarrow", "water": "water the lettuce"}),
-               ("Which birds are in the garden?", {"sparrows": "two sparrows", "crows": "a crow",
-                                                   "robins": "robins", "none": "no birds"})],
-              ("How well kept is the garden?", ["neglected", "untidy", "tidy", "immaculate"])),
+    _KITCHEN: (
+        {
+            "kettle": "Is the kettle whistling?",
+            "rain": "Is it raining outside?",
+            "cat": "Is the cat awake?",
+            "radio": "Is the radio loud?",
+        },
+        [
+            (
+                "What needs attention first?",
+                {
+                    "kettle": "take it off the stove",
+                    "window": "close it against the rain",
+                    "cat": "feed the cat",
+                    "sandwich": "finish the sandwich",
+                },
+            ),
+            (
+                "What time of day is it?",
+                {
+                    "morning": "around breakfast",
+                    "noon": "around lunch",
+                    "evening": "after work",
+                    "night": "after midnight",
+                },
+            ),
+        ],
+        ("How urgent is the kitchen's state?", ["calm", "a little", "urgent", "an emergency"]),
+    ),
+    _STATION: (
+        {
+            "delayed": "Is the coast train delayed?",
+            "guard": "Is a guard checking tickets?",
+            "machine": "Does the vending machine work?",
+            "balloon": "Is the balloon red?",
+        },
+        [
+            (
+                "Which train leaves on time?",
+                {
+                    "coast": "the 8:15 to the coast",
+                    "capital": "the 8:30 to the capital",
+                    "airport": "the airport shuttle",
+                    "none": "no train leaves on time",
+                },
+            ),
+            (
+                "Who wears a blue uniform?",
+                {
+                    "guard": "the guard at the gate",
+                    "child": "the child",
+                    "driver": "the train driver",
+                    "cleaner": "a cleaner",
+                },
+            ),
+        ],
+        ("How crowded is the platform?", ["empty", "a few people", "busy", "packed"]),
+    ),
+    _GARDEN: (
+        {
+            "ripe": "Are the tomatoes ripe?",
+            "lettuce": "Is the lettuce good to eat?",
+            "shed": "Is the shed door open?",
+            "rain": "Is rain likely soon?",
+        },
+        [
+            (
+                "What should be done first?",
+                {
+                    "harvest": "pick the tomatoes",
+                    "mow": "cut the grass",
+                    "leaves": "empty the wheelbarrow",
+                    "water": "water the lettuce",
+                },
+            ),
+            (
+                "Which birds are in the garden?",
+                {"sparrows": "two sparrows", "crows": "a crow", "robins": "robins", "none": "no birds"},
+            ),
+        ],
+        ("How well kept is the garden?", ["neglected", "untidy", "tidy", "immaculate"]),
+    ),
 }
 
 
@@ -188,8 +300,11 @@ def ordered(coherence: str | None = None) -> list[dict]:
         for order in _ORDERS:  # the options (and levels) as written, reversed, and shifted by one and two
             questions: dict = {k: {"type": "noul", "instructions": q} for k, q in nouls.items()}
             for c, (question, options) in enumerate(choices):
-                questions[f"choice{c}"] = {"type": "choice", "instructions": question,
-                                           "criteria": dict(order(list(options.items())))}
+                questions[f"choice{c}"] = {
+                    "type": "choice",
+                    "instructions": question,
+                    "criteria": dict(order(list(options.items()))),
+                }
             questions["score"] = {"type": "score", "instructions": score[0], "criteria": order(score[1])}
             body = {"model": "jev-latest", "state": state, "questions": questions}
             out.append(body if coherence is None else {**body, "x_coherence": coherence})
@@ -202,8 +317,13 @@ BUILTIN = {"mixed": mixed, "shared-prefix": shared_prefix, "set": set_kind}  # t
 SYSTEM_ONE = {"ordered": ordered, "ordered-cyclic": lambda: ordered("cyclic")}
 
 # One request unlike any corpus entry (its own state), for warming connections without warming caches.
-WARMUP_BODY = {"kind": "choice", "state": {"text": "Warm-up: the benchmark is about to start."},
-               "question": "Is this a warm-up request?", "options": ["yes", "no"], "request_id": "warmup"}
+WARMUP_BODY = {
+    "kind": "choice",
+    "state": {"text": "Warm-up: the benchmark is about to start."},
+    "question": "Is this a warm-up request?",
+    "options": ["yes", "no"],
+    "request_id": "warmup",
+}
 
 
 def load_corpus(name_or_path: str) -> list[dict]:
@@ -214,6 +334,7 @@ def load_corpus(name_or_path: str) -> list[dict]:
         return SYSTEM_ONE[name_or_path]()
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"corpus {name_or_path!r} is neither a built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) "
-                         "nor a file")
+        raise ValueError(
+            f"corpus {name_or_path!r} is neither a built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) nor a file"
+        )
     return read_jsonl_requests(path)

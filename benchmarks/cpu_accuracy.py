@@ -17,6 +17,7 @@ prompt builder for the embedded recipe, then scored whole (prefix + row, no cach
 Per option: max |dp| over every row's label distribution, argmax agreement with fp32, and the summed
 forward time as a ratio to fp32's, measured in the same run (rows interleaved across options).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,8 @@ def corpus_requests(with_255: bool) -> list[tuple[str, object]]:
 def prepared_rows(builder, requests) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """(name, whole token ids, label ids) of every row, built by the worker's own code."""
     from jev_common.schema import SystemOneRequest
-    from jev_worker.request import envelope
     from jev_worker.questions import plan as question_plan
+    from jev_worker.request import envelope
     from jev_worker.request.legacy import prepare_legacy
 
     rows = []
@@ -104,16 +105,16 @@ def scorers(names: list[str], threads: int) -> dict:
     from jev_worker.engine.head import DecisionHead
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
-    model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF,
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF, dtype=torch.float32).eval()
     head = DecisionHead(model)  # FP32 rows of the FP32 model, shared by every torch option
     out = {}
     for name in names:
         if name == "fp32":
             out[name] = TorchScorer(model.get_decoder(), head, torch.float32)
         elif name == "int8-dynamic":
-            backbone = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model.get_decoder()),
-                                                              {torch.nn.Linear}, dtype=torch.qint8)
+            backbone = torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(model.get_decoder()), {torch.nn.Linear}, dtype=torch.qint8
+            )
             out[name] = TorchScorer(backbone, head, torch.qint8)
         elif name == "bf16":  # as JEV_DTYPE=bfloat16 serves it: the head's rows are read from the BF16 weights
             bf16 = copy.deepcopy(model).to(torch.bfloat16)
@@ -149,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     builder = ChatPromptBuilder(tokenizer, load_recipe("smollm2-135m-cpu"), "accuracy")
     rows = prepared_rows(builder, corpus_requests(not args.no_255))
     engines = scorers(args.options.split(","), threads)
-    print(f"CPU: {cpu_description()}; torch threads {threads}; {len(rows)} rows, "
-          f"{sum(len(ids) for _, ids, _ in rows)} tokens in all", flush=True)
+    print(
+        f"CPU: {cpu_description()}; torch threads {threads}; {len(rows)} rows, "
+        f"{sum(len(ids) for _, ids, _ in rows)} tokens in all",
+        flush=True,
+    )
 
     probs: dict[str, list[torch.Tensor]] = {name: [] for name in engines}
     seconds = {name: 0.0 for name in engines}

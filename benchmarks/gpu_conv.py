@@ -16,6 +16,7 @@ conv path served through it.
 Writes gpu_conv.json and gpu_conv.md under --out. Exit status: 0 passed, 1 a check failed, 3 no CUDA or no
 causal-conv1d (without --small).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,12 @@ def reference_conv(x, weight, bias, activation):
     import torch.nn.functional as F
 
     width = weight.shape[-1]
-    out = F.conv1d(F.pad(x.float(), (width - 1, 0)), weight.float().unsqueeze(1),
-                   None if bias is None else bias.float(), groups=x.shape[1])
+    out = F.conv1d(
+        F.pad(x.float(), (width - 1, 0)),
+        weight.float().unsqueeze(1),
+        None if bias is None else bias.float(),
+        groups=x.shape[1],
+    )
     return F.silu(out) if activation == "silu" else out
 
 
@@ -54,7 +59,7 @@ def kernel_checks(device: str) -> list[dict]:
     torch.manual_seed(0)
     for dtype_name in ("float32", "bfloat16"):
         dtype = getattr(torch, dtype_name)
-        for (batch, channels, length) in SHAPES:
+        for batch, channels, length in SHAPES:
             for width in (3, 4):
                 for with_bias, activation in ((False, None), (True, "silu")):
                     x = torch.randn(batch, channels, length, device=device, dtype=dtype)
@@ -69,12 +74,23 @@ def kernel_checks(device: str) -> list[dict]:
                     if state is not None:
                         padded = torch.cat([torch.zeros_like(state[:, :, :1]), state], dim=-1)
                         stepped = causal_conv1d_update(x[:, :, -1:].contiguous(), padded, w, b, activation).float()
-                        step_error = ((stepped[:, :, -1] - want[:, :, -1]).abs().max()
-                                      / want[:, :, -1].abs().max().clamp_min(1e-6)).item()
+                        step_error = (
+                            (stepped[:, :, -1] - want[:, :, -1]).abs().max()
+                            / want[:, :, -1].abs().max().clamp_min(1e-6)
+                        ).item()
                     worst = max(error, step_error or 0.0)
-                    rows.append({"dtype": dtype_name, "shape": [batch, channels, length], "width": width,
-                                 "bias": with_bias, "activation": activation, "rel_error": error,
-                                 "update_rel_error": step_error, "passed": worst <= TOLERANCE[dtype_name]})
+                    rows.append(
+                        {
+                            "dtype": dtype_name,
+                            "shape": [batch, channels, length],
+                            "width": width,
+                            "bias": with_bias,
+                            "activation": activation,
+                            "rel_error": error,
+                            "update_rel_error": step_error,
+                            "passed": worst <= TOLERANCE[dtype_name],
+                        }
+                    )
     return rows
 
 
@@ -96,8 +112,13 @@ def lfm2_forward_check(device: str, dtype_name: str, folder: Path) -> dict:
     names = {e.key for e in prof.key_averages()}
     conv_kernels = sorted(n for n in names if "causal_conv1d" in n.lower())
     error = ((got - want).abs().max() / want.abs().max()).item()
-    return {"rel_error": error, "tolerance": TOLERANCE[dtype_name], "conv_kernels": conv_kernels[:6],
-            "kernel_used": bool(conv_kernels), "passed": error <= TOLERANCE[dtype_name]}
+    return {
+        "rel_error": error,
+        "tolerance": TOLERANCE[dtype_name],
+        "conv_kernels": conv_kernels[:6],
+        "kernel_used": bool(conv_kernels),
+        "passed": error <= TOLERANCE[dtype_name],
+    }
 
 
 def served_check(device: str, dtype_name: str, folder: Path, log_path: Path) -> dict:
@@ -105,32 +126,53 @@ def served_check(device: str, dtype_name: str, folder: Path, log_path: Path) -> 
     from tests.fakes.net import free_port
     from tools.stack_run import spawn, stop_all, wait_healthy
 
-    body = {"model": "lfm2.5-350m", "state": "Invoice 2231 was charged twice; the customer wants the money back.",
-            "questions": {"team": {"type": "choice", "instructions": "Which team handles this?",
-                                   "criteria": {"Billing": None, "Technical": None, "Sales": None}}}}
+    body = {
+        "model": "lfm2.5-350m",
+        "state": "Invoice 2231 was charged twice; the customer wants the money back.",
+        "questions": {
+            "team": {
+                "type": "choice",
+                "instructions": "Which team handles this?",
+                "criteria": {"Billing": None, "Technical": None, "Sales": None},
+            }
+        },
+    }
     answers, health = {}, {}
     for run_device, run_dtype in ((device, dtype_name), ("cpu", "float32")):
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("JEV_")}
-        env.update(PYTHONPATH=f"{REPO / 'services'}:{REPO}:{env.get('PYTHONPATH', '')}", JEV_RECIPE="lfm2.5-350m",
-                   JEV_MODEL_PATH=str(folder), JEV_DEVICE=run_device, JEV_DTYPE=run_dtype, JEV_REDIS_URL="",
-                   JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port), JEV_WORKER_REGISTER_TTL_S="0")
+        env.update(
+            PYTHONPATH=f"{REPO / 'services'}:{REPO}:{env.get('PYTHONPATH', '')}",
+            JEV_RECIPE="lfm2.5-350m",
+            JEV_MODEL_PATH=str(folder),
+            JEV_DEVICE=run_device,
+            JEV_DTYPE=run_dtype,
+            JEV_REDIS_URL="",
+            JEV_WORKER_HOST="127.0.0.1",
+            JEV_WORKER_PORT=str(port),
+            JEV_WORKER_REGISTER_TTL_S="0",
+        )
         proc = spawn(f"worker-{run_device}", [sys.executable, "-m", "jev_worker"], env, REPO, log_path)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(proc, url + "/health", others=[], timeout_s=180, log=lambda line: None)
             with urllib.request.urlopen(url + "/health", timeout=5) as response:
                 health[run_device] = json.load(response)["detail"]
-            request = urllib.request.Request(url + "/v1/systemone", json.dumps(body).encode(),
-                                             {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                url + "/v1/systemone", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(request, timeout=60) as response:
                 answers[run_device] = json.load(response)["answers"]["team"]["probabilities"]
         finally:
             stop_all([proc], log=lambda line: None)
     diff = max(abs(answers[device][k] - answers["cpu"][k]) for k in answers["cpu"])
     kernels = health[device].get("kernels", {})
-    return {"kernels": kernels, "answers": answers, "max_abs_diff": diff,
-            "passed": diff <= 0.05 and (device == "cpu" or bool(kernels.get("causal-conv1d", {}).get("used")))}
+    return {
+        "kernels": kernels,
+        "answers": answers,
+        "max_abs_diff": diff,
+        "passed": diff <= 0.05 and (device == "cpu" or bool(kernels.get("causal-conv1d", {}).get("used"))),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
     dtype_name = "bfloat16" if device == "cuda" else "float32"
-    result: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                    "torch": torch.__version__, "cuda": torch.version.cuda}
+    result: dict = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     try:
         from importlib.metadata import version
 
@@ -171,19 +216,25 @@ def main(argv: list[str] | None = None) -> int:
         failed.append({"what": "the LFM2 forward on CUDA launched no causal-conv1d kernel"})
     result["passed"] = "error" not in result and not failed
     (out / "gpu_conv.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    lines = [f"# causal-conv1d on {result['device']} (torch {result['torch']}, causal-conv1d {result['causal_conv1d']})",
-             ""]
+    lines = [
+        f"# causal-conv1d on {result['device']} (torch {result['torch']}, causal-conv1d {result['causal_conv1d']})",
+        "",
+    ]
     if "error" in result:
         lines.append(f"**{result['error']}**")
     for row in result.get("kernel", []):
         step = "-" if row["update_rel_error"] is None else f"{row['update_rel_error']:.2e}"
-        lines.append(f"- kernel {row['dtype']} {row['shape']} w={row['width']} bias={row['bias']} "
-                     f"act={row['activation']}: rel error {row['rel_error']:.2e}, update {step} "
-                     f"{'ok' if row['passed'] else 'FAILED'}")
+        lines.append(
+            f"- kernel {row['dtype']} {row['shape']} w={row['width']} bias={row['bias']} "
+            f"act={row['activation']}: rel error {row['rel_error']:.2e}, update {step} "
+            f"{'ok' if row['passed'] else 'FAILED'}"
+        )
     if "lfm2_forward" in result:
         f = result["lfm2_forward"]
-        lines.append(f"- LFM2 forward vs CPU FP32: rel error {f['rel_error']:.2e} (tolerance {f['tolerance']:g}); "
-                     f"conv kernels launched: {', '.join(f['conv_kernels']) or 'none (PyTorch fallback)'}")
+        lines.append(
+            f"- LFM2 forward vs CPU FP32: rel error {f['rel_error']:.2e} (tolerance {f['tolerance']:g}); "
+            f"conv kernels launched: {', '.join(f['conv_kernels']) or 'none (PyTorch fallback)'}"
+        )
     if "served" in result:
         s = result["served"]
         lines.append(f"- served: /health kernels {s['kernels']}; max |dp| vs CPU {s['max_abs_diff']:.4f}")

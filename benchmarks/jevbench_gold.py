@@ -10,6 +10,7 @@ answerer's expected accuracy over the regenerated gold is 39.8%, the figure jevb
 jevbench-mini's uniform model (tests/unit/test_jevbench_gold.py). Unknown gold answers (the state does not say)
 are left out, as the README's accuracy leaves them out.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def labelled(domains: list[str] | None = None) -> tuple[list[tuple[dict, dict]],
     out, unmatched = [], 0
     for case in chosen:
         plan = plans.get(case["id"])
-        if plan is None or plan["questions"] != case["questions"] or (plan["thresholds"] or None) != case.get(
-                "thresholds"):
+        if (
+            plan is None
+            or plan["questions"] != case["questions"]
+            or (plan["thresholds"] or None) != case.get("thresholds")
+        ):
             unmatched += 1
             continue
         out.append((case, {qid: g for qid, g in plan["gold"].items() if g != "unknown" and qid in case["questions"]}))
@@ -52,13 +56,21 @@ def correct(question: dict, answer: dict, gold) -> bool:
     if question["type"] == "noul":
         return (answer["noul"] >= 0.5) == bool(gold)
     probabilities = answer["probabilities"]
-    keys = list(question["criteria"]) if question["type"] == "choice" else [str(i) for i in range(len(question["criteria"]))]
+    keys = (
+        list(question["criteria"])
+        if question["type"] == "choice"
+        else [str(i) for i in range(len(question["criteria"]))]
+    )
     best = max(keys, key=lambda k: probabilities[k])  # ties: the earliest, as choice_answer does
     return best == (gold if question["type"] == "choice" else str(gold))
 
 
 def uniform_accuracy(items: list[tuple[dict, dict]], types=("noul", "choice", "score")) -> float:
     """The expected accuracy of an answerer that gives every answer equal probability (1/k per question)."""
-    chances = [1 / (2 if case["questions"][qid]["type"] == "noul" else len(case["questions"][qid]["criteria"]))
-               for case, gold in items for qid in gold if case["questions"][qid]["type"] in types]
+    chances = [
+        1 / (2 if case["questions"][qid]["type"] == "noul" else len(case["questions"][qid]["criteria"]))
+        for case, gold in items
+        for qid in gold
+        if case["questions"][qid]["type"] in types
+    ]
     return sum(chances) / len(chances)

@@ -8,6 +8,7 @@ earlier git revision, side by side.
 
     python -m benchmarks.l3_replay --before d7b9ec6
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,8 @@ def tokenizer_of(recipe):
 
 
 def current_keys(recipe, tokenizer, corpus: list[dict]) -> list[str]:
-    from jev_worker.request.legacy import prepare_legacy
     from jev_worker.prompt.builder import ChatPromptBuilder
+    from jev_worker.request.legacy import prepare_legacy
 
     builder = ChatPromptBuilder(tokenizer, recipe, recipe.identity)
     return [prepare_legacy(builder, DecisionRequest.model_validate(body)).prefix_key for body in corpus]
@@ -44,8 +45,13 @@ def current_keys(recipe, tokenizer, corpus: list[dict]) -> list[str]:
 
 def revision_keys(revision: str, recipe, tokenizer, corpus: list[dict]) -> list[str]:
     """Prefix keys from services/jev_worker/prompt/builder.py as it was at `revision` (its prepare(request))."""
-    source = subprocess.run(["git", "show", f"{revision}:services/jev_worker/prompt/builder.py"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{revision}:services/jev_worker/prompt/builder.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "old_prompt.py"
         path.write_text(source)

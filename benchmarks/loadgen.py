@@ -15,6 +15,7 @@ Only loopback hosts (127.0.0.0/8, ::1, localhost) are accepted: this is a test t
 tester for other people's machines. Exit status: 0 all requests answered 200, 1 some did not,
 2 bad arguments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,11 +104,13 @@ class Report:
         def ms(v):
             return "-" if v is None else f"{v:.1f}"
 
-        return (f"{self.ok}/{self.sent} ok at concurrency {self.concurrency} "
-                f"({'pooled session' if self.pooled else 'session per request'}): "
-                f"p50 {ms(self.p50_ms)} ms, p95 {ms(self.p95_ms)} ms, p99 {ms(self.p99_ms)} ms, "
-                f"{self.decisions_per_s:.2f} decisions/s over {self.wall_s:.2f} s"
-                + (f"; statuses {self.statuses}" if self.ok != self.sent else ""))
+        return (
+            f"{self.ok}/{self.sent} ok at concurrency {self.concurrency} "
+            f"({'pooled session' if self.pooled else 'session per request'}): "
+            f"p50 {ms(self.p50_ms)} ms, p95 {ms(self.p95_ms)} ms, p99 {ms(self.p99_ms)} ms, "
+            f"{self.decisions_per_s:.2f} decisions/s over {self.wall_s:.2f} s"
+            + (f"; statuses {self.statuses}" if self.ok != self.sent else "")
+        )
 
     def to_dict(self, with_latencies: bool = False) -> dict:
         data = asdict(self)
@@ -116,21 +119,37 @@ class Report:
         return data
 
 
-def build_report(url: str, concurrency: int, requests: int, pooled: bool, wall_s: float,
-                 results: list[tuple[int | str, float, str | None]], stopped_early: bool = False) -> Report:
+def build_report(
+    url: str,
+    concurrency: int,
+    requests: int,
+    pooled: bool,
+    wall_s: float,
+    results: list[tuple[int | str, float, str | None]],
+    stopped_early: bool = False,
+) -> Report:
     """results: (status or "transport", latency seconds, error type) per sent request."""
     ok_latencies = sorted(lat * 1000 for status, lat, _ in results if status == 200)
     statuses = Counter(str(status) for status, _, _ in results)
     error_types = Counter(kind for status, _, kind in results if status != 200 and kind)
     ok = len(ok_latencies)
     return Report(
-        url=url, concurrency=concurrency, requests=requests, sent=len(results), ok=ok,
-        statuses=dict(sorted(statuses.items())), error_types=dict(sorted(error_types.items())),
-        wall_s=wall_s, decisions_per_s=(ok / wall_s) if wall_s > 0 else 0.0,
-        p50_ms=percentile(ok_latencies, 50), p95_ms=percentile(ok_latencies, 95),
+        url=url,
+        concurrency=concurrency,
+        requests=requests,
+        sent=len(results),
+        ok=ok,
+        statuses=dict(sorted(statuses.items())),
+        error_types=dict(sorted(error_types.items())),
+        wall_s=wall_s,
+        decisions_per_s=(ok / wall_s) if wall_s > 0 else 0.0,
+        p50_ms=percentile(ok_latencies, 50),
+        p95_ms=percentile(ok_latencies, 95),
         p99_ms=percentile(ok_latencies, 99),
-        mean_ms=(sum(ok_latencies) / ok) if ok else None, max_ms=ok_latencies[-1] if ok else None,
-        pooled=pooled, stopped_early=stopped_early,
+        mean_ms=(sum(ok_latencies) / ok) if ok else None,
+        max_ms=ok_latencies[-1] if ok else None,
+        pooled=pooled,
+        stopped_early=stopped_early,
         latencies_ms=[lat * 1000 for status, lat, _ in results if status == 200],
     )
 
@@ -148,18 +167,29 @@ def merge_reports(reports: list[Report]) -> Report:
     ok = len(latencies)
     first = reports[0]
     return Report(
-        url=first.url, concurrency=first.concurrency, requests=sum(r.requests for r in reports),
-        sent=sum(r.sent for r in reports), ok=ok, statuses=dict(sorted(statuses.items())),
-        error_types=dict(sorted(error_types.items())), wall_s=wall,
+        url=first.url,
+        concurrency=first.concurrency,
+        requests=sum(r.requests for r in reports),
+        sent=sum(r.sent for r in reports),
+        ok=ok,
+        statuses=dict(sorted(statuses.items())),
+        error_types=dict(sorted(error_types.items())),
+        wall_s=wall,
         decisions_per_s=(ok / wall) if wall > 0 else 0.0,
-        p50_ms=percentile(ordered, 50), p95_ms=percentile(ordered, 95), p99_ms=percentile(ordered, 99),
-        mean_ms=(sum(ordered) / ok) if ok else None, max_ms=ordered[-1] if ok else None,
-        pooled=first.pooled, stopped_early=any(r.stopped_early for r in reports), latencies_ms=latencies,
+        p50_ms=percentile(ordered, 50),
+        p95_ms=percentile(ordered, 95),
+        p99_ms=percentile(ordered, 99),
+        mean_ms=(sum(ordered) / ok) if ok else None,
+        max_ms=ordered[-1] if ok else None,
+        pooled=first.pooled,
+        stopped_early=any(r.stopped_early for r in reports),
+        latencies_ms=latencies,
     )
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict,
-                timeout: aiohttp.ClientTimeout) -> tuple[int | str, float, str | None]:
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict, timeout: aiohttp.ClientTimeout
+) -> tuple[int | str, float, str | None]:
     started = time.perf_counter()
     try:
         async with session.post(url, json=body, timeout=timeout) as resp:
@@ -177,9 +207,18 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict,
     return status, elapsed, error_type
 
 
-async def run_load(url: str, corpus: list[dict], *, concurrency: int = 1, requests: int = 100,
-                   pooled: bool = True, timeout_s: float = 60.0, max_seconds: float = 600.0,
-                   warmup: int = 0, offset: int = 0) -> Report:
+async def run_load(
+    url: str,
+    corpus: list[dict],
+    *,
+    concurrency: int = 1,
+    requests: int = 100,
+    pooled: bool = True,
+    timeout_s: float = 60.0,
+    max_seconds: float = 600.0,
+    warmup: int = 0,
+    offset: int = 0,
+) -> Report:
     """Send `requests` requests from `concurrency` tasks and report; never runs past max_seconds
     (plus one request's timeout). Request i is corpus[(offset + i) % len(corpus)]. `warmup`
     requests of WARMUP_BODY go first and are not counted."""
@@ -200,7 +239,8 @@ async def run_load(url: str, corpus: list[dict], *, concurrency: int = 1, reques
         shared = None
         if pooled:
             shared = await stack.enter_async_context(
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit)))
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connector_limit))
+            )
         for _ in range(warmup):
             if shared is not None:
                 await _post(shared, target, WARMUP_BODY, timeout)
@@ -235,10 +275,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--url", required=True, help="base URL (http://127.0.0.1:8080) or the full endpoint URL")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--corpus", default="mixed",
-                        help=f"built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) or a JSON-lines file")
-    parser.add_argument("--new-session-per-request", action="store_true",
-                        help="open a new aiohttp.ClientSession per request instead of one pooled session")
+    parser.add_argument(
+        "--corpus", default="mixed", help=f"built-in ({', '.join([*BUILTIN, *SYSTEM_ONE])}) or a JSON-lines file"
+    )
+    parser.add_argument(
+        "--new-session-per-request",
+        action="store_true",
+        help="open a new aiohttp.ClientSession per request instead of one pooled session",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop starting requests after this")
     parser.add_argument("--warmup", type=int, default=0, help="uncounted warm-up requests first")
@@ -251,11 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_loopback(args.url)
         corpus = load_corpus(args.corpus)
-        report = asyncio.run(run_load(
-            args.url, corpus, concurrency=args.concurrency, requests=args.requests,
-            pooled=not args.new_session_per_request, timeout_s=args.timeout, max_seconds=args.max_seconds,
-            warmup=args.warmup,
-        ))
+        report = asyncio.run(
+            run_load(
+                args.url,
+                corpus,
+                concurrency=args.concurrency,
+                requests=args.requests,
+                pooled=not args.new_session_per_request,
+                timeout_s=args.timeout,
+                max_seconds=args.max_seconds,
+                warmup=args.warmup,
+            )
+        )
     except ValueError as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ a peer's row against ours.
 
 Writes --out/peers.json (everything, with latencies and answers), peers.md (the table) and peers.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,10 +70,15 @@ ARMS = ("ours", "jcs-llama", "jcs-transformers", "llama-bare")
 WORKLOADS = ("single", "8q", "repeated")
 CONCURRENCY = (1, 8)
 # requests per round for each cell (workload, concurrency)
-DEFAULT_COUNTS = {("single", 1): 5, ("single", 8): 8, ("8q", 1): 2, ("8q", 8): 8,
-                  ("repeated", 1): 5, ("repeated", 8): 8}
-QUICK_COUNTS = {("single", 1): 2, ("single", 8): 8, ("8q", 1): 1, ("8q", 8): 8,
-                ("repeated", 1): 2, ("repeated", 8): 8}
+DEFAULT_COUNTS = {
+    ("single", 1): 5,
+    ("single", 8): 8,
+    ("8q", 1): 2,
+    ("8q", 8): 8,
+    ("repeated", 1): 5,
+    ("repeated", 8): 8,
+}
+QUICK_COUNTS = {("single", 1): 2, ("single", 8): 8, ("8q", 1): 1, ("8q", 8): 8, ("repeated", 1): 2, ("repeated", 8): 8}
 MODEL = "jev-latest"
 
 # ----- corpus ------------------------------------------------------------------------------------
@@ -104,51 +110,105 @@ QUESTION_BANK: list[dict] = [
     {"type": "noul", "instructions": "Is the customer asking for money back?"},
     {"type": "noul", "instructions": "Is the customer angry?"},
     {"type": "noul", "instructions": "Does the ticket mention a deadline?"},
-    {"type": "noul", "instructions": "Should this ticket be escalated to a manager?",
-     "criteria": {"true": "The customer threatens to leave or the damage is serious",
-                  "false": "A normal agent can handle it"}},
+    {
+        "type": "noul",
+        "instructions": "Should this ticket be escalated to a manager?",
+        "criteria": {
+            "true": "The customer threatens to leave or the damage is serious",
+            "false": "A normal agent can handle it",
+        },
+    },
     {"type": "noul", "instructions": "Is this about a bug in the product?"},
     {"type": "noul", "instructions": "Does the customer want to cancel something?"},
-    {"type": "noul", "instructions": "Is a physical delivery involved?",
-     "criteria": {"true": "A parcel, courier or shipped goods are mentioned", "false": "Only software or money"}},
+    {
+        "type": "noul",
+        "instructions": "Is a physical delivery involved?",
+        "criteria": {"true": "A parcel, courier or shipped goods are mentioned", "false": "Only software or money"},
+    },
     {"type": "noul", "instructions": "Is the customer polite?"},
-    {"type": "choice", "instructions": "Which team should handle this ticket?",
-     "criteria": {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None}},
-    {"type": "choice", "instructions": "What is the main topic of the ticket?",
-     "criteria": {"Payment": None, "Login": None, "Delivery": None, "Account": None}},
-    {"type": "choice", "instructions": "What should the agent do next?",
-     "criteria": {"Refund": "Send the money back", "Apologize": None, "Escalate": "Hand over to a manager"}},
-    {"type": "choice", "instructions": "Which channel should the reply use?",
-     "criteria": {"Email": None, "Phone": None, "Chat": None}},
-    {"type": "choice", "instructions": "How soon must the team answer?",
-     "criteria": {"Today": None, "Tomorrow": None, "Later": "Within the week"}},
-    {"type": "choice", "instructions": "Which product area is affected?",
-     "criteria": {"Mobile app": None, "Website": None, "Shipping": None, "Invoices": None, "None": "No product area"}},
-    {"type": "choice", "instructions": "What is the customer's mood?",
-     "criteria": {"Happy": None, "Neutral": None, "Upset": None}},
-    {"type": "choice", "instructions": "Is this a question or a complaint?",
-     "criteria": {"Question": None, "Complaint": None}},
-    {"type": "score", "instructions": "How frustrated is the customer?",
-     "criteria": ["Calm", "Frustrated", "Very angry"]},
-    {"type": "score", "instructions": "How urgent is this ticket?",
-     "criteria": ["Not urgent", "Somewhat urgent", "Urgent", "Critical"]},
-    {"type": "score", "instructions": "How clear is the customer's request?",
-     "criteria": ["Unclear", "Vague", "Fairly clear", "Clear", "Crystal clear"]},
-    {"type": "score", "instructions": "How likely is the customer to leave?",
-     "criteria": ["Unlikely", "Possible", "Likely"]},
-    {"type": "score", "instructions": "How much money is at stake?",
-     "criteria": ["None", "A little", "Some", "A lot"]},
-    {"type": "score", "instructions": "How polite is the message?",
-     "criteria": ["Rude", "Neutral", "Polite"]},
-    {"type": "score", "instructions": "How much work will this ticket take?",
-     "criteria": ["Minutes", "An hour", "A day", "A week", "More"]},
-    {"type": "score", "instructions": "How confident are you that this is a billing issue?",
-     "criteria": ["Not at all", "Somewhat", "Very"]},
+    {
+        "type": "choice",
+        "instructions": "Which team should handle this ticket?",
+        "criteria": {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None},
+    },
+    {
+        "type": "choice",
+        "instructions": "What is the main topic of the ticket?",
+        "criteria": {"Payment": None, "Login": None, "Delivery": None, "Account": None},
+    },
+    {
+        "type": "choice",
+        "instructions": "What should the agent do next?",
+        "criteria": {"Refund": "Send the money back", "Apologize": None, "Escalate": "Hand over to a manager"},
+    },
+    {
+        "type": "choice",
+        "instructions": "Which channel should the reply use?",
+        "criteria": {"Email": None, "Phone": None, "Chat": None},
+    },
+    {
+        "type": "choice",
+        "instructions": "How soon must the team answer?",
+        "criteria": {"Today": None, "Tomorrow": None, "Later": "Within the week"},
+    },
+    {
+        "type": "choice",
+        "instructions": "Which product area is affected?",
+        "criteria": {
+            "Mobile app": None,
+            "Website": None,
+            "Shipping": None,
+            "Invoices": None,
+            "None": "No product area",
+        },
+    },
+    {
+        "type": "choice",
+        "instructions": "What is the customer's mood?",
+        "criteria": {"Happy": None, "Neutral": None, "Upset": None},
+    },
+    {
+        "type": "choice",
+        "instructions": "Is this a question or a complaint?",
+        "criteria": {"Question": None, "Complaint": None},
+    },
+    {
+        "type": "score",
+        "instructions": "How frustrated is the customer?",
+        "criteria": ["Calm", "Frustrated", "Very angry"],
+    },
+    {
+        "type": "score",
+        "instructions": "How urgent is this ticket?",
+        "criteria": ["Not urgent", "Somewhat urgent", "Urgent", "Critical"],
+    },
+    {
+        "type": "score",
+        "instructions": "How clear is the customer's request?",
+        "criteria": ["Unclear", "Vague", "Fairly clear", "Clear", "Crystal clear"],
+    },
+    {
+        "type": "score",
+        "instructions": "How likely is the customer to leave?",
+        "criteria": ["Unlikely", "Possible", "Likely"],
+    },
+    {"type": "score", "instructions": "How much money is at stake?", "criteria": ["None", "A little", "Some", "A lot"]},
+    {"type": "score", "instructions": "How polite is the message?", "criteria": ["Rude", "Neutral", "Polite"]},
+    {
+        "type": "score",
+        "instructions": "How much work will this ticket take?",
+        "criteria": ["Minutes", "An hour", "A day", "A week", "More"],
+    },
+    {
+        "type": "score",
+        "instructions": "How confident are you that this is a billing issue?",
+        "criteria": ["Not at all", "Somewhat", "Very"],
+    },
 ]
 
 
 def make_state(rng: random.Random, ticket: int) -> str:
-    return (f"Ticket #{ticket} from {rng.choice(CUSTOMERS)}: \"{rng.choice(ISSUES)} {rng.choice(DETAILS)}\"")
+    return f'Ticket #{ticket} from {rng.choice(CUSTOMERS)}: "{rng.choice(ISSUES)} {rng.choice(DETAILS)}"'
 
 
 def question_id(index: int) -> str:
@@ -157,8 +217,11 @@ def question_id(index: int) -> str:
 
 
 def envelope(state: str, indices: list[int]) -> dict:
-    return {"model": MODEL, "state": state,
-            "questions": {question_id(i): json.loads(json.dumps(QUESTION_BANK[i])) for i in indices}}
+    return {
+        "model": MODEL,
+        "state": state,
+        "questions": {question_id(i): json.loads(json.dumps(QUESTION_BANK[i])) for i in indices},
+    }
 
 
 def build_corpus(rounds: int, counts: dict, seed: int = 13) -> dict[tuple[str, int, int], list[dict]]:
@@ -221,10 +284,10 @@ def _argmax(values: list[float]) -> int:
 
 @dataclass
 class Agreement:
-    compared: int = 0          # questions with a probability vector on both sides
+    compared: int = 0  # questions with a probability vector on both sides
     argmax_agree: int = 0
     max_abs_dp: float | None = None
-    missing: int = 0           # questions one side did not answer
+    missing: int = 0  # questions one side did not answer
 
     def add(self, a: list[float] | None, b: list[float] | None) -> None:
         if a is None or b is None or len(a) != len(b):
@@ -236,8 +299,9 @@ class Agreement:
         self.max_abs_dp = dp if self.max_abs_dp is None else max(self.max_abs_dp, dp)
 
     def merge(self, other: "Agreement") -> "Agreement":
-        out = Agreement(self.compared + other.compared, self.argmax_agree + other.argmax_agree, None,
-                        self.missing + other.missing)
+        out = Agreement(
+            self.compared + other.compared, self.argmax_agree + other.argmax_agree, None, self.missing + other.missing
+        )
         values = [v for v in (self.max_abs_dp, other.max_abs_dp) if v is not None]
         out.max_abs_dp = max(values) if values else None
         return out
@@ -270,7 +334,7 @@ class CellStats:
     arm: str
     sent: int = 0
     ok: int = 0
-    questions: int = 0       # answered questions (decisions)
+    questions: int = 0  # answered questions (decisions)
     wall_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -292,8 +356,9 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def table_rows(stats: dict[tuple[str, int, str], CellStats], agreements: dict[tuple[str, int, str], Agreement],
-               arms: list[str]) -> list[dict]:
+def table_rows(
+    stats: dict[tuple[str, int, str], CellStats], agreements: dict[tuple[str, int, str], Agreement], arms: list[str]
+) -> list[dict]:
     """One row per (workload, concurrency, arm), ours first in each group, with ratios to ours."""
     rows = []
     for workload in WORKLOADS:
@@ -303,22 +368,33 @@ def table_rows(stats: dict[tuple[str, int, str], CellStats], agreements: dict[tu
                 s = stats.get((workload, conc, arm))
                 if s is None:
                     continue
-                row = {"workload": workload, "concurrency": conc, "arm": arm, "ok": s.ok, "sent": s.sent,
-                       "p50_ms": s.p50, "p95_ms": s.p95, "dec_per_s": s.dec_per_s,
-                       "p50_ratio": None, "dec_ratio": None, "ahead": None}
+                row = {
+                    "workload": workload,
+                    "concurrency": conc,
+                    "arm": arm,
+                    "ok": s.ok,
+                    "sent": s.sent,
+                    "p50_ms": s.p50,
+                    "p95_ms": s.p95,
+                    "dec_per_s": s.dec_per_s,
+                    "p50_ratio": None,
+                    "dec_ratio": None,
+                    "ahead": None,
+                }
                 if arm != "ours" and ours is not None and ours.p50 and s.p50 and s.dec_per_s:
                     row["p50_ratio"] = ours.p50 / s.p50
                     row["dec_ratio"] = ours.dec_per_s / s.dec_per_s
-                    row["ahead"] = bool(ours.p50 < s.p50 and ours.dec_per_s > s.dec_per_s
-                                        and ours.ok == ours.sent)
+                    row["ahead"] = bool(ours.p50 < s.p50 and ours.dec_per_s > s.dec_per_s and ours.ok == ours.sent)
                 agree = agreements.get((workload, conc, arm))
                 row["max_abs_dp"], row["argmax"] = (agree or Agreement()).cell()
                 rows.append(row)
     return rows
 
 
-TABLE_HEADER = ("| workload | conc | arm | ok/sent | p50 ms | p95 ms | dec/s | ours/peer p50 | ours/peer dec/s "
-                "| max abs dp | argmax agree |")
+TABLE_HEADER = (
+    "| workload | conc | arm | ok/sent | p50 ms | p95 ms | dec/s | ours/peer p50 | ours/peer dec/s "
+    "| max abs dp | argmax agree |"
+)
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -328,9 +404,11 @@ def markdown_table(rows: list[dict]) -> str:
         dec_ratio = "-" if r["dec_ratio"] is None else f"x{r['dec_ratio']:.2f}"
         if r["ahead"] is False:
             p50_ratio += " (not ahead)"
-        lines.append(f"| {r['workload']} | {r['concurrency']} | {r['arm']} | {r['ok']}/{r['sent']} | "
-                     f"{_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} | {r['dec_per_s']:.2f} | {p50_ratio} | {dec_ratio} | "
-                     f"{r['max_abs_dp']} | {r['argmax']} |")
+        lines.append(
+            f"| {r['workload']} | {r['concurrency']} | {r['arm']} | {r['ok']}/{r['sent']} | "
+            f"{_ms(r['p50_ms'])} | {_ms(r['p95_ms'])} | {r['dec_per_s']:.2f} | {p50_ratio} | {dec_ratio} | "
+            f"{r['max_abs_dp']} | {r['argmax']} |"
+        )
     return "\n".join(lines)
 
 
@@ -384,6 +462,7 @@ def machine_facts() -> dict:
             mem_gib = round(kib / 2**20, 1)
     except (OSError, StopIteration, ValueError):
         pass
+
     def git(*cmd: str) -> str:
         try:
             return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True).stdout.strip()
@@ -393,11 +472,16 @@ def machine_facts() -> dict:
     # a copy made by `git archive` has no .git: PEERS_SOURCE_COMMIT names what it was cut from
     commit = git("rev-parse", "--short", "HEAD") or os.environ.get("PEERS_SOURCE_COMMIT", "")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "services")
-    return {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit or "unknown",
-            "services_modified_files": len(dirty.splitlines()) if dirty else 0,
-            "cpu": cpu, "nproc": os.cpu_count(),
-            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "mem_gib": mem_gib, "python": sys.version.split()[0]}
+    return {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit or "unknown",
+        "services_modified_files": len(dirty.splitlines()) if dirty else 0,
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "mem_gib": mem_gib,
+        "python": sys.version.split()[0],
+    }
 
 
 # ----- the run -----------------------------------------------------------------------------------
@@ -423,10 +507,10 @@ class Reference:
         import torch
 
         from jev_common.recipe import load_recipe
-        from jev_worker.request import envelope as worker_envelope
-        from jev_worker.questions import plan as question_plan
         from jev_worker.loading.loader import load_model
         from jev_worker.prompt.builder import ChatPromptBuilder
+        from jev_worker.questions import plan as question_plan
+        from jev_worker.request import envelope as worker_envelope
         from jev_worker.serving import build_serving
 
         # not timed, and run while the machine may be shared: one thread, so OpenMP barriers never spin
@@ -455,8 +539,9 @@ class Reference:
                 ids = torch.tensor([prepared.full_ids(i)])
                 last = self.loaded.model(input_ids=ids).logits[0, -1].float()
                 logits.append(last[list(labels)])
-        return {qid: answer.model_dump(mode="json")
-                for qid, answer in self.plan.answers(plan, logits, self.builder).items()}
+        return {
+            qid: answer.model_dump(mode="json") for qid, answer in self.plan.answers(plan, logits, self.builder).items()
+        }
 
     def save_hf_folder(self, folder: Path) -> Path:
         """The same dequantised FP32 weights as a plain HF folder (what jcs' transformers backend reads)."""
@@ -499,9 +584,11 @@ class Reference:
                     firsts[name] = token
                     tokens[name] = token
         prompt = self.recipe.prompt
-        template = ("<|im_start|>system\n" + prompt.system.replace("{", "{{").replace("}", "}}") + "<|im_end|>\n"
-                    "<|im_start|>user\nState: {state}\n\nQuestion: {instructions}\nOptions: {criteria}\n"
-                    "Answer with one option.<|im_end|>\n<|im_start|>assistant\n")
+        template = (
+            "<|im_start|>system\n" + prompt.system.replace("{", "{{").replace("}", "}}") + "<|im_end|>\n"
+            "<|im_start|>user\nState: {state}\n\nQuestion: {instructions}\nOptions: {criteria}\n"
+            "Answer with one option.<|im_end|>\n<|im_start|>assistant\n"
+        )
         return {"model": "jcs-smollm2-135m", "decision.prompt_template": template, "decision.tokens": tokens}
 
 
@@ -548,8 +635,16 @@ async def run_cell(url: str, bodies: list[dict], concurrency: int, *, timeout_s:
     return results, wall
 
 
-async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | None, jcs_config: Path,
-                     bare_threads: int, client_timeout_s: float, ours_env: dict[str, str] | None = None):
+async def start_arms(
+    arms: list[str],
+    out: Path,
+    gguf: Path,
+    hf_folder: Path | None,
+    jcs_config: Path,
+    bare_threads: int,
+    client_timeout_s: float,
+    ours_env: dict[str, str] | None = None,
+):
     from benchmarks.stack import Stack, free_port
 
     ours_stack = Stack(out / "logs")
@@ -574,31 +669,56 @@ async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | N
         base = {"DECISION_CONFIG": str(jcs_config), "DECISION_MAX_BATCH_SIZE": "16", "DECISION_BATCH_WAIT_MS": "5"}
         if "jcs-llama" in arms:
             port = free_port()
-            svc = await peer_stack.start("jcs-llama", "serve_jcs", port, {
-                **peer_path, **base, "PEER_PORT": str(port), "DECISION_BACKEND": "llama", "DECISION_MODEL_PATH": str(gguf)})
+            svc = await peer_stack.start(
+                "jcs-llama",
+                "serve_jcs",
+                port,
+                {
+                    **peer_path,
+                    **base,
+                    "PEER_PORT": str(port),
+                    "DECISION_BACKEND": "llama",
+                    "DECISION_MODEL_PATH": str(gguf),
+                },
+            )
             services.append(svc)
             urls["jcs-llama"] = svc.url
             pids["jcs-llama"] = svc.process.pid
         if "jcs-transformers" in arms:
             port = free_port()
-            svc = await peer_stack.start("jcs-transformers", "serve_jcs", port, {
-                **peer_path, **base, "PEER_PORT": str(port), "DECISION_BACKEND": "transformers",
-                "DECISION_MODEL_ID": str(hf_folder)})
+            svc = await peer_stack.start(
+                "jcs-transformers",
+                "serve_jcs",
+                port,
+                {
+                    **peer_path,
+                    **base,
+                    "PEER_PORT": str(port),
+                    "DECISION_BACKEND": "transformers",
+                    "DECISION_MODEL_ID": str(hf_folder),
+                },
+            )
             services.append(svc)
             urls["jcs-transformers"] = svc.url
             pids["jcs-transformers"] = svc.process.pid
         if "llama-bare" in arms:
             port = free_port()
-            svc = await peer_stack.start("llama-bare", "llama_scorer", port, {
-                **peer_path,
-                "PEER_PORT": str(port), "PEER_GGUF": str(gguf), "PEER_THREADS": str(bare_threads)})
+            svc = await peer_stack.start(
+                "llama-bare",
+                "llama_scorer",
+                port,
+                {**peer_path, "PEER_PORT": str(port), "PEER_GGUF": str(gguf), "PEER_THREADS": str(bare_threads)},
+            )
             services.append(svc)
             urls["llama-bare"] = svc.url
             pids["llama-bare"] = svc.process.pid
         started = time.perf_counter()
         await ours_stack.wait_healthy(services, timeout_s=600)
-        print(f"all arms healthy after {time.perf_counter() - started:.1f} s: "
-              + ", ".join(f"{s.name} {s.ready_s:.1f} s" for s in services), file=sys.stderr)
+        print(
+            f"all arms healthy after {time.perf_counter() - started:.1f} s: "
+            + ", ".join(f"{s.name} {s.ready_s:.1f} s" for s in services),
+            file=sys.stderr,
+        )
     except BaseException:
         await peer_stack.stop_all()
         await ours_stack.stop_all()
@@ -606,8 +726,10 @@ async def start_arms(arms: list[str], out: Path, gguf: Path, hf_folder: Path | N
     return (ours_stack, peer_stack), urls, pids
 
 
-WARMUP = [envelope("Warm-up ticket from Nobody: \"Just checking that you are there.\"", [0]),
-          envelope("Warm-up ticket from Nobody: \"Second check, all fine.\"", [8, 16])]
+WARMUP = [
+    envelope('Warm-up ticket from Nobody: "Just checking that you are there."', [0]),
+    envelope('Warm-up ticket from Nobody: "Second check, all fine."', [8, 16]),
+]
 
 
 async def run_benchmark(args) -> dict:
@@ -627,8 +749,9 @@ async def run_benchmark(args) -> dict:
     jcs_config = out / "jcs-config.json"
     jcs_config.write_text(json.dumps(ref.jcs_config(all_bodies + WARMUP), indent=1))
     ours_env = {**args.ours_env, **({"JEV_MODEL_PATH": args.model_path} if args.model_path else {})}
-    stacks, urls, pids = await start_arms(arms, out, gguf, hf_folder, jcs_config, args.bare_threads,
-                                             args.timeout, ours_env)
+    stacks, urls, pids = await start_arms(
+        arms, out, gguf, hf_folder, jcs_config, args.bare_threads, args.timeout, ours_env
+    )
     stats: dict[tuple[str, int, str], CellStats] = {}
     answers: dict[tuple[str, int, int, str], list] = {}
     try:
@@ -641,10 +764,11 @@ async def run_benchmark(args) -> dict:
                     if (workload, conc) not in args.cells:
                         continue
                     bodies = corpus[(workload, conc, r)]
-                    order = arms[r % len(arms):] + arms[: r % len(arms)]
+                    order = arms[r % len(arms) :] + arms[: r % len(arms)]
                     for arm in order:
-                        results, wall = await run_cell(urls[arm], bodies, conc, timeout_s=args.timeout,
-                                                       max_seconds=args.max_seconds)
+                        results, wall = await run_cell(
+                            urls[arm], bodies, conc, timeout_s=args.timeout, max_seconds=args.max_seconds
+                        )
                         s = stats.setdefault((workload, conc, arm), CellStats(workload, conc, arm))
                         s.wall_s += wall
                         for body, res in zip(bodies, results):
@@ -666,9 +790,12 @@ async def run_benchmark(args) -> dict:
                             t0 = time.perf_counter()
                             await run_cell(urls[arm], WARMUP[:1], 1, timeout_s=900, max_seconds=900)
                             print(f"  drained {arm} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-                        print(f"round {r + 1}/{args.rounds} {workload:8s} c={conc} {arm:16s} "
-                              f"{sum(1 for x in results if x and x[0] == 200)}/{len(bodies)} ok "
-                              f"in {wall:.2f} s (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+                        print(
+                            f"round {r + 1}/{args.rounds} {workload:8s} c={conc} {arm:16s} "
+                            f"{sum(1 for x in results if x and x[0] == 200)}/{len(bodies)} ok "
+                            f"in {wall:.2f} s (load {os.getloadavg()[0]:.2f})",
+                            file=sys.stderr,
+                        )
         bench_s = time.perf_counter() - started
         peer_health = {}
         from benchmarks.stack import get_json
@@ -703,13 +830,22 @@ async def run_benchmark(args) -> dict:
     for (workload, conc, arm), agree in agreements.items():
         totals[arm] = totals[arm].merge(agree)
     return {
-        "facts": facts, "args": {"rounds": args.rounds, "arms": arms, "quick": args.quick,
-                                 "bare_threads": args.bare_threads, "ours_env": args.ours_env},
+        "facts": facts,
+        "args": {
+            "rounds": args.rounds,
+            "arms": arms,
+            "quick": args.quick,
+            "bare_threads": args.bare_threads,
+            "ours_env": args.ours_env,
+        },
         "counts_per_round": {f"{w}@{c}": n for (w, c), n in counts.items()},
-        "bench_seconds": bench_s, "rows": rows, "agreement_totals": {a: asdict(t) for a, t in totals.items()},
+        "bench_seconds": bench_s,
+        "rows": rows,
+        "agreement_totals": {a: asdict(t) for a, t in totals.items()},
         "errors": {f"{k[0]}@{k[1]}:{k[2]}": s.errors for k, s in stats.items() if s.errors},
         "latencies_ms": {f"{k[0]}@{k[1]}:{k[2]}": s.latencies_ms for k, s in stats.items()},
-        "peer_health": peer_health, "pids_at_run": pids,
+        "peer_health": peer_health,
+        "pids_at_run": pids,
     }
 
 
@@ -721,7 +857,12 @@ def plot(rows: list[dict], path: Path, title: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = [(w, c) for w in WORKLOADS for c in CONCURRENCY if any(r["workload"] == w and r["concurrency"] == c for r in rows)]
+    cells = [
+        (w, c)
+        for w in WORKLOADS
+        for c in CONCURRENCY
+        if any(r["workload"] == w and r["concurrency"] == c for r in rows)
+    ]
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
     width = 0.8 / max(len(arms), 1)
@@ -754,9 +895,11 @@ def facts_line(facts: dict) -> str:
     def la(v):
         return "-" if not v else "/".join(f"{x:.2f}" for x in v)
 
-    return (f"{facts['date_utc']}, commit {facts['commit']}; CPU {facts['cpu']} x{facts['nproc']} "
-            f"(usable {facts['cpus_usable']}), {facts['mem_gib']} GiB; load average (1/5/15 min) before "
-            f"{la(facts.get('loadavg_before'))}, after {la(facts.get('loadavg_after'))}")
+    return (
+        f"{facts['date_utc']}, commit {facts['commit']}; CPU {facts['cpu']} x{facts['nproc']} "
+        f"(usable {facts['cpus_usable']}), {facts['mem_gib']} GiB; load average (1/5/15 min) before "
+        f"{la(facts.get('loadavg_before'))}, after {la(facts.get('loadavg_after'))}"
+    )
 
 
 def parse_env(items: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -774,24 +917,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--quick", action="store_true", help="a few requests per cell (a smoke run)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="per-request timeout, s (also our worker's and frontend's deadline)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="per-request timeout, s (also our worker's and frontend's deadline)",
+    )
     parser.add_argument("--max-seconds", type=float, default=240.0, help="per cell and arm: no new request after")
-    parser.add_argument("--bare-threads", type=int, default=os.cpu_count() or 1,
-                        help="llama.cpp threads of llama-bare (default: every core, as torch uses)")
-    parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable")
-    parser.add_argument("--model-path", default=None, help="the ours arm and the reference on this checkpoint "
-                        "folder instead of the embedded model (the smoke run's tiny model; the peer arms keep the GGUF)")
-    parser.add_argument("--cells", default=None, help="comma-separated WORKLOAD@CONCURRENCY cells to run (e.g. "
-                        f"single@1; default every cell of {','.join(WORKLOADS)} x {','.join(map(str, CONCURRENCY))})")
+    parser.add_argument(
+        "--bare-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="llama.cpp threads of llama-bare (default: every core, as torch uses)",
+    )
+    parser.add_argument(
+        "--ours-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable",
+    )
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help="the ours arm and the reference on this checkpoint "
+        "folder instead of the embedded model (the smoke run's tiny model; the peer arms keep the GGUF)",
+    )
+    parser.add_argument(
+        "--cells",
+        default=None,
+        help="comma-separated WORKLOAD@CONCURRENCY cells to run (e.g. "
+        f"single@1; default every cell of {','.join(WORKLOADS)} x {','.join(map(str, CONCURRENCY))})",
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args(argv)
     args.ours_env = parse_env(args.ours_env, parser)
     every = {(w, c) for w in WORKLOADS for c in CONCURRENCY}
     try:
-        args.cells = every if args.cells is None else {
-            (w, int(c)) for w, _, c in (cell.strip().partition("@") for cell in args.cells.split(",") if cell.strip())}
+        args.cells = (
+            every
+            if args.cells is None
+            else {
+                (w, int(c))
+                for w, _, c in (cell.strip().partition("@") for cell in args.cells.split(",") if cell.strip())
+            }
+        )
     except ValueError:
         parser.error("--cells: WORKLOAD@CONCURRENCY, e.g. single@1")
     if not args.cells or args.cells - every:
@@ -814,17 +984,26 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(result["rows"])
     (out / "peers.json").write_text(json.dumps(result, indent=1))
     (out / "peers.md").write_text(table + "\n\n" + compact_table(result["rows"]) + "\n")
-    png = plot(result["rows"], out / "peers.png", "SmolLM2-135M, same System One requests: " + facts_line(result["facts"])[:90])
+    png = plot(
+        result["rows"], out / "peers.png", "SmolLM2-135M, same System One requests: " + facts_line(result["facts"])[:90]
+    )
     print(facts_line(result["facts"]))
     print(table)
     totals = result["agreement_totals"]
-    print("agreement, all questions: " + "; ".join(
-        f"{arm}: max |dp| {t['max_abs_dp'] if t['max_abs_dp'] is None else format(t['max_abs_dp'], '.2g')}, "
-        f"argmax {t['argmax_agree']}/{t['compared']}" for arm, t in totals.items()))
+    print(
+        "agreement, all questions: "
+        + "; ".join(
+            f"{arm}: max |dp| {t['max_abs_dp'] if t['max_abs_dp'] is None else format(t['max_abs_dp'], '.2g')}, "
+            f"argmax {t['argmax_agree']}/{t['compared']}"
+            for arm, t in totals.items()
+        )
+    )
     behind = not_ahead(result["rows"])
     if behind:
-        print("rows where ours is not ahead: " + ", ".join(f"{r['workload']} c={r['concurrency']} vs {r['arm']}"
-                                                          for r in behind))
+        print(
+            "rows where ours is not ahead: "
+            + ", ".join(f"{r['workload']} c={r['concurrency']} vs {r['arm']}" for r in behind)
+        )
     if result["errors"]:
         print("errors: " + json.dumps(result["errors"]))
     print(f"written: {out / 'peers.json'}, {out / 'peers.md'}" + (f", {png}" if png else ""))

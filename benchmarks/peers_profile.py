@@ -11,6 +11,7 @@ inclusive and by self share of samples, and writes the raw collapsed stacks (fla
 summary JSON under --out. py-spy comes from the peers' venv (benchmarks/peers/install.sh), else the project's
 (requirements-dev.txt). `--ours-env JEV_MODEL_PATH=DIR` profiles another checkpoint (the smoke run: a tiny one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,9 @@ async def profile(args) -> list[dict]:
         every = [b for bodies in corpus.values() for b in bodies]
         jcs_config.write_text(json.dumps(ref.jcs_config(every + peers.WARMUP)))
         hf_folder = ref.save_hf_folder(out / "smollm2-135m-fp32-hf")
-    stacks, urls, pids = await peers.start_arms([args.arm], out, peers.gguf_path(), hf_folder, jcs_config,
-                                                args.bare_threads, 300.0, args.ours_env)
+    stacks, urls, pids = await peers.start_arms(
+        [args.arm], out, peers.gguf_path(), hf_folder, jcs_config, args.bare_threads, 300.0, args.ours_env
+    )
     summaries = []
     try:
         await peers.run_cell(urls[args.arm], peers.WARMUP, 1, timeout_s=300, max_seconds=300)
@@ -81,24 +83,49 @@ async def profile(args) -> list[dict]:
             bodies = [b for r in range(6) for b in corpus[(workload, conc, r)]]
             stem = f"profile-{args.arm}-{workload}-c{conc}"
             raw_path = out / f"{stem}.txt"
-            cmd = [py_spy(), "record", "--pid", str(pids[args.arm]), "--rate", "200",
-                   "--format", "raw", "--output", str(raw_path), "--duration", str(int(args.seconds))]
+            cmd = [
+                py_spy(),
+                "record",
+                "--pid",
+                str(pids[args.arm]),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--output",
+                str(raw_path),
+                "--duration",
+                str(int(args.seconds)),
+            ]
             cmd.append("--native" if args.native else "--nonblocking")  # py-spy cannot do both
             recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             await asyncio.sleep(1.0)
             load_before = peers.loadavg()
-            results, wall = await peers.run_cell(urls[args.arm], bodies, conc, timeout_s=300,
-                                                 max_seconds=args.seconds - 1.5)
+            results, wall = await peers.run_cell(
+                urls[args.arm], bodies, conc, timeout_s=300, max_seconds=args.seconds - 1.5
+            )
             sent = [r for r in results if r is not None]
             latencies = sorted(r[1] * 1000 for r in sent if r[0] == 200)
             _, err = await asyncio.to_thread(recorder.communicate, None, args.seconds + 60)
             if recorder.returncode != 0:
                 raise SystemExit(f"py-spy failed ({recorder.returncode}): {err.decode(errors='replace')[-2000:]}")
             summary = summarise(raw_path.read_text().splitlines(), args.top)
-            summary.update({"arm": args.arm, "ours_env": args.ours_env, "workload": workload, "concurrency": conc,
-                            "requests_ok": len(latencies), "requests_sent": len(sent), "wall_s": wall,
-                            "p50_ms": peers.percentile(latencies, 50), "native": args.native,
-                            "loadavg_before": load_before, "loadavg_after": peers.loadavg(), "raw": str(raw_path)})
+            summary.update(
+                {
+                    "arm": args.arm,
+                    "ours_env": args.ours_env,
+                    "workload": workload,
+                    "concurrency": conc,
+                    "requests_ok": len(latencies),
+                    "requests_sent": len(sent),
+                    "wall_s": wall,
+                    "p50_ms": peers.percentile(latencies, 50),
+                    "native": args.native,
+                    "loadavg_before": load_before,
+                    "loadavg_after": peers.loadavg(),
+                    "raw": str(raw_path),
+                }
+            )
             (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
             summaries.append(summary)
             await peers.run_cell(urls[args.arm], peers.WARMUP[:1], 1, timeout_s=900, max_seconds=900)  # drain
@@ -117,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--native", action="store_true", help="C/C++ frames too (torch, ggml kernels)")
     parser.add_argument("--bare-threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable")
+    parser.add_argument(
+        "--ours-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra env for our worker (e.g. JEV_TORCH_THREADS=1); repeatable",
+    )
     parser.add_argument("--out", default=str(peers.DEFAULT_OUT))
     args = parser.parse_args(argv)
     args.ours_env = peers.parse_env(args.ours_env, parser)
@@ -130,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     if not set(args.workload) <= set(peers.WORKLOADS) or not set(args.concurrency) <= set(peers.CONCURRENCY):
         parser.error("unknown workload or concurrency")
     for summary in asyncio.run(profile(args)):
-        print(f"\n{summary['arm']} {summary['ours_env'] or ''} {summary['workload']} c={summary['concurrency']}: "
-              f"{summary['requests_ok']}/{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, "
-              f"{summary['samples']} samples (load average {summary['loadavg_before']} -> {summary['loadavg_after']})")
+        print(
+            f"\n{summary['arm']} {summary['ours_env'] or ''} {summary['workload']} c={summary['concurrency']}: "
+            f"{summary['requests_ok']}/{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, "
+            f"{summary['samples']} samples (load average {summary['loadavg_before']} -> {summary['loadavg_after']})"
+        )
         for title in ("inclusive", "self"):
             print(f"{title} share of samples:")
             for name, share in summary[title][: args.top]:

@@ -11,6 +11,7 @@ policies, alternating which goes first, each with fresh state texts (no L1/L3 ca
 Prints per arm and round: requests/s, L3 hit rate (of requests), worst and median wait; then the ratios; the CPU
 is named. `--tiny` runs on a tiny random checkpoint (a smoke test of the run path).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,24 @@ WORDS = ("kettle", "lamp", "window", "door", "radio", "oven", "fan", "heater", "
 
 def state_text(arm: str, round_: int, index: int, sentences: int) -> str:
     noun = WORDS[index % len(WORDS)]
-    lines = [f"Report {arm}-{round_}-{index}: the {noun} in room {index} was checked at step {k}; "
-             f"its reading was {(index * 7 + k * 3) % 97} and nothing else changed." for k in range(sentences)]
+    lines = [
+        f"Report {arm}-{round_}-{index}: the {noun} in room {index} was checked at step {k}; "
+        f"its reading was {(index * 7 + k * 3) % 97} and nothing else changed."
+        for k in range(sentences)
+    ]
     return " ".join(lines)
 
 
 def request(state: str, n: int):
     from jev_common.schema import SystemOneRequest
 
-    return SystemOneRequest.model_validate({
-        "model": "jev-latest", "state": state,
-        "questions": {"q": {"type": "noul", "instructions": f"Is the reading above fifty? (ask {n})"}}})
+    return SystemOneRequest.model_validate(
+        {
+            "model": "jev-latest",
+            "state": state,
+            "questions": {"q": {"type": "noul", "instructions": f"Is the reading above fifty? (ask {n})"}},
+        }
+    )
 
 
 async def arm(service, policy: str, round_: int, args) -> dict:
@@ -50,8 +58,11 @@ async def arm(service, policy: str, round_: int, args) -> dict:
     hits_before = l3.hits
     waits: list[float] = []
     outcomes: list[str] = []
-    bodies = [request(state_text(policy, round_, s, args.sentences), n)
-              for n in range(args.per_state) for s in range(args.states)]  # interleaved arrivals
+    bodies = [
+        request(state_text(policy, round_, s, args.sentences), n)
+        for n in range(args.per_state)
+        for s in range(args.states)
+    ]  # interleaved arrivals
 
     async def one(body):
         started = time.perf_counter()
@@ -62,18 +73,30 @@ async def arm(service, policy: str, round_: int, args) -> dict:
     started = time.perf_counter()
     await asyncio.gather(*(one(body) for body in bodies))
     elapsed = time.perf_counter() - started
-    return {"policy": policy, "round": round_, "requests": len(bodies), "seconds": round(elapsed, 3),
-            "requests_per_s": round(len(bodies) / elapsed, 2),
-            "l3_hit_rate": round(outcomes.count("hit") / len(outcomes), 3), "l3_lookup_hits": l3.hits - hits_before,
-            "worst_wait_s": round(max(waits), 3), "median_wait_s": round(statistics.median(waits), 3)}
+    return {
+        "policy": policy,
+        "round": round_,
+        "requests": len(bodies),
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(bodies) / elapsed, 2),
+        "l3_hit_rate": round(outcomes.count("hit") / len(outcomes), 3),
+        "l3_lookup_hits": l3.hits - hits_before,
+        "worst_wait_s": round(max(waits), 3),
+        "median_wait_s": round(statistics.median(waits), 3),
+    }
 
 
 async def run(args) -> list[dict]:
     from jev_worker.service import WorkerService
     from jev_worker.settings import WorkerSettings
 
-    overrides = {"redis_url": "redis://127.0.0.1:1/0", "register_ttl_s": 0.0, "max_batch_rows": args.batch_rows,
-                 "max_per_client": 0, "max_queue": 4096}  # one caller sends the whole workload
+    overrides = {
+        "redis_url": "redis://127.0.0.1:1/0",
+        "register_ttl_s": 0.0,
+        "max_batch_rows": args.batch_rows,
+        "max_per_client": 0,
+        "max_queue": 4096,
+    }  # one caller sends the whole workload
     if args.tiny:
         from tools.tiny_checkpoints import make_tiny_text
 
@@ -94,7 +117,7 @@ async def run(args) -> list[dict]:
         l3.budget = int(one_state * (args.l3_states + 0.5))  # holds --l3-states prefixes, fewer than --states
         rows = []
         for round_ in range(args.rounds):
-            for policy in (("fifo", "prefix") if round_ % 2 == 0 else ("prefix", "fifo")):
+            for policy in ("fifo", "prefix") if round_ % 2 == 0 else ("prefix", "fifo"):
                 row = await arm(service, policy, round_, args)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
@@ -107,10 +130,15 @@ def summary(rows: list[dict]) -> dict:
     def mean(policy, key):
         return statistics.mean(r[key] for r in rows if r["policy"] == policy)
 
-    return {"throughput_ratio_prefix_over_fifo": round(mean("prefix", "requests_per_s") / mean("fifo", "requests_per_s"), 2),
-            "l3_hit_rate": {p: round(mean(p, "l3_hit_rate"), 3) for p in ("fifo", "prefix")},
-            "worst_wait_s": {p: round(max(r["worst_wait_s"] for r in rows if r["policy"] == p), 3)
-                             for p in ("fifo", "prefix")}}
+    return {
+        "throughput_ratio_prefix_over_fifo": round(
+            mean("prefix", "requests_per_s") / mean("fifo", "requests_per_s"), 2
+        ),
+        "l3_hit_rate": {p: round(mean(p, "l3_hit_rate"), 3) for p in ("fifo", "prefix")},
+        "worst_wait_s": {
+            p: round(max(r["worst_wait_s"] for r in rows if r["policy"] == p), 3) for p in ("fifo", "prefix")
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

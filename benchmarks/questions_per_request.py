@@ -9,6 +9,7 @@ of a state, their ratio, the L3 hit rate of each arm, and how far the two arms' 
 
     python -m benchmarks.questions_per_request [--model tiny] [--states 6] [--questions 8] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,14 +29,28 @@ from .stack import Stack, get_json
 QUESTIONS = [
     {"type": "noul", "instructions": "Is the customer asking for money back?"},
     {"type": "noul", "instructions": "Does the customer threaten to leave?"},
-    {"type": "choice", "instructions": "Which team should handle this?",
-     "criteria": {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"}},
-    {"type": "choice", "instructions": "What language is the message in?", "criteria": {"English": None, "Other": None}},
-    {"type": "score", "instructions": "How frustrated is the customer?", "criteria": ["Calm", "Frustrated", "Very angry"]},
+    {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {"Billing": "Payments, invoices, refunds", "Technical": "Bugs, outages", "Sales": "Pricing"},
+    },
+    {
+        "type": "choice",
+        "instructions": "What language is the message in?",
+        "criteria": {"English": None, "Other": None},
+    },
+    {
+        "type": "score",
+        "instructions": "How frustrated is the customer?",
+        "criteria": ["Calm", "Frustrated", "Very angry"],
+    },
     {"type": "score", "instructions": "How urgent is it?", "criteria": ["Can wait", "This week", "Today", "Now"]},
     {"type": "noul", "instructions": "Is an order number mentioned?"},
-    {"type": "choice", "instructions": "What does the customer want?",
-     "criteria": {"a refund": None, "an explanation": None, "a discount": None, "nothing": None}},
+    {
+        "type": "choice",
+        "instructions": "What does the customer want?",
+        "criteria": {"a refund": None, "an explanation": None, "a discount": None, "nothing": None},
+    },
 ]
 STATES = [
     "I was charged twice for my March invoice (order #4471) and the refund still hasn't arrived. Fix it today.",
@@ -107,17 +122,30 @@ async def run(args: argparse.Namespace) -> dict:
                 for qid, question in questions.items():
                     answers["many"][s].update(await post(session, worker.url, text, {qid: question}))
     n = len(questions)
-    report = {"questions_per_state": n, "states": len(states), "rounds": args.rounds, "model": args.model_path or args.model}
+    report = {
+        "questions_per_state": n,
+        "states": len(states),
+        "rounds": args.rounds,
+        "model": args.model_path or args.model,
+    }
     for arm in ("many", "one"):
         total = sum(times[arm])
         h, m = hits[arm]
-        report[arm] = {"decisions_per_s": n * len(times[arm]) / total, "p50_ms": 1000 * statistics.median(times[arm]),
-                       "p95_ms": 1000 * percentile(sorted(times[arm]), 95), "l3_hit_rate": h / (h + m) if h + m else None,
-                       "l3_hits": h, "l3_misses": m}
+        report[arm] = {
+            "decisions_per_s": n * len(times[arm]) / total,
+            "p50_ms": 1000 * statistics.median(times[arm]),
+            "p95_ms": 1000 * percentile(sorted(times[arm]), 95),
+            "l3_hit_rate": h / (h + m) if h + m else None,
+            "l3_hits": h,
+            "l3_misses": m,
+        }
     report["ratio_decisions_per_s"] = report["one"]["decisions_per_s"] / report["many"]["decisions_per_s"]
     report["max_abs_dp_one_vs_many"] = max(
-        abs(a - b) for s in range(len(states)) for qid in questions
-        for a, b in zip(vector(answers["one"][s][qid]), vector(answers["many"][s][qid])))
+        abs(a - b)
+        for s in range(len(states))
+        for qid in questions
+        for a, b in zip(vector(answers["one"][s][qid]), vector(answers["many"][s][qid]))
+    )
     return report
 
 

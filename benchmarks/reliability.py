@@ -19,6 +19,7 @@
 Prints one JSON line per part and a table at the end; the CPU is named. `--tiny` runs every part on a tiny
 random checkpoint at small sizes (SMOKE_SIZES unless given; the smoke run in make test).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,10 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 async def counters(url: str) -> dict:
     text = await get_text(url + "/metrics")
-    out = {event: metric(text, "jev_worker_flight_rows_total", f'event="{event}"')
-           for event in ("computed", "answered", "unwanted", "joined", "kept", "client_limited")}
+    out = {
+        event: metric(text, "jev_worker_flight_rows_total", f'event="{event}"')
+        for event in ("computed", "answered", "unwanted", "joined", "kept", "client_limited")
+    }
     out["abandoned_rows"] = metric(text, "jev_worker_abandoned_rows_total")
     out["abandoned_batches"] = metric(text, "jev_worker_abandoned_batches_total")
     return out
@@ -94,12 +97,14 @@ async def idle_after(pid: int, since: float, timeout_s: float = 120.0) -> float:
     return float("inf")
 
 
-async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float | None = None,
-               headers: dict | None = None) -> tuple[int | str, float]:
+async def post(
+    session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float | None = None, headers: dict | None = None
+) -> tuple[int | str, float]:
     started = time.monotonic()
     try:
-        async with session.post(url + "/v1/systemone", json=body, headers=headers or {},
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with session.post(
+            url + "/v1/systemone", json=body, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
             await response.read()
             return response.status, time.monotonic() - started
     except asyncio.TimeoutError:
@@ -109,9 +114,12 @@ async def post(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: 
 async def part_bounds(url: str, pid: int) -> dict:
     out = {"rss_mb_before": round(rss_mb(pid), 1)}
     async with aiohttp.ClientSession() as session:
-        for name, body in (("1MB state", envelope(BIG_STATE)), ("5MB state", envelope("x" * 5_000_000)),
-                           ("5MB instructions", envelope("short", "y" * 5_000_000)),
-                           ("small after", envelope("The lamp is on."))):
+        for name, body in (
+            ("1MB state", envelope(BIG_STATE)),
+            ("5MB state", envelope("x" * 5_000_000)),
+            ("5MB instructions", envelope("short", "y" * 5_000_000)),
+            ("small after", envelope("The lamp is on.")),
+        ):
             status, seconds = await post(session, url, body, 60)
             out[name] = {"status": status, "seconds": round(seconds, 3)}
     out["rss_mb_after"] = round(rss_mb(pid), 1)
@@ -134,8 +142,10 @@ def sdk_call(url: str, options: int) -> dict:
     started = time.monotonic()
     try:
         with TypeSafeClient(api_key="unused", base_url=url) as client:  # every setting at its default
-            answer = client.system_one(state=jevcompat_255()["state"], questions={
-                "queue": Choice(instructions=body["instructions"], criteria=body["criteria"])})
+            answer = client.system_one(
+                state=jevcompat_255()["state"],
+                questions={"queue": Choice(instructions=body["instructions"], criteria=body["criteria"])},
+            )
         got = f"answer ({answer['queue'].choice if hasattr(answer, '__getitem__') else 'ok'})"
     except Exception as exc:  # noqa: BLE001 - what the caller gets is the measurement
         got = type(exc).__name__
@@ -175,9 +185,13 @@ async def part_clients(url: str, clients: int, seconds: float, options: int) -> 
         await asyncio.gather(*(one(i, session) for i in range(clients)))
     await asyncio.sleep(2)
     got = delta(await counters(url), before)
-    return {"clients": clients, "seconds": seconds, "statuses": {str(k): v for k, v in statuses.items()},
-            "counters": got,
-            "computed_is_answered_plus_unwanted": got["computed"] == got["answered"] + got["unwanted"]}
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "statuses": {str(k): v for k, v in statuses.items()},
+        "counters": got,
+        "computed_is_answered_plus_unwanted": got["computed"] == got["answered"] + got["unwanted"],
+    }
 
 
 def jevcompat_busy(url: str) -> dict:
@@ -186,13 +200,19 @@ def jevcompat_busy(url: str) -> dict:
     with tempfile.TemporaryDirectory() as out, Busy():
         started = time.monotonic()
         command = str(Path(sys.executable).parent / "jevcompat")  # the suite's own console script
-        done = subprocess.run([command, "test", url, "--json", f"{out}/report.json"], capture_output=True,
-                              text=True, timeout=3600)
+        done = subprocess.run(
+            [command, "test", url, "--json", f"{out}/report.json"], capture_output=True, text=True, timeout=3600
+        )
         seconds = time.monotonic() - started
         report = json.loads(open(f"{out}/report.json").read())
     summary = report.get("summary", {})
-    return {"load": "one core busy", "seconds": round(seconds, 1), "exit": done.returncode,
-            "verdict": report.get("verdict"), **{level: summary.get(level) for level in ("MUST", "SHOULD")}}
+    return {
+        "load": "one core busy",
+        "seconds": round(seconds, 1),
+        "exit": done.returncode,
+        "verdict": report.get("verdict"),
+        **{level: summary.get(level) for level in ("MUST", "SHOULD")},
+    }
 
 
 async def run(args) -> list[dict]:
@@ -231,16 +251,22 @@ async def run(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reliability", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiny", action="store_true",
-                        help="a tiny random checkpoint at small sizes (smoke): unless given, --options 8 --leave 0.2 "
-                             "--clients 2 --seconds 1 (its vocabulary has no 255 single-token labels)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a tiny random checkpoint at small sizes (smoke): unless given, --options 8 --leave 0.2 "
+        "--clients 2 --seconds 1 (its vocabulary has no 255 single-token labels)",
+    )
     parser.add_argument("--options", type=int, default=None, help="options of the choice (2..255; default 255)")
-    parser.add_argument("--leave", type=float, default=None,
-                        help="seconds before the disconnecting client leaves (default 2)")
+    parser.add_argument(
+        "--leave", type=float, default=None, help="seconds before the disconnecting client leaves (default 2)"
+    )
     parser.add_argument("--clients", type=int, default=None, help="default 100")
     parser.add_argument("--client-options", type=int, default=16, help="options of the clients part's choice")
     parser.add_argument("--seconds", type=float, default=None, help="default 20")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: bounds,disconnect,sdk,clients,jevcompat")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated parts to skip: bounds,disconnect,sdk,clients,jevcompat"
+    )
     args = parser.parse_args(argv)
     sizes = SMOKE_SIZES if args.tiny else FULL_SIZES
     for name, value in sizes.items():

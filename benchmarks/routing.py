@@ -11,6 +11,7 @@ questions, in a shuffled order, at `--concurrency`. The L3 budget of each replic
 set so that one replica holds about half the states: sharding states by where they are warm is what
 lets two replicas cache twice as much. Prints decisions/s, p50/p95 and the replicas' L3 hit rate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,26 +27,60 @@ import aiohttp
 from .loadgen import run_load
 from .stack import Stack, get_json
 
-TOPICS = ["invoice", "delivery", "password reset", "refund", "upgrade", "outage", "contract", "login",
-          "shipping address", "discount", "data export", "API quota", "cancellation", "warranty", "billing cycle",
-          "account merge", "two-factor", "webhook", "latency", "pricing"]
-QUESTIONS = ["Is the customer asking for money back?", "Is the customer angry?", "Does this need an engineer?",
-             "Is the request urgent?", "Should sales be told?", "Is this a security issue?",
-             "Is the customer a business?", "Will a template reply do?"]
+TOPICS = [
+    "invoice",
+    "delivery",
+    "password reset",
+    "refund",
+    "upgrade",
+    "outage",
+    "contract",
+    "login",
+    "shipping address",
+    "discount",
+    "data export",
+    "API quota",
+    "cancellation",
+    "warranty",
+    "billing cycle",
+    "account merge",
+    "two-factor",
+    "webhook",
+    "latency",
+    "pricing",
+]
+QUESTIONS = [
+    "Is the customer asking for money back?",
+    "Is the customer angry?",
+    "Does this need an engineer?",
+    "Is the request urgent?",
+    "Should sales be told?",
+    "Is this a security issue?",
+    "Is the customer a business?",
+    "Will a template reply do?",
+]
 
 
 def state_text(run: str, i: int) -> str:
     topic = TOPICS[i % len(TOPICS)]
-    return (f"[{run} ticket #{i}] Hello support, I am writing about my {topic}. Last week I contacted you twice "
-            f"and the problem with the {topic} is still not solved; the reference number is {1000 + i}. I use the "
-            f"product every day for my team of {5 + i} people, and this issue blocks our work on the {topic}. "
-            "Please look at the history of this ticket and tell me what you will do and by when.")
+    return (
+        f"[{run} ticket #{i}] Hello support, I am writing about my {topic}. Last week I contacted you twice "
+        f"and the problem with the {topic} is still not solved; the reference number is {1000 + i}. I use the "
+        f"product every day for my team of {5 + i} people, and this issue blocks our work on the {topic}. "
+        "Please look at the history of this ticket and tell me what you will do and by when."
+    )
 
 
 def workload(run: str, states: int, repeats: int, seed: int) -> list[dict]:
-    bodies = [{"model": "jev-latest", "state": state_text(run, i),
-               "questions": {"q": {"type": "noul", "instructions": QUESTIONS[r % len(QUESTIONS)]}}}
-              for i in range(states) for r in range(repeats)]
+    bodies = [
+        {
+            "model": "jev-latest",
+            "state": state_text(run, i),
+            "questions": {"q": {"type": "noul", "instructions": QUESTIONS[r % len(QUESTIONS)]}},
+        }
+        for i in range(states)
+        for r in range(repeats)
+    ]
     random.Random(seed).shuffle(bodies)
     return bodies
 
@@ -67,8 +102,13 @@ async def reset(urls: list[str]) -> None:
 
 async def run(args: argparse.Namespace) -> dict:
     redis_url = f"redis://127.0.0.1:6379/{args.redis_db}"
-    env = {"JEV_REDIS_URL": redis_url, "JEV_DEVICE": "cpu", "JEV_TORCH_THREADS": str(args.threads),
-           "JEV_CACHE_L3_BYTES": args.l3_bytes, "JEV_WORKER_REGISTER_TTL_S": "5"}
+    env = {
+        "JEV_REDIS_URL": redis_url,
+        "JEV_DEVICE": "cpu",
+        "JEV_TORCH_THREADS": str(args.threads),
+        "JEV_CACHE_L3_BYTES": args.l3_bytes,
+        "JEV_WORKER_REGISTER_TTL_S": "5",
+    }
     if args.model_path:
         env.update(JEV_MODEL_PATH=args.model_path, JEV_DTYPE="float32")
     results = {}
@@ -79,35 +119,62 @@ async def run(args: argparse.Namespace) -> dict:
             urls = [w.url for w in workers]
             backends = ",".join(urls)
             # JEV_BACKEND_URL="" (set, empty): JEV_BACKENDS is the whole list
-            fronts = {mode: await stack.frontend(f"front-{mode}", "", JEV_BACKEND_URL="", JEV_BACKENDS=backends,
-                                                 JEV_ROUTING=mode, JEV_REDIS_URL=redis_url)
-                      for mode in ("prefix", "round_robin")}
+            fronts = {
+                mode: await stack.frontend(
+                    f"front-{mode}",
+                    "",
+                    JEV_BACKEND_URL="",
+                    JEV_BACKENDS=backends,
+                    JEV_ROUTING=mode,
+                    JEV_REDIS_URL=redis_url,
+                )
+                for mode in ("prefix", "round_robin")
+            }
             await stack.wait_healthy(list(fronts.values()), timeout_s=120)
             for mode, front in fronts.items():
                 corpus = workload(mode, args.states, args.repeats, args.seed)
                 await reset(urls)
-                report = await run_load(front.url, corpus, concurrency=args.concurrency, requests=len(corpus),
-                                        timeout_s=120, max_seconds=args.max_seconds)
+                report = await run_load(
+                    front.url,
+                    corpus,
+                    concurrency=args.concurrency,
+                    requests=len(corpus),
+                    timeout_s=120,
+                    max_seconds=args.max_seconds,
+                )
                 hits, misses = await l3_totals(urls)
-                results[mode] = {"decisions_per_s": report.decisions_per_s, "p50_ms": report.p50_ms,
-                                 "p95_ms": report.p95_ms, "ok": report.ok, "sent": report.sent,
-                                 "l3_hits": hits, "l3_misses": misses,
-                                 "l3_hit_rate": hits / (hits + misses) if hits + misses else 0.0}
+                results[mode] = {
+                    "decisions_per_s": report.decisions_per_s,
+                    "p50_ms": report.p50_ms,
+                    "p95_ms": report.p95_ms,
+                    "ok": report.ok,
+                    "sent": report.sent,
+                    "l3_hits": hits,
+                    "l3_misses": misses,
+                    "l3_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+                }
     return results
 
 
 def table(results: dict, args: argparse.Namespace) -> str:
-    lines = [f"routing over 2 replicas: {args.states} states x {args.repeats} questions, concurrency "
-             f"{args.concurrency}, L3 {args.l3_bytes} per replica",
-             "| routing | ok | decisions/s | p50 ms | p95 ms | L3 hit rate |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"routing over 2 replicas: {args.states} states x {args.repeats} questions, concurrency "
+        f"{args.concurrency}, L3 {args.l3_bytes} per replica",
+        "| routing | ok | decisions/s | p50 ms | p95 ms | L3 hit rate |",
+        "|---|---|---|---|---|---|",
+    ]
     for mode, r in results.items():
-        lines.append(f"| {mode} | {r['ok']}/{r['sent']} | {r['decisions_per_s']:.2f} | {r['p50_ms']:.1f} | "
-                     f"{r['p95_ms']:.1f} | {r['l3_hit_rate']:.1%} ({r['l3_hits']}/{r['l3_hits'] + r['l3_misses']}) |")
+        lines.append(
+            f"| {mode} | {r['ok']}/{r['sent']} | {r['decisions_per_s']:.2f} | {r['p50_ms']:.1f} | "
+            f"{r['p95_ms']:.1f} | {r['l3_hit_rate']:.1%} ({r['l3_hits']}/{r['l3_hits'] + r['l3_misses']}) |"
+        )
     if {"prefix", "round_robin"} <= set(results):
         p, rr = results["prefix"], results["round_robin"]
-        lines.append(f"prefix-aware vs round-robin: x{p['decisions_per_s'] / rr['decisions_per_s']:.2f} decisions/s, "
-                     f"p50 {rr['p50_ms']:.1f} -> {p['p50_ms']:.1f} ms, L3 hit rate "
-                     f"{rr['l3_hit_rate']:.1%} -> {p['l3_hit_rate']:.1%}")
+        lines.append(
+            f"prefix-aware vs round-robin: x{p['decisions_per_s'] / rr['decisions_per_s']:.2f} decisions/s, "
+            f"p50 {rr['p50_ms']:.1f} -> {p['p50_ms']:.1f} ms, L3 hit rate "
+            f"{rr['l3_hit_rate']:.1%} -> {p['l3_hit_rate']:.1%}"
+        )
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ latency_vs_concurrency.png under --out, and the services' logs under --out/logs.
 --model smollm2 (default) serves the embedded SmolLM2-135M (real numbers); --model tiny builds a tiny
 random checkpoint first (tools/tiny_checkpoints.py) for a quick run of the machinery.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,10 +49,15 @@ def parse_args(argv: list[str] | None, description: str = __doc__, default_group
     parser.add_argument("--requests", type=int, default=32, help="requests per variant (and per concurrency level)")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per A/B comparison")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
-    parser.add_argument("--groups", default=",".join(default_groups),
-                        help=f"comma-separated subset of {','.join(ALL_GROUPS)}")
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="JEV_TORCH_THREADS for every worker (default: torch's own, one per core)")
+    parser.add_argument(
+        "--groups", default=",".join(default_groups), help=f"comma-separated subset of {','.join(ALL_GROUPS)}"
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="JEV_TORCH_THREADS for every worker (default: torch's own, one per core)",
+    )
     parser.add_argument("--redis-url", default=os.environ.get("JEV_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args(argv)
     if not 1 <= args.requests <= 10_000:
@@ -73,28 +79,42 @@ def run(args: argparse.Namespace, stem: str, title: str) -> int:
         env["JEV_TORCH_THREADS"] = str(args.torch_threads)
     config = BenchConfig(requests=args.requests, rounds=args.rounds, groups=args.groups, worker_env=env)
     model = args.model_path or args.model
-    print(f"{title}: model {model}, {args.requests} requests per variant, groups {','.join(args.groups)}",
-          flush=True)
+    print(f"{title}: model {model}, {args.requests} requests per variant, groups {','.join(args.groups)}", flush=True)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if load_at_start is not None and load_at_start > 0.5 * cpus:
-        print(f"WARNING: load average {load_at_start:.2f} on {cpus} CPUs before starting: other processes are "
-              "busy, so latencies will be noisy (see docs/benchmarks.md, 'Reading CPU numbers')", flush=True)
+        print(
+            f"WARNING: load average {load_at_start:.2f} on {cpus} CPUs before starting: other processes are "
+            "busy, so latencies will be noisy (see docs/benchmarks.md, 'Reading CPU numbers')",
+            flush=True,
+        )
     suite = run_suite_sync(config, out_dir, log=lambda line: print(line, flush=True))
-    meta = {**environment_info(), "model": model, "requests_per_variant": args.requests, "rounds": args.rounds,
-            "groups": list(args.groups), "loadavg_1m_at_start": load_at_start,
-            "torch_threads": args.torch_threads, "total_seconds": round(time.perf_counter() - started, 1)}
+    meta = {
+        **environment_info(),
+        "model": model,
+        "requests_per_variant": args.requests,
+        "rounds": args.rounds,
+        "groups": list(args.groups),
+        "loadavg_1m_at_start": load_at_start,
+        "torch_threads": args.torch_threads,
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
     paths = write_outputs(suite, out_dir, meta, stem=stem, plot_title=f"{title}: {model} ({meta['cpu']})")
     print()
-    print(f"{title} -- model {model}, commit {meta['commit']}{'+dirty' if meta['dirty'] else ''}, "
-          f"{meta['cpus_usable']} CPUs ({meta['cpu']}), {meta['total_seconds']} s")
+    print(
+        f"{title} -- model {model}, commit {meta['commit']}{'+dirty' if meta['dirty'] else ''}, "
+        f"{meta['cpus_usable']} CPUs ({meta['cpu']}), {meta['total_seconds']} s"
+    )
     print(text_table(suite.runs))
     print()
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     failed = [r for r in suite.runs if r.report.ok != r.report.sent]
     if failed:
-        print(f"WARNING: {len(failed)} runs had non-200 answers: "
-              + "; ".join(f"{r.group}/{r.variant}: {r.report.statuses}" for r in failed), file=sys.stderr)
+        print(
+            f"WARNING: {len(failed)} runs had non-200 answers: "
+            + "; ".join(f"{r.group}/{r.variant}: {r.report.statuses}" for r in failed),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -8,6 +8,7 @@
 Every process gets its own log file under log_dir and is stopped (SIGTERM, then SIGKILL after a
 grace period) when the stack closes, also on errors and Ctrl-C.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,9 @@ def free_port() -> int:
 
 def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "services"), str(REPO)] +
-                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "services"), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -80,11 +82,22 @@ class Stack:
         await self.stop_all()
 
     async def start(self, name: str, module: str, port: int, env: dict[str, str]) -> Service:
-        service = Service(name=name, module=module, url=f"http://127.0.0.1:{port}", env=service_env(env),
-                          log=self.log_dir / f"{name}.log")
+        service = Service(
+            name=name,
+            module=module,
+            url=f"http://127.0.0.1:{port}",
+            env=service_env(env),
+            log=self.log_dir / f"{name}.log",
+        )
         with open(service.log, "wb") as log:
             service.process = await asyncio.create_subprocess_exec(
-                self.python, "-m", module, cwd=str(REPO), env=service.env, stdout=log, stderr=log,
+                self.python,
+                "-m",
+                module,
+                cwd=str(REPO),
+                env=service.env,
+                stdout=log,
+                stderr=log,
                 stdin=asyncio.subprocess.DEVNULL,
             )
         service.started_at = time.perf_counter()
@@ -109,8 +122,10 @@ class Stack:
             while pending:
                 for service in list(pending):
                     if service.process.returncode is not None:
-                        raise ServiceFailed(f"{service.name} ({service.module}) exited with "
-                                            f"{service.process.returncode}:\n{service.log_tail()}")
+                        raise ServiceFailed(
+                            f"{service.name} ({service.module}) exited with "
+                            f"{service.process.returncode}:\n{service.log_tail()}"
+                        )
                     try:
                         async with session.get(service.url + "/health") as resp:
                             if resp.status == 200:

@@ -23,6 +23,7 @@ The A/B pairs are measured in interleaved rounds (a part of A, a part of B, and 
 shared machine's load hits both sides alike. Apart from the `l3` group, each worker sees every
 corpus entry once (unmeasured) before its runs, so measured requests meet the same warm caches.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -85,9 +86,14 @@ class WorkerDelta:
         return self.batch_rows / self.batches if self.batches else None
 
     def to_dict(self) -> dict:
-        return {"l3_hits": self.l3_hits, "l3_misses": self.l3_misses, "l3_hit_rate": self.l3_hit_rate,
-                "batches": self.batches, "requests_per_batch": self.requests_per_batch,
-                "rows_per_batch": self.rows_per_batch}
+        return {
+            "l3_hits": self.l3_hits,
+            "l3_misses": self.l3_misses,
+            "l3_hit_rate": self.l3_hit_rate,
+            "batches": self.batches,
+            "requests_per_batch": self.requests_per_batch,
+            "rows_per_batch": self.rows_per_batch,
+        }
 
 
 @dataclass
@@ -105,11 +111,19 @@ class Run:
     loadavg: float | None = None  # 1-minute load average after the run (our processes count too)
 
     def to_dict(self) -> dict:
-        return {"group": self.group, "variant": self.variant, "path": self.path, "worker": self.worker,
-                "corpus": self.corpus, "concurrency": self.concurrency, "baseline": self.baseline,
-                "loadavg_1m": self.loadavg,
-                "report": self.report.to_dict(with_latencies=True), "worker_delta": self.delta.to_dict(),
-                "effect": self.effect}
+        return {
+            "group": self.group,
+            "variant": self.variant,
+            "path": self.path,
+            "worker": self.worker,
+            "corpus": self.corpus,
+            "concurrency": self.concurrency,
+            "baseline": self.baseline,
+            "loadavg_1m": self.loadavg,
+            "report": self.report.to_dict(with_latencies=True),
+            "worker_delta": self.delta.to_dict(),
+            "effect": self.effect,
+        }
 
 
 async def _worker_snapshot(worker: Service) -> dict:
@@ -128,9 +142,13 @@ def _delta(before: dict, after: dict) -> WorkerDelta:
     def d(name: str) -> float:
         return after.get(name, 0) - before.get(name, 0)
 
-    return WorkerDelta(l3_hits=int(d("l3_hits")), l3_misses=int(d("l3_misses")),
-                       batches=d("jev_worker_batch_requests_count"),
-                       batch_requests=d("jev_worker_batch_requests_sum"), batch_rows=d("jev_worker_batch_rows_sum"))
+    return WorkerDelta(
+        l3_hits=int(d("l3_hits")),
+        l3_misses=int(d("l3_misses")),
+        batches=d("jev_worker_batch_requests_count"),
+        batch_requests=d("jev_worker_batch_requests_sum"),
+        batch_rows=d("jev_worker_batch_rows_sum"),
+    )
 
 
 def _loadavg() -> float | None:
@@ -164,12 +182,28 @@ class Suite:
         self._warmed: set[tuple[str, str]] = set()
 
     # ----- measuring ----------------------------------------------------------------------------
-    async def _load(self, target: Service, worker: Service, corpus: list[dict], *, concurrency: int,
-                    requests: int, pooled: bool = True, offset: int = 0) -> tuple[Report, WorkerDelta]:
+    async def _load(
+        self,
+        target: Service,
+        worker: Service,
+        corpus: list[dict],
+        *,
+        concurrency: int,
+        requests: int,
+        pooled: bool = True,
+        offset: int = 0,
+    ) -> tuple[Report, WorkerDelta]:
         before = await _worker_snapshot(worker)
-        report = await run_load(target.url, corpus, concurrency=concurrency, requests=requests, pooled=pooled,
-                                timeout_s=self.config.timeout_s, max_seconds=self.config.max_seconds,
-                                offset=offset)
+        report = await run_load(
+            target.url,
+            corpus,
+            concurrency=concurrency,
+            requests=requests,
+            pooled=pooled,
+            timeout_s=self.config.timeout_s,
+            max_seconds=self.config.max_seconds,
+            offset=offset,
+        )
         after = await _worker_snapshot(worker)
         return report, _delta(before, after)
 
@@ -179,12 +213,17 @@ class Suite:
             return
         corpus = load_corpus(corpus_name)
         worker = self.services[worker_name]
-        await run_load(worker.url, corpus, concurrency=1, requests=len(corpus), timeout_s=self.config.timeout_s,
-                       max_seconds=self.config.max_seconds)
+        await run_load(
+            worker.url,
+            corpus,
+            concurrency=1,
+            requests=len(corpus),
+            timeout_s=self.config.timeout_s,
+            max_seconds=self.config.max_seconds,
+        )
         self._warmed.add((worker_name, corpus_name))
 
-    async def pair(self, group: str, corpus_name: str, concurrency: int,
-                   variants: list[tuple]) -> list[Run]:
+    async def pair(self, group: str, corpus_name: str, concurrency: int, variants: list[tuple]) -> list[Run]:
         """variants: (label, target service, worker service, pooled[, corpus name: the variant's own]); the first is
         the baseline."""
         names = {label: rest[0] if rest else corpus_name for label, _t, _w, _p, *rest in variants}
@@ -197,17 +236,31 @@ class Suite:
         offset = 0  # each round continues through the corpus where the last one stopped
         for size in sizes:
             for label, target, worker, pooled, *_ in variants:
-                report, delta = await self._load(self.services[target], self.services[worker], corpora[label],
-                                                 concurrency=concurrency, requests=size, pooled=pooled,
-                                                 offset=offset)
+                report, delta = await self._load(
+                    self.services[target],
+                    self.services[worker],
+                    corpora[label],
+                    concurrency=concurrency,
+                    requests=size,
+                    pooled=pooled,
+                    offset=offset,
+                )
                 reports[label].append(report)
                 deltas[label].add(delta)
             offset += size
         runs = []
         for i, (label, target, worker, *_) in enumerate(variants):
-            run = Run(group=group, variant=label, path="frontend" if target == "F" else "worker", worker=worker,
-                      corpus=names[label], concurrency=concurrency, report=merge_reports(reports[label]),
-                      delta=deltas[label], baseline=(i == 0))
+            run = Run(
+                group=group,
+                variant=label,
+                path="frontend" if target == "F" else "worker",
+                worker=worker,
+                corpus=names[label],
+                concurrency=concurrency,
+                report=merge_reports(reports[label]),
+                delta=deltas[label],
+                baseline=(i == 0),
+            )
             runs.append(run)
         for run in runs[1:]:
             run.effect = effect(run, runs[0])
@@ -220,13 +273,18 @@ class Suite:
     # ----- the groups ---------------------------------------------------------------------------
     async def group_frontend(self) -> None:
         await self._prewarm("A", "mixed")
-        await self.pair("frontend", "mixed", 1, [("direct to worker", "A", "A", True),
-                                                 ("through frontend", "F", "A", True)])
+        await self.pair(
+            "frontend", "mixed", 1, [("direct to worker", "A", "A", True), ("through frontend", "F", "A", True)]
+        )
 
     async def group_pooling(self) -> None:
         await self._prewarm("A", "mixed")
-        await self.pair("pooling", "mixed", 1, [("new session per request", "F", "A", False),
-                                                ("one pooled session", "F", "A", True)])
+        await self.pair(
+            "pooling",
+            "mixed",
+            1,
+            [("new session per request", "F", "A", False), ("one pooled session", "F", "A", True)],
+        )
 
     async def group_l3(self) -> None:
         # no prewarm: the first question about each state misses on both sides, as in real traffic
@@ -235,18 +293,32 @@ class Suite:
     async def group_batching(self) -> None:
         await self._prewarm("A", "set")
         await self._prewarm("C", "set")
-        await self.pair("batching", "set", self.config.batching_concurrency,
-                        [("batching off", "C", "C", True), ("batching on", "A", "A", True)])
+        await self.pair(
+            "batching",
+            "set",
+            self.config.batching_concurrency,
+            [("batching off", "C", "C", True), ("batching on", "A", "A", True)],
+        )
 
     async def group_concurrency(self) -> None:
         await self._prewarm("A", "mixed")
         corpus = load_corpus("mixed")
         runs = []
         for c in self.config.concurrency_levels:
-            report, delta = await self._load(self.services["F"], self.services["A"], corpus, concurrency=c,
-                                             requests=max(self.config.requests, c))
-            run = Run(group="concurrency", variant=f"concurrency {c}", path="frontend", worker="A", corpus="mixed",
-                      concurrency=c, report=report, delta=delta, baseline=not runs)
+            report, delta = await self._load(
+                self.services["F"], self.services["A"], corpus, concurrency=c, requests=max(self.config.requests, c)
+            )
+            run = Run(
+                group="concurrency",
+                variant=f"concurrency {c}",
+                path="frontend",
+                worker="A",
+                corpus="mixed",
+                concurrency=c,
+                report=report,
+                delta=delta,
+                baseline=not runs,
+            )
             if runs:
                 run.effect = effect(run, runs[0])
             run.loadavg = _loadavg()
@@ -257,8 +329,12 @@ class Suite:
     async def group_coherence(self) -> None:
         await self._prewarm("A", "ordered")
         await self._prewarm("A", "ordered-cyclic")
-        await self.pair("coherence", "ordered", 1, [("x_coherence off", "A", "A", True),
-                                                    ("x_coherence cyclic", "A", "A", True, "ordered-cyclic")])
+        await self.pair(
+            "coherence",
+            "ordered",
+            1,
+            [("x_coherence off", "A", "A", True), ("x_coherence cyclic", "A", "A", True, "ordered-cyclic")],
+        )
 
     # ----- the whole thing ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -284,11 +360,26 @@ class Suite:
 
     # ----- output -------------------------------------------------------------------------------
     def services_info(self) -> dict:
-        keep = ("JEV_MODEL_PATH", "JEV_RECIPE", "JEV_BATCHING", "JEV_CACHE_L3_BYTES", "JEV_DEVICE", "JEV_DTYPE",
-                "JEV_BACKEND_URL", "JEV_REDIS_URL")
-        return {name: {"module": s.module, "url": s.url, "ready_s": s.ready_s, "health": s.health,
-                       "env": {k: s.env[k] for k in keep if k in s.env}}
-                for name, s in self.services.items()}
+        keep = (
+            "JEV_MODEL_PATH",
+            "JEV_RECIPE",
+            "JEV_BATCHING",
+            "JEV_CACHE_L3_BYTES",
+            "JEV_DEVICE",
+            "JEV_DTYPE",
+            "JEV_BACKEND_URL",
+            "JEV_REDIS_URL",
+        )
+        return {
+            name: {
+                "module": s.module,
+                "url": s.url,
+                "ready_s": s.ready_s,
+                "health": s.health,
+                "env": {k: s.env[k] for k in keep if k in s.env},
+            }
+            for name, s in self.services.items()
+        }
 
 
 # ----- reporting ----------------------------------------------------------------------------------
@@ -308,22 +399,48 @@ def _effect_text(run: Run) -> str:
     return ", ".join(parts)
 
 
-TABLE_COLUMNS = ("group", "variant", "path", "corpus", "conc", "ok/sent", "p50 ms", "p95 ms", "p99 ms",
-                 "mean ms", "dec/s", "L3 hit", "req/batch", "rows/batch", "vs baseline")
+TABLE_COLUMNS = (
+    "group",
+    "variant",
+    "path",
+    "corpus",
+    "conc",
+    "ok/sent",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "mean ms",
+    "dec/s",
+    "L3 hit",
+    "req/batch",
+    "rows/batch",
+    "vs baseline",
+)
 
 
 def table_rows(runs: list[Run]) -> list[list[str]]:
     rows = []
     for run in runs:
         r, d = run.report, run.delta
-        rows.append([
-            run.group, run.variant, run.path, run.corpus, str(run.concurrency), f"{r.ok}/{r.sent}",
-            _ms(r.p50_ms), _ms(r.p95_ms), _ms(r.p99_ms), _ms(r.mean_ms), f"{r.decisions_per_s:.2f}",
-            "-" if d.l3_hit_rate is None else f"{100 * d.l3_hit_rate:.0f}%",
-            "-" if d.requests_per_batch is None else f"{d.requests_per_batch:.2f}",
-            "-" if d.rows_per_batch is None else f"{d.rows_per_batch:.2f}",
-            _effect_text(run),
-        ])
+        rows.append(
+            [
+                run.group,
+                run.variant,
+                run.path,
+                run.corpus,
+                str(run.concurrency),
+                f"{r.ok}/{r.sent}",
+                _ms(r.p50_ms),
+                _ms(r.p95_ms),
+                _ms(r.p99_ms),
+                _ms(r.mean_ms),
+                f"{r.decisions_per_s:.2f}",
+                "-" if d.l3_hit_rate is None else f"{100 * d.l3_hit_rate:.0f}%",
+                "-" if d.requests_per_batch is None else f"{d.requests_per_batch:.2f}",
+                "-" if d.rows_per_batch is None else f"{d.rows_per_batch:.2f}",
+                _effect_text(run),
+            ]
+        )
     return rows
 
 
@@ -347,8 +464,9 @@ def text_table(runs: list[Run]) -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -364,8 +482,11 @@ def environment_info() -> dict:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _git("rev-parse", "--short", "HEAD") or "unknown",
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-        "cpu": cpu, "cpu_count": os.cpu_count(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
     info["loadavg_1m"] = _loadavg()
@@ -412,8 +533,9 @@ def plot_concurrency(runs: list[Run], path: Path, title: str) -> Path | None:
     return path
 
 
-def write_outputs(suite: Suite, out_dir: Path, meta: dict, stem: str = "results",
-                  plot_title: str = "latency vs concurrency") -> dict[str, Path]:
+def write_outputs(
+    suite: Suite, out_dir: Path, meta: dict, stem: str = "results", plot_title: str = "latency vs concurrency"
+) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}
     data = {"meta": meta, "services": suite.services_info(), "runs": [r.to_dict() for r in suite.runs]}

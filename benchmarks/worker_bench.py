@@ -6,6 +6,7 @@ The `l3` and `batching` groups of benchmarks.run_all (same workers, corpora and 
 docs/benchmarks.md), straight to the worker processes without the frontend, on the embedded
 SmolLM2-135M by default. Writes worker_bench.json and worker_bench.md under --out.
 """
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,9 @@ GROUPS = ("l3", "batching")
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv, description=__doc__, default_groups=GROUPS), stem="worker_bench",
-               title="jev worker benchmark")
+    return run(
+        parse_args(argv, description=__doc__, default_groups=GROUPS), stem="worker_bench", title="jev worker benchmark"
+    )
 
 
 if __name__ == "__main__":

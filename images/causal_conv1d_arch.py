@@ -8,6 +8,7 @@ instead of silently building every architecture.
 
     python images/causal_conv1d_arch.py path/to/setup.py
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ANCHOR = "    if FORCE_CXX11_ABI:\n"
 MARKER = "# jev: gencode from TORCH_CUDA_ARCH_LIST"
-PATCH = f'''    {MARKER}
+PATCH = f"""    {MARKER}
     if not HIP_BUILD and os.getenv("TORCH_CUDA_ARCH_LIST"):
         cc_flag = []
         for _arch in os.environ["TORCH_CUDA_ARCH_LIST"].replace(",", ";").replace(" ", ";").split(";"):
@@ -29,7 +30,7 @@ PATCH = f'''    {MARKER}
                 cc_flag += ["-gencode", f"arch=compute_{{_num}},code=compute_{{_num}}"]
         print("jev: causal-conv1d gencode flags", cc_flag)
 
-'''
+"""
 
 
 def patch(text: str) -> str:

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random checkpoints (built once per session) and worker settings for them."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,15 @@ def tiny_recipe():
     from jev_common.recipe import ServingSpec, load_recipe
 
     recipe = load_recipe()
-    model = recipe.model.model_copy(update={"hub_repo": "test/tiny-llama", "revision": "local", "source": "hub",
-                                            "gguf_file": None, "dtype": "float32"})
+    model = recipe.model.model_copy(
+        update={
+            "hub_repo": "test/tiny-llama",
+            "revision": "local",
+            "source": "hub",
+            "gguf_file": None,
+            "dtype": "float32",
+        }
+    )
     return recipe.model_copy(update={"name": "tiny-llama", "model": model, "serving": ServingSpec()})
 
 
@@ -43,8 +51,15 @@ def worker_settings(tiny_text_dir, tiny_recipe):
 
     def make(**overrides):
         cache = overrides.pop("cache", CacheSettings(True, 1024, 64 << 20, 64 << 20))
-        base = dict(recipe=tiny_recipe, model_path=tiny_text_dir, device="cpu", dtype="float32",
-                    redis_url="redis://127.0.0.1:1/0", asset_dir="/nonexistent", worker_id="test")
+        base = dict(
+            recipe=tiny_recipe,
+            model_path=tiny_text_dir,
+            device="cpu",
+            dtype="float32",
+            redis_url="redis://127.0.0.1:1/0",
+            asset_dir="/nonexistent",
+            worker_id="test",
+        )
         base.update(overrides)
         return WorkerSettings(cache=cache, **base)
 

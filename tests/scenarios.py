@@ -1,5 +1,6 @@
 """Scenarios run against a whole stack through the frontend: by tests/stack (services as local
 processes, the env the compose file gives them) and by tests/compose (the same under Docker)."""
+
 from __future__ import annotations
 
 import json
@@ -9,16 +10,36 @@ import urllib.request
 from jev_common.schema import DecisionRequest, DecisionResponse, ErrorEnvelope, SystemOneResponse
 
 REQUESTS = {
-    "choice": {"kind": "choice", "state": "The sky is clear and it is noon.", "question": "What colour is the sky?",
-               "options": ["blue", "green", "purple"]},
-    "noul": {"kind": "noul", "state": "The parcel arrived intact and on time.", "question": "What went wrong?",
-             "options": ["It arrived late", "It arrived broken"]},
-    "score": {"kind": "score", "state": "The reply was polite and solved the problem.",
-              "question": "How good was the reply, from 1 to 5?", "options": ["1", "2", "3", "4", "5"]},
-    "span": {"kind": "span", "state": "Ship to Alice Smith at 12 Oak Road before Friday.",
-             "question": "Which part is the recipient's name?", "options": ["Alice Smith", "12 Oak Road", "Friday"]},
-    "set": {"kind": "set", "state": "The hotel has a pool and free breakfast but no parking.",
-            "question": "Which amenities does the hotel have?", "options": ["pool", "breakfast", "parking"]},
+    "choice": {
+        "kind": "choice",
+        "state": "The sky is clear and it is noon.",
+        "question": "What colour is the sky?",
+        "options": ["blue", "green", "purple"],
+    },
+    "noul": {
+        "kind": "noul",
+        "state": "The parcel arrived intact and on time.",
+        "question": "What went wrong?",
+        "options": ["It arrived late", "It arrived broken"],
+    },
+    "score": {
+        "kind": "score",
+        "state": "The reply was polite and solved the problem.",
+        "question": "How good was the reply, from 1 to 5?",
+        "options": ["1", "2", "3", "4", "5"],
+    },
+    "span": {
+        "kind": "span",
+        "state": "Ship to Alice Smith at 12 Oak Road before Friday.",
+        "question": "Which part is the recipient's name?",
+        "options": ["Alice Smith", "12 Oak Road", "Friday"],
+    },
+    "set": {
+        "kind": "set",
+        "state": "The hotel has a pool and free breakfast but no parking.",
+        "question": "Which amenities does the hotel have?",
+        "options": ["pool", "breakfast", "parking"],
+    },
 }
 
 
@@ -59,8 +80,12 @@ def check_jev_vl_kinds(base: str) -> dict[str, DecisionResponse]:
     answers = {}
     state = "The kettle on the stove is whistling and steam rises from its spout."
     for kind, options, n in (("choice", ["a kettle", "a pan", "a pot"], 3), ("noul", None, 2), ("score", None, 6)):
-        body = {"kind": kind, "state": state, "question": "What is on the stove?",
-                **({"options": options} if options else {})}
+        body = {
+            "kind": kind,
+            "state": state,
+            "question": "What is on the stove?",
+            **({"options": options} if options else {}),
+        }
         status, headers, payload = decide(base, body)
         assert status == 200, (kind, payload)
         answer = DecisionResponse.model_validate(payload)
@@ -75,10 +100,16 @@ SYSTEMONE = {
     "state": "Hi, I was charged twice for my March invoice and the refund still hasn't arrived.",
     "questions": {
         "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
-        "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
-                 "criteria": {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None}},
-        "anger": {"type": "score", "instructions": "How frustrated is the customer?",
-                  "criteria": ["Calm", "Frustrated", "Very angry"]},
+        "team": {
+            "type": "choice",
+            "instructions": "Which team should handle this ticket?",
+            "criteria": {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None},
+        },
+        "anger": {
+            "type": "score",
+            "instructions": "How frustrated is the customer?",
+            "criteria": ["Calm", "Frustrated", "Very angry"],
+        },
     },
 }
 
@@ -115,6 +146,10 @@ def check_health_and_metrics(base: str) -> None:
     status, _, raw = http("GET", base + "/metrics")
     text = raw.decode()
     assert status == 200
-    for name in ("jev_frontend_http_requests_total", "jev_frontend_backend_up 1.0",
-                 "jev_worker_decision_seconds_bucket", "jev_worker_cache_hits_total"):
+    for name in (
+        "jev_frontend_http_requests_total",
+        "jev_frontend_backend_up 1.0",
+        "jev_worker_decision_seconds_bucket",
+        "jev_worker_cache_hits_total",
+    ):
         assert name in text, name

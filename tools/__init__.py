@@ -1,4 +1,5 @@
 """Tools run as `python -m tools.NAME` from the checkout."""
+
 import os
 import sys
 

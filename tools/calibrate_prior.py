@@ -13,6 +13,7 @@ recipe.yaml). The block records the set's sha256, the checkpoint's identity and 
 checks before applying it. The set is fixed and committed (tools/calibration_sets/choice-v1.jsonl): never live
 traffic, so answers do not drift, replicas agree and no tenant's requests reach another's answers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,25 +44,35 @@ async def shift_log_probs(service, question: dict) -> list[list[float]]:
     import torch
 
     from jev_common.schema import SystemOneRequest
-    from jev_worker.scheduling.batch import EngineItem
     from jev_worker.questions.choice import MAX_SHIFTS, cyclic_shifts
     from jev_worker.questions.plan import rows_for
+    from jev_worker.scheduling.batch import EngineItem
 
     n = len(question["criteria"])
     if not 2 <= n <= MAX_SHIFTS:
-        raise SystemExit(f"calibration question {question.get('id')!r}: {n} options; PriDe's prior needs every cyclic "
-                         f"shift, so the set holds 2..{MAX_SHIFTS} options per question")
-    request = SystemOneRequest.model_validate({
-        "model": "jev-latest", "state": question["state"], "x_coherence": "cyclic",
-        "questions": {"q": {"type": "choice", "instructions": question["instructions"],
-                            "criteria": question["criteria"]}}})
+        raise SystemExit(
+            f"calibration question {question.get('id')!r}: {n} options; PriDe's prior needs every cyclic "
+            f"shift, so the set holds 2..{MAX_SHIFTS} options per question"
+        )
+    request = SystemOneRequest.model_validate(
+        {
+            "model": "jev-latest",
+            "state": question["state"],
+            "x_coherence": "cyclic",
+            "questions": {
+                "q": {"type": "choice", "instructions": question["instructions"], "criteria": question["criteria"]}
+            },
+        }
+    )
     model, readout = service.model, service.model.readout
     rows, plan = rows_for(request.questions, request.state, model.builder, readout.kinds, readout.name, "cyclic")
     assert len(rows) == n and cyclic_shifts(n) == list(range(n))
     prepared = model.builder.prepare(readout.envelope_state(request), rows, (), plan)
     result = await model.scheduler.submit(EngineItem(prepared=prepared), 600.0)
-    return [torch.log_softmax(readout.calibration.apply("choice", row).to(torch.float64), dim=-1).tolist()
-            for row in result.row_logits]
+    return [
+        torch.log_softmax(readout.calibration.apply("choice", row).to(torch.float64), dim=-1).tolist()
+        for row in result.row_logits
+    ]
 
 
 async def calibrate(settings, set_path: Path) -> dict:
@@ -78,8 +89,10 @@ async def calibrate(settings, set_path: Path) -> dict:
         readout = service.model.readout
         choice = readout.kinds.get("choice")
         if choice is None or "cyclic" not in choice.coherence_modes or readout.calibration is None:
-            raise SystemExit(f"readout {readout.name!r} does not read choices from option codes under cyclic: "
-                             "a position prior does not apply to it")
+            raise SystemExit(
+                f"readout {readout.name!r} does not read choices from option codes under cyclic: "
+                "a position prior does not apply to it"
+            )
         started = time.perf_counter()
         observed = [await shift_log_probs(service, q) for q in questions]
         seconds = time.perf_counter() - started
@@ -87,7 +100,8 @@ async def calibrate(settings, set_path: Path) -> dict:
             {n: tuple(p) for n, p in estimate(observed).items()},
             {"name": set_path.stem, "sha256": digest, "questions": len(questions)},
             checkpoint=service.identity,
-            layout=layout_digest(readout.name, service.model.builder.recipe, readout.calibration))
+            layout=layout_digest(readout.name, service.model.builder.recipe, readout.calibration),
+        )
         return {"prior": prior, "seconds": seconds, "rows": sum(len(o) for o in observed)}
     finally:
         await service.stop()
@@ -105,7 +119,9 @@ def write(out: Path, prior) -> None:
         raise SystemExit(f"{out} holds no JSON object to add the position prior to")
     config["position_prior"] = prior.to_config()
     text = json.dumps(config, indent=1)
-    text = re.sub(r"\[\s*([-0-9.e,\s]+?)\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]", text)
+    text = re.sub(
+        r"\[\s*([-0-9.e,\s]+?)\s*\]", lambda m: "[" + ", ".join(m.group(1).split()).replace(",,", ",") + "]", text
+    )
     out.write_text(text + "\n", encoding="utf-8")
 
 
@@ -132,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(calibrate(settings, args.set))
     prior = result["prior"]
     write(out, prior)
-    print(f"{result['rows']} rows of {prior.calibration_set['questions']} questions ({args.set.name}, sha256 "
-          f"{prior.calibration_set['sha256'][:12]}) in {result['seconds']:.1f} s on {prior.checkpoint}")
+    print(
+        f"{result['rows']} rows of {prior.calibration_set['questions']} questions ({args.set.name}, sha256 "
+        f"{prior.calibration_set['sha256'][:12]}) in {result['seconds']:.1f} s on {prior.checkpoint}"
+    )
     for n, values in sorted(prior.priors.items()):
         print(f"  {n} options: " + " ".join(f"{p:.3f}" for p in values))
     print(f"written to {out}")

@@ -13,6 +13,7 @@ The corpus is JSON lines, one /v1/systemone request object a line (blank lines a
 with # are skipped); without --corpus a built-in corpus covering all five kinds is used.
 Exit status: 0 all match, 1 a mismatch, 2 bad arguments or corpus.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,20 +37,56 @@ FLOAT_LIST_FIELDS = ("probabilities", "yes_probabilities")
 EXACT_FIELDS = ("kind", "model", "request_id", "choice_index", "choice", "span", "selected", "usage")
 
 DEFAULT_CORPUS: list[dict] = [
-    {"request_id": "choice-1", "kind": "choice", "state": "The light is red and the car is moving.",
-     "question": "What should the driver do?", "options": ["stop", "accelerate", "turn around"]},
-    {"request_id": "choice-2", "kind": "choice", "state": {"text": "A cat sits on a warm mat."},
-     "question": "Where is the cat?", "options": ["on the mat", "in a tree"]},
-    {"request_id": "noul-1", "kind": "noul", "state": "The box contains three apples.",
-     "question": "What is in the box?", "options": ["oranges", "bananas"]},
-    {"request_id": "score-1", "kind": "score", "state": "The film was long but the acting was superb.",
-     "question": "Rate the review from 1 to 5.", "options": ["1", "2", "3", "4", "5"]},
-    {"request_id": "span-1", "kind": "span", "state": "Alice met Bob in Paris on Monday.",
-     "question": "Where did they meet?", "options": ["Paris", "Monday", "Alice"]},
-    {"request_id": "set-1", "kind": "set", "state": "The soup is hot, salty and green.",
-     "question": "Which statements are true?", "options": ["The soup is hot", "The soup is cold", "The soup is green"]},
-    {"request_id": "deadline-1", "kind": "choice", "state": "It is raining.", "question": "Take an umbrella?",
-     "options": ["yes", "no"], "deadline_s": 20},
+    {
+        "request_id": "choice-1",
+        "kind": "choice",
+        "state": "The light is red and the car is moving.",
+        "question": "What should the driver do?",
+        "options": ["stop", "accelerate", "turn around"],
+    },
+    {
+        "request_id": "choice-2",
+        "kind": "choice",
+        "state": {"text": "A cat sits on a warm mat."},
+        "question": "Where is the cat?",
+        "options": ["on the mat", "in a tree"],
+    },
+    {
+        "request_id": "noul-1",
+        "kind": "noul",
+        "state": "The box contains three apples.",
+        "question": "What is in the box?",
+        "options": ["oranges", "bananas"],
+    },
+    {
+        "request_id": "score-1",
+        "kind": "score",
+        "state": "The film was long but the acting was superb.",
+        "question": "Rate the review from 1 to 5.",
+        "options": ["1", "2", "3", "4", "5"],
+    },
+    {
+        "request_id": "span-1",
+        "kind": "span",
+        "state": "Alice met Bob in Paris on Monday.",
+        "question": "Where did they meet?",
+        "options": ["Paris", "Monday", "Alice"],
+    },
+    {
+        "request_id": "set-1",
+        "kind": "set",
+        "state": "The soup is hot, salty and green.",
+        "question": "Which statements are true?",
+        "options": ["The soup is hot", "The soup is cold", "The soup is green"],
+    },
+    {
+        "request_id": "deadline-1",
+        "kind": "choice",
+        "state": "It is raining.",
+        "question": "Take an umbrella?",
+        "options": ["yes", "no"],
+        "deadline_s": 20,
+    },
     # Deliberately invalid (duplicate options): both must refuse it with 422 validation_error.
     {"request_id": "invalid-1", "kind": "choice", "state": "x", "question": "Pick one.", "options": ["a", "a"]},
 ]
@@ -64,7 +101,9 @@ class Mismatch:
     frontend: Any
 
     def __str__(self) -> str:
-        return f"#{self.index} {self.request_id or '-'}: {self.field}: worker={self.worker!r} frontend={self.frontend!r}"
+        return (
+            f"#{self.index} {self.request_id or '-'}: {self.field}: worker={self.worker!r} frontend={self.frontend!r}"
+        )
 
 
 @dataclass
@@ -104,8 +143,11 @@ def diff_answers(index: int, request: dict, worker: Answer, frontend: Answer) ->
         out.append(Mismatch(index, rid, name, w, f))
 
     if worker.status != frontend.status:
-        miss("status", worker.status if worker.status is not None else worker.error,
-             frontend.status if frontend.status is not None else frontend.error)
+        miss(
+            "status",
+            worker.status if worker.status is not None else worker.error,
+            frontend.status if frontend.status is not None else frontend.error,
+        )
         return out
     if worker.status is None:
         return out  # neither answered; reported by the caller as a transport failure
@@ -134,11 +176,17 @@ def diff_answers(index: int, request: dict, worker: Answer, frontend: Answer) ->
     return out
 
 
-async def _send(session: aiohttp.ClientSession, base_url: str, payload: bytes, timeout_s: float,
-                headers: dict[str, str] | None = None) -> Answer:
+async def _send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    payload: bytes,
+    timeout_s: float,
+    headers: dict[str, str] | None = None,
+) -> Answer:
     try:
         async with session.post(
-            base_url.rstrip("/") + "/v1/systemone", data=payload,
+            base_url.rstrip("/") + "/v1/systemone",
+            data=payload,
             headers={"Content-Type": "application/json", **(headers or {})},
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
@@ -154,8 +202,13 @@ async def _send(session: aiohttp.ClientSession, base_url: str, payload: bytes, t
         return Answer(None, error=f"{type(exc).__name__}: {exc}")
 
 
-async def compare_rows(worker_url: str, frontend_url: str, requests: list[dict], timeout_s: float = 60.0,
-                       worker_headers: dict[str, str] | None = None) -> list[Row]:
+async def compare_rows(
+    worker_url: str,
+    frontend_url: str,
+    requests: list[dict],
+    timeout_s: float = 60.0,
+    worker_headers: dict[str, str] | None = None,
+) -> list[Row]:
     """worker_headers: what the worker is sent beside each request (the internal token, where it asks for one)."""
     rows: list[Row] = []
     async with aiohttp.ClientSession() as session:
@@ -167,8 +220,9 @@ async def compare_rows(worker_url: str, frontend_url: str, requests: list[dict],
             row = Row(index, request, first, via_frontend, second)
             row.mismatches = diff_answers(index, request, second, via_frontend)
             if second.status is None and via_frontend.status is None:
-                row.mismatches.append(Mismatch(index, request.get("request_id"), "transport",
-                                               second.error, via_frontend.error))
+                row.mismatches.append(
+                    Mismatch(index, request.get("request_id"), "transport", second.error, via_frontend.error)
+                )
             rows.append(row)
     return rows
 
@@ -232,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontend", required=True, help="frontend base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--corpus", type=Path, help="JSON lines of requests (default: the built-in corpus)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
-    parser.add_argument("--internal-token", default=None,
-                        help="the worker's internal token (default: JEV_INTERNAL_TOKENS' first, else the one "
-                             "`make up` generated in .cache/local-stack/jev-secrets)")
+    parser.add_argument(
+        "--internal-token",
+        default=None,
+        help="the worker's internal token (default: JEV_INTERNAL_TOKENS' first, else the one "
+        "`make up` generated in .cache/local-stack/jev-secrets)",
+    )
     args = parser.parse_args(argv)
     token = args.internal_token or internal_token()
     try:
@@ -242,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = asyncio.run(compare_rows(args.worker, args.frontend, requests, args.timeout, backend_headers(
-        (token,) if token else ())))
+    rows = asyncio.run(
+        compare_rows(args.worker, args.frontend, requests, args.timeout, backend_headers((token,) if token else ()))
+    )
     print(render(rows))
     return 1 if any(row.mismatches for row in rows) else 0
 

@@ -13,6 +13,7 @@ headers shown (for `x-jev-cache`, the same cache levels), and the JSON body's sh
 every level, the same types, lists of the same length, and the same string at `type`-like keys
 (`SHAPE_EXACT`). Numbers and other strings may differ: a model's numbers are not the docs' business.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs")
 SHAPE_EXACT = {"type", "model", "kind", "error_type", "status", "object"}
-_FENCE = re.compile(r"^```(?P<lang>[A-Za-z]+)[^\n]*?\bexample=(?P<name>[A-Za-z0-9_.-]+)[^\n]*\n(?P<body>.*?)^```\s*$",
-                    re.M | re.S)
+_FENCE = re.compile(
+    r"^```(?P<lang>[A-Za-z]+)[^\n]*?\bexample=(?P<name>[A-Za-z0-9_.-]+)[^\n]*\n(?P<body>.*?)^```\s*$", re.M | re.S
+)
 
 
 @dataclass
@@ -82,8 +84,10 @@ def find(text: str, source: str) -> list[Example]:
         if example.code and not (example.command or example.shown):
             continue
         if not example.command or not example.shown or example.code:
-            raise ValueError(f"{source}: example {example.name!r} needs a bash block (the request) and a "
-                             f"json/http block (the answer)")
+            raise ValueError(
+                f"{source}: example {example.name!r} needs a bash block (the request) and a "
+                f"json/http block (the answer)"
+            )
     return list(examples.values())
 
 
@@ -125,8 +129,9 @@ def retarget(url: str, base_urls: dict[int, str]) -> str:
 
 
 def send(request: Request, base_urls: dict[int, str], timeout: float = 120.0) -> Answer:
-    http = urllib.request.Request(retarget(request.url, base_urls), data=request.body, method=request.method,
-                                  headers=request.headers)
+    http = urllib.request.Request(
+        retarget(request.url, base_urls), data=request.body, method=request.method, headers=request.headers
+    )
     try:
         with urllib.request.urlopen(http, timeout=timeout) as response:  # noqa: S310 - loopback stack
             status, headers, raw = response.status, dict(response.headers), response.read()
@@ -160,7 +165,9 @@ def _kind(value) -> str:
 def shape_diff(shown, actual, where: str = "$") -> list[str]:
     """Where the actual JSON's shape differs from the shown one (empty: same shape)."""
     if _kind(shown) != _kind(actual):
-        return [f"{where}: shown {_kind(shown)} {json.dumps(shown)[:60]}, got {_kind(actual)} {json.dumps(actual)[:60]}"]
+        return [
+            f"{where}: shown {_kind(shown)} {json.dumps(shown)[:60]}, got {_kind(actual)} {json.dumps(actual)[:60]}"
+        ]
     problems: list[str] = []
     if isinstance(shown, dict):
         missing, extra = sorted(set(shown) - set(actual)), sorted(set(actual) - set(shown))
@@ -209,8 +216,11 @@ def run_python(example: Example, base_urls: dict[int, str], timeout: float = 120
     import subprocess
     import sys
 
-    code = re.sub(r"https?://(?:localhost|127\.0\.0\.1):(\d+)",
-                  lambda m: retarget(m.group(0) + "/", base_urls).rstrip("/"), example.code)
+    code = re.sub(
+        r"https?://(?:localhost|127\.0\.0\.1):(\d+)",
+        lambda m: retarget(m.group(0) + "/", base_urls).rstrip("/"),
+        example.code,
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     return done.returncode, done.stdout + done.stderr
 

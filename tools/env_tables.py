@@ -10,6 +10,7 @@ the quick map of ports and defaults (docs/CONTRACTS.md) between `<!-- env-map --
 `<!-- error-table -->` and `<!-- /error-table -->`. What is between the markers is generated, so names,
 defaults, meanings and error statuses live only in the code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ def quick_map(known: dict) -> str:
     rows = ["| service | port | env (`=default` where it is a constant) |", "|---|---|---|"]
     for service in MAP_ORDER:
         table = known[service]
-        env = ", ".join(f"`{var.name}={text}`" if (text := var.text()) is not None else f"`{var.name}`"
-                        for var in table)
+        env = ", ".join(
+            f"`{var.name}={text}`" if (text := var.text()) is not None else f"`{var.name}`" for var in table
+        )
         rows.append(f"| {service} | {table[f'JEV_{service.upper()}_PORT'].default} | {env} |")
     rows.append(f"| redis | {urlsplit(known['worker']['JEV_REDIS_URL'].default).port} | - |")
     return "\n".join(rows)
@@ -84,8 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.write:
                 path.write_text(fresh, encoding="utf-8")
     if stale and args.check:
-        print("env tables differ from the settings modules: " + "; ".join(stale)
-              + " (python -m tools.env_tables --write)", file=sys.stderr)
+        print(
+            "env tables differ from the settings modules: "
+            + "; ".join(stale)
+            + " (python -m tools.env_tables --write)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

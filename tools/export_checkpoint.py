@@ -27,6 +27,7 @@ What it does, one tensor at a time (peak host memory ~ the largest tensor in FP3
 The output directory must not exist: the export is written into a sibling ``.<name>.partial``
 directory and renamed into place only when complete, so a failed run leaves no output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,7 @@ class HeadFile:
     rows: str = "weight"
     ids: str = "token_ids"
 
+
 INDEX_FILE = "model.safetensors.index.json"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
@@ -62,14 +64,27 @@ COPY_NAMES = ("LICENSE", "NOTICE", "tokenizer.model", "vocab.txt", "merges.txt")
 SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
 PEFT_PREFIXES = ("base_model.model.", "base_model.")
 HEAD_CANDIDATES = ("lm_head.weight", "model.language_model.lm_head.weight", "language_model.lm_head.weight")
-TIED_CANDIDATES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-                   "language_model.model.embed_tokens.weight", "transformer.wte.weight")
+TIED_CANDIDATES = (
+    "model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
+    "transformer.wte.weight",
+)
 
 # safetensors dtype names <-> torch dtypes
 _ST_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
 }
 _TARGET_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
@@ -133,8 +148,11 @@ class StreamingSafetensorsWriter:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         offset = 0
         for entry in entries:
-            header[entry.name] = {"dtype": entry.dtype, "shape": list(entry.shape),
-                                  "data_offsets": [offset, offset + entry.nbytes]}
+            header[entry.name] = {
+                "dtype": entry.dtype,
+                "shape": list(entry.shape),
+                "data_offsets": [offset, offset + entry.nbytes],
+            }
             offset += entry.nbytes
         self.total_bytes = offset
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -152,8 +170,10 @@ class StreamingSafetensorsWriter:
         if name != entry.name:
             raise ExportError(f"{self.path.name}: expected tensor {entry.name!r}, got {name!r}")
         if _torch_to_st(tensor.dtype) != entry.dtype or tuple(tensor.shape) != entry.shape:
-            raise ExportError(f"{name}: declared {entry.dtype}{list(entry.shape)}, "
-                              f"got {_torch_to_st(tensor.dtype)}{list(tensor.shape)}")
+            raise ExportError(
+                f"{name}: declared {entry.dtype}{list(entry.shape)}, "
+                f"got {_torch_to_st(tensor.dtype)}{list(tensor.shape)}"
+            )
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)
         if flat.numel():
             data = flat.view(torch.uint8).numpy()
@@ -164,7 +184,7 @@ class StreamingSafetensorsWriter:
 
     def close(self) -> None:
         if self._next != len(self.entries):
-            missing = [e.name for e in self.entries[self._next:]][:3]
+            missing = [e.name for e in self.entries[self._next :]][:3]
             self._file.close()
             raise ExportError(f"{self.path.name}: {len(self.entries) - self._next} tensors never written ({missing})")
         self._file.close()
@@ -209,8 +229,9 @@ class LoraAdapter:
         weights = next((path / n for n in ADAPTER_WEIGHTS if (path / n).is_file()), None)
         if weights is None:
             raise ExportError(f"{path}: no adapter_model.safetensors")
-        adapter = cls(path=path, config=config, weights_file=weights,
-                      fan_in_fan_out=bool(config.get("fan_in_fan_out", False)))
+        adapter = cls(
+            path=path, config=config, weights_file=weights, fan_in_fan_out=bool(config.get("fan_in_fan_out", False))
+        )
         with safe_open(str(weights), framework="pt") as handle:
             keys = list(handle.keys())
         adapter._index(keys)
@@ -282,16 +303,22 @@ class LoraAdapter:
 
     def summary(self) -> dict:
         scales = sorted({p.scale for p in self.pairs.values()})
-        return {"path": str(self.path), "r": self.config.get("r"), "lora_alpha": self.config.get("lora_alpha"),
-                "use_rslora": bool(self.config.get("use_rslora")), "scales": scales,
-                "merged_tensors": len(self.pairs), "replaced_tensors": len(self.replacements),
-                "base_model_name_or_path": self.config.get("base_model_name_or_path")}
+        return {
+            "path": str(self.path),
+            "r": self.config.get("r"),
+            "lora_alpha": self.config.get("lora_alpha"),
+            "use_rslora": bool(self.config.get("use_rslora")),
+            "scales": scales,
+            "merged_tensors": len(self.pairs),
+            "replaced_tensors": len(self.replacements),
+            "base_model_name_or_path": self.config.get("base_model_name_or_path"),
+        }
 
 
 def _strip_peft(name: str) -> str:
     for prefix in PEFT_PREFIXES:
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -394,13 +421,20 @@ def _find_head(names: set[str], requested: str | None, tie: bool) -> str:
     for candidate in TIED_CANDIDATES:
         if candidate in names:
             return candidate
-    raise ExportError("no LM head (lm_head.weight) or tied embedding found; pass --head-tensor"
-                      + ("" if tie else " (config does not declare tie_word_embeddings)"))
+    raise ExportError(
+        "no LM head (lm_head.weight) or tied embedding found; pass --head-tensor"
+        + ("" if tie else " (config does not declare tie_word_embeddings)")
+    )
 
 
-
-def _write_shards(layout: dict[Path, list[_Entry]], out: Path, adapter: LoraAdapter | None,
-                  head_name: str | None, label_ids: list[int] | None, log):
+def _write_shards(
+    layout: dict[Path, list[_Entry]],
+    out: Path,
+    adapter: LoraAdapter | None,
+    head_name: str | None,
+    label_ids: list[int] | None,
+    log,
+):
     """Stream every source shard into out/, one tensor at a time; returns (weight_map, bytes, head rows)."""
     torch = _torch()
     from safetensors import safe_open
@@ -409,8 +443,7 @@ def _write_shards(layout: dict[Path, list[_Entry]], out: Path, adapter: LoraAdap
     total_size = 0
     head_rows = None
     with contextlib.ExitStack() as stack:
-        adapter_handle = (stack.enter_context(safe_open(str(adapter.weights_file), framework="pt"))
-                          if adapter else None)
+        adapter_handle = stack.enter_context(safe_open(str(adapter.weights_file), framework="pt")) if adapter else None
         for shard, entries in layout.items():
             writer = StreamingSafetensorsWriter(out / shard.name, entries, metadata={"format": "pt"})
             with safe_open(str(shard), framework="pt") as handle:
@@ -419,13 +452,19 @@ def _write_shards(layout: dict[Path, list[_Entry]], out: Path, adapter: LoraAdap
                     if adapter and entry.name in adapter.replacements:
                         tensor = adapter_handle.get_tensor(adapter.replacements[entry.name])
                         if tuple(tensor.shape) != entry.shape:
-                            raise ExportError(f"modules_to_save {entry.name}: {list(tensor.shape)} "
-                                              f"does not fit {list(entry.shape)}")
+                            raise ExportError(
+                                f"modules_to_save {entry.name}: {list(tensor.shape)} does not fit {list(entry.shape)}"
+                            )
                     pair = adapter.pairs.get(entry.name) if adapter else None
                     if pair is not None:
-                        full = merge_lora_fp32(tensor, adapter_handle.get_tensor(pair.a_key),
-                                               adapter_handle.get_tensor(pair.b_key), pair.scale,
-                                               kind=pair.kind, fan_in_fan_out=adapter.fan_in_fan_out)
+                        full = merge_lora_fp32(
+                            tensor,
+                            adapter_handle.get_tensor(pair.a_key),
+                            adapter_handle.get_tensor(pair.b_key),
+                            pair.scale,
+                            kind=pair.kind,
+                            fan_in_fan_out=adapter.fan_in_fan_out,
+                        )
                     elif tensor.is_floating_point():
                         full = tensor.to(torch.float32)
                     else:
@@ -529,13 +568,26 @@ def export_checkpoint(
         if label_ids is not None:
             from safetensors.torch import save_file
 
-            metadata = {"format": "pt", "source_tensor": head_name, "token_ids": json.dumps(label_ids),
-                        "labels": json.dumps(label_strings) if label_strings else "null", "dtype": "float32"}
-            save_file({head_file.rows: head_rows.contiguous(),
-                       head_file.ids: torch.tensor(label_ids, dtype=torch.int64)},
-                      str(partial / head_file.name), metadata=metadata)
-            head_info = {"file": head_file.name, "source_tensor": head_name, "token_ids": label_ids,
-                         "labels": label_strings, "rows": len(label_ids), "hidden": int(head_rows.shape[1])}
+            metadata = {
+                "format": "pt",
+                "source_tensor": head_name,
+                "token_ids": json.dumps(label_ids),
+                "labels": json.dumps(label_strings) if label_strings else "null",
+                "dtype": "float32",
+            }
+            save_file(
+                {head_file.rows: head_rows.contiguous(), head_file.ids: torch.tensor(label_ids, dtype=torch.int64)},
+                str(partial / head_file.name),
+                metadata=metadata,
+            )
+            head_info = {
+                "file": head_file.name,
+                "source_tensor": head_name,
+                "token_ids": label_ids,
+                "labels": label_strings,
+                "rows": len(label_ids),
+                "hidden": int(head_rows.shape[1]),
+            }
 
         copied = []
         for src in sorted(model_dir.iterdir()):
@@ -563,8 +615,9 @@ def export_checkpoint(
 
         files = []
         for path in sorted(p for p in partial.rglob("*") if p.is_file()):
-            files.append({"path": path.relative_to(partial).as_posix(), "sha256": _sha256(path),
-                          "size": path.stat().st_size})
+            files.append(
+                {"path": path.relative_to(partial).as_posix(), "sha256": _sha256(path), "size": path.stat().st_size}
+            )
         manifest = {
             "format": MANIFEST_FORMAT,
             "source": {"model_dir": str(model_dir.resolve()), "shards": [s.name for s in shards]},
@@ -606,7 +659,6 @@ def verify_manifest(out_dir: str | os.PathLike) -> list[str]:
     return problems
 
 
-
 # --------------------------------------------------------------------------------------------------
 # thin per-recipe wrappers (recipes/<name>/export.py) call this
 
@@ -625,14 +677,22 @@ def head_ids_from_json(path: str | os.PathLike) -> list[int]:
             stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
         elif isinstance(node, list):
             stack.extend(v for v in node if isinstance(v, (dict, list)))
-    raise ExportError(f"{path}: no list of label token ids found (keys token_ids/label_token_ids/rows); "
-                      "pass --label-ids explicitly")
+    raise ExportError(
+        f"{path}: no list of label token ids found (keys token_ids/label_token_ids/rows); pass --label-ids explicitly"
+    )
 
 
-def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_globs: Iterable[str] = (),
-                       head_json: str | None = None, extras_subdir: str | None = None,
-                       extras_into: str = "adapter_extras", decision_head: bool = True,
-                       argv: list[str] | None = None) -> int:
+def recipe_export_main(
+    recipe: str,
+    *,
+    adapter_subdir: str | None = None,
+    extra_globs: Iterable[str] = (),
+    head_json: str | None = None,
+    extras_subdir: str | None = None,
+    extras_into: str = "adapter_extras",
+    decision_head: bool = True,
+    argv: list[str] | None = None,
+) -> int:
     """CLI of a recipe's export.py: --base (checkpoint) [--adapter (downloaded adapter repo)] --out.
 
     The LoRA is ``<adapter>/<adapter_subdir>``; files matching ``extra_globs`` in ``<adapter>/<extras_subdir>``
@@ -642,10 +702,13 @@ def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_
     """
     from jev_common.recipe import load_recipe
 
-    parser = argparse.ArgumentParser(description=f"Export a checkpoint for recipe {recipe} (tools/export_checkpoint.py)")
+    parser = argparse.ArgumentParser(
+        description=f"Export a checkpoint for recipe {recipe} (tools/export_checkpoint.py)"
+    )
     parser.add_argument("--base", required=True, help="base checkpoint folder (a local hub snapshot)")
-    parser.add_argument("--adapter", help="downloaded adapter repository folder" if adapter_subdir is not None
-                        else argparse.SUPPRESS)
+    parser.add_argument(
+        "--adapter", help="downloaded adapter repository folder" if adapter_subdir is not None else argparse.SUPPRESS
+    )
     parser.add_argument("--out", required=True, help="output folder; must not exist")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(_TARGET_DTYPES))
     parser.add_argument("--label-ids", type=_parse_ids, help="override the LM-head rows to export")
@@ -671,9 +734,16 @@ def recipe_export_main(recipe: str, *, adapter_subdir: str | None = None, extra_
     if label_ids is None and head_json and lora_dir is not None and (lora_dir / head_json).is_file():
         label_ids = head_ids_from_json(lora_dir / head_json)
     try:
-        export_checkpoint(args.base, args.out, lora_dir=lora_dir, dtype=args.dtype, label_ids=label_ids,
-                          recipe=loaded if label_ids is None and decision_head else None,
-                          tokenizer_dir=args.tokenizer, max_length=args.max_length)
+        export_checkpoint(
+            args.base,
+            args.out,
+            lora_dir=lora_dir,
+            dtype=args.dtype,
+            label_ids=label_ids,
+            recipe=loaded if label_ids is None and decision_head else None,
+            tokenizer_dir=args.tokenizer,
+            max_length=args.max_length,
+        )
         if extras:
             _add_extras(Path(args.out), extras, extras_into)
     except (ExportError, FileExistsError) as exc:
@@ -699,10 +769,12 @@ def add_files(out_dir: str | os.PathLike, files: dict[str, Path]) -> None:
             raise ExportError(f"{relative} would overwrite an exported file")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
-        manifest["files"].append({"path": target.relative_to(out_dir).as_posix(), "sha256": _sha256(target),
-                                  "size": target.stat().st_size})
+        manifest["files"].append(
+            {"path": target.relative_to(out_dir).as_posix(), "sha256": _sha256(target), "size": target.stat().st_size}
+        )
     manifest["files"].sort(key=lambda item: item["path"])
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
 
 def _parse_ids(text: str) -> list[int]:
     try:
@@ -715,7 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tools.export_checkpoint", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="source checkpoint folder (safetensors)")
     parser.add_argument("--out", required=True, help="output folder; must not exist")
-    parser.add_argument("--lora", help="PEFT LoRA adapter folder to merge (adapter_config.json + adapter_model.safetensors)")
+    parser.add_argument(
+        "--lora", help="PEFT LoRA adapter folder to merge (adapter_config.json + adapter_model.safetensors)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(_TARGET_DTYPES))
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--label-ids", type=_parse_ids, help="LM-head rows to export, e.g. 32,33,34")
@@ -725,7 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-tensor", help="LM-head tensor name (default: lm_head.weight, else the tied embedding)")
     parser.add_argument("--extra-file", action="append", default=[], help="copy this file into the export too")
     parser.add_argument("--max-length", type=int, help="recorded in the manifest for the serving side")
-    parser.add_argument("--verify", action="store_true", help="only re-hash an existing export (--out) against its manifest")
+    parser.add_argument(
+        "--verify", action="store_true", help="only re-hash an existing export (--out) against its manifest"
+    )
     return parser
 
 
@@ -744,9 +820,16 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe)
     try:
         export_checkpoint(
-            args.model, args.out, lora_dir=args.lora, dtype=args.dtype, label_ids=args.label_ids,
-            labels=args.labels.split(",") if args.labels else None, recipe=recipe,
-            head_tensor=args.head_tensor, tokenizer_dir=args.tokenizer, extra_files=args.extra_file,
+            args.model,
+            args.out,
+            lora_dir=args.lora,
+            dtype=args.dtype,
+            label_ids=args.label_ids,
+            labels=args.labels.split(",") if args.labels else None,
+            recipe=recipe,
+            head_tensor=args.head_tensor,
+            tokenizer_dir=args.tokenizer,
+            extra_files=args.extra_file,
             max_length=args.max_length,
         )
     except (ExportError, FileExistsError) as exc:

@@ -6,6 +6,7 @@ tools/netdrill.py: this kernel has no netem, so a slow or lossy link is made her
 The control file (JSON, re-read every 0.2 s) holds `delay_ms` (added before each chunk is forwarded, both ways)
 and `drop` (the share of new connections reset at once, 0..1); missing or unreadable: no fault.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@
 URL defaults to $JEV_HEALTH_URL, else http://127.0.0.1:8000/health (the worker). Standard library only,
 so it runs in every image (the Dockerfiles' HEALTHCHECK and docker-compose.yml's healthchecks use it).
 """
+
 from __future__ import annotations
 
 import argparse

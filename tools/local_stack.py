@@ -29,6 +29,7 @@ run, watched and stopped (ports checked first, one stack per state folder, a pro
 
 ``start_profile(profile, overrides)`` is the same as a context manager, returning the service URLs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,7 +82,7 @@ def interpolate(value: str, environ: Mapping[str, str]) -> str:
                 j += 1
             if depth:
                 raise ValueError(f"unterminated ${{ in {value!r}")
-            out.append(_expand(value[i + 2:j - 1], environ))
+            out.append(_expand(value[i + 2 : j - 1], environ))
             i = j
             continue
         match = _BARE.match(value, i + 1)
@@ -98,7 +99,7 @@ def _expand(body: str, environ: Mapping[str, str]) -> str:
     match = _NAME_OP.match(body)
     if not match:
         raise ValueError(f"bad variable reference ${{{body}}}")
-    name, op, arg = match.group("name"), match.group("op"), body[match.end():]
+    name, op, arg = match.group("name"), match.group("op"), body[match.end() :]
     present, current = name in environ, environ.get(name, "")
     if not op:
         if arg:
@@ -197,10 +198,16 @@ class LocalService:
         return f"http://{LOOPBACK}:{self.port}" if self.port else None
 
 
-def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
-                 compose: dict | None = None, environ: Mapping[str, str] | None = None,
-                 state_dir: str | os.PathLike = STATE_DIR, repo_root: str | os.PathLike = REPO_ROOT,
-                 external_ports: Mapping[str, int] | None = None) -> list[LocalService]:
+def plan_profile(
+    profile: str,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    compose: dict | None = None,
+    environ: Mapping[str, str] | None = None,
+    state_dir: str | os.PathLike = STATE_DIR,
+    repo_root: str | os.PathLike = REPO_ROOT,
+    external_ports: Mapping[str, int] | None = None,
+) -> list[LocalService]:
     """The local processes for a profile, in start order. Pure: starts nothing, touches no file.
     external_ports: image name prefix -> host port of services without a build (default EXTERNAL_PORTS)."""
     external_ports = EXTERNAL_PORTS if external_ports is None else external_ports
@@ -236,8 +243,14 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
     for name, (env, command, health) in raw.items():
         container = _listen_port(env, command, health)
         container_ports[name] = container
-        forced = next((int(v) for k, v in overrides.get(name, {}).items()
-                       if re.fullmatch(r"JEV_[A-Z]+_PORT", k) and str(v).isdigit()), None)
+        forced = next(
+            (
+                int(v)
+                for k, v in overrides.get(name, {}).items()
+                if re.fullmatch(r"JEV_[A-Z]+_PORT", k) and str(v).isdigit()
+            ),
+            None,
+        )
         port = forced or _published(services[name], container, environ) or container
         while forced is None and port is not None and port in taken:
             port += 1
@@ -256,8 +269,11 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
                 return f"{match.group('scheme')}://{LOOPBACK}" + (f":{port}" if port else "")
             return match.group(0)
 
-        return re.sub(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<user>[^@/\s]*@)?(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>\d+))?",
-                      sub, text)
+        return re.sub(
+            r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<user>[^@/\s]*@)?(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>\d+))?",
+            sub,
+            text,
+        )
 
     plan: list[LocalService] = []
     for name, (env, command, health) in raw.items():
@@ -280,7 +296,7 @@ def plan_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None
         def paths(text: str) -> str:
             for target, host in mounts:
                 if text == target or text.startswith(target + "/"):
-                    return host + text[len(target):]
+                    return host + text[len(target) :]
             return text
 
         port = ports[name]
@@ -371,10 +387,18 @@ class RunningStack(dict):
 
 
 @contextlib.contextmanager
-def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | None = None, *,
-                  compose: dict | None = None, startup_timeout_s: float = 300.0,
-                  state_dir: str | os.PathLike = STATE_DIR, log=stack_run.say, start_redis: bool = False,
-                  redis_port: int | None = None, progress_s: float = stack_run.PROGRESS_S) -> Iterator[RunningStack]:
+def start_profile(
+    profile: str,
+    overrides: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    compose: dict | None = None,
+    startup_timeout_s: float = 300.0,
+    state_dir: str | os.PathLike = STATE_DIR,
+    log=stack_run.say,
+    start_redis: bool = False,
+    redis_port: int | None = None,
+    progress_s: float = stack_run.PROGRESS_S,
+) -> Iterator[RunningStack]:
     """Start the profile's services as local processes; yields {service: "http://127.0.0.1:PORT"}.
 
     Before anything starts: one stack per state_dir (a second is refused, naming the first), and
@@ -389,8 +413,13 @@ def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | Non
     state_dir = Path(state_dir)
     external_ports = dict(EXTERNAL_PORTS, **({"redis": redis_port} if redis_port else {}))
     plan = plan_profile(profile, overrides, compose=compose, state_dir=state_dir, external_ports=external_ports)
-    externals = {name: port for name, svc in profile_services(compose, profile).items() if "build" not in svc
-                 for prefix, port in external_ports.items() if str(svc.get("image", "")).startswith(prefix)}
+    externals = {
+        name: port
+        for name, svc in profile_services(compose, profile).items()
+        if "build" not in svc
+        for prefix, port in external_ports.items()
+        if str(svc.get("image", "")).startswith(prefix)
+    }
     lock = stack_run.RunLock(state_dir)
     lock.acquire()
     processes: list[stack_run.Proc] = []
@@ -402,33 +431,56 @@ def start_profile(profile: str, overrides: Mapping[str, Mapping[str, str]] | Non
                 proc = stack_run.start_redis(port, run_dir, REPO_ROOT, log)
                 processes.extend([proc] if proc else [])
             elif not stack_run.reachable(port):
-                raise stack_run.StackError(f"{name} is expected on {LOOPBACK}:{port} and does not answer; "
-                                           f"start it first (bash tools/ensure_redis.sh)")
+                raise stack_run.StackError(
+                    f"{name} is expected on {LOOPBACK}:{port} and does not answer; "
+                    f"start it first (bash tools/ensure_redis.sh)"
+                )
         for service in plan:  # named volumes and bind mounts the services write to
             for key in ("JEV_ASSET_DIR",):
                 if key in service.env and service.env[key].startswith(str(state_dir)):
                     Path(service.env[key]).mkdir(parents=True, exist_ok=True)
         base_env = shared_environ(os.environ, plan)
         base_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT / "services"), str(REPO_ROOT)] + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else []))
-        info = {"pid": os.getpid(), "profile": profile, "started": time.time(), "run_dir": str(run_dir),
-                "urls": {}, "processes": []}
+            [str(REPO_ROOT / "services"), str(REPO_ROOT)]
+            + ([base_env["PYTHONPATH"]] if base_env.get("PYTHONPATH") else [])
+        )
+        info = {
+            "pid": os.getpid(),
+            "profile": profile,
+            "started": time.time(),
+            "run_dir": str(run_dir),
+            "urls": {},
+            "processes": [],
+        }
 
         def record() -> None:
-            info["processes"] = [{"name": p.name, "pid": p.pid, "argv": p.argv, "log": str(p.log_path)}
-                                 for p in processes]
+            info["processes"] = [
+                {"name": p.name, "pid": p.pid, "argv": p.argv, "log": str(p.log_path)} for p in processes
+            ]
             lock.write(info)
 
         record()
         for service in plan:
-            proc = stack_run.spawn(service.name, service.argv, {**base_env, **service.env}, REPO_ROOT,
-                                   state_dir / "logs" / f"{service.name}.log", service.url)
+            proc = stack_run.spawn(
+                service.name,
+                service.argv,
+                {**base_env, **service.env},
+                REPO_ROOT,
+                state_dir / "logs" / f"{service.name}.log",
+                service.url,
+            )
             processes.append(proc)
             record()
             log(f"local_stack: started {service.name} (pid {proc.pid}) on {service.url or '-'}; log {proc.log_path}")
             if service.health_url:
-                stack_run.wait_healthy(proc, service.health_url, others=processes[:-1], timeout_s=startup_timeout_s,
-                                       log=log, progress_s=progress_s)
+                stack_run.wait_healthy(
+                    proc,
+                    service.health_url,
+                    others=processes[:-1],
+                    timeout_s=startup_timeout_s,
+                    log=log,
+                    progress_s=progress_s,
+                )
                 log(f"local_stack: {service.name} healthy")
         urls = {service.name: service.url for service in plan if service.url}
         info["urls"] = urls
@@ -476,19 +528,33 @@ def _install_signal_handlers() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.local_stack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", nargs="?", choices=("up", "down", "plan"), default="up",
-                        help="up (default): start and supervise until Ctrl-C; down: stop the stack another "
-                             "shell started; plan: print the processes, env and ports")
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("up", "down", "plan"),
+        default="up",
+        help="up (default): start and supervise until Ctrl-C; down: stop the stack another "
+        "shell started; plan: print the processes, env and ports",
+    )
     parser.add_argument("--profile", default=os.environ.get("PROFILE", "cpu"))
-    parser.add_argument("--set", action="append", default=[], metavar="SERVICE.KEY=VALUE",
-                        help="env override for one service (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SERVICE.KEY=VALUE",
+        help="env override for one service (repeatable)",
+    )
     parser.add_argument("--plan", action="store_true", help="same as the plan command")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--state-dir", default=str(STATE_DIR), help="logs, lock and per-run folders")
     parser.add_argument("--compose", default=str(COMPOSE_FILE), help="the compose file to run")
     parser.add_argument("--redis-port", type=int, default=None, help="where the stack's Redis is (default 6379)")
-    parser.add_argument("--no-redis", dest="start_redis", action="store_false",
-                        help="do not start a Redis for the stack when none answers; fail instead")
+    parser.add_argument(
+        "--no-redis",
+        dest="start_redis",
+        action="store_false",
+        help="do not start a Redis for the stack when none answers; fail instead",
+    )
     args = parser.parse_args(argv)
     state_dir = Path(args.state_dir)
     if args.command == "down":
@@ -504,11 +570,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _install_signal_handlers()
     try:
-        with start_profile(args.profile, overrides, compose=load_compose(args.compose),
-                           startup_timeout_s=args.startup_timeout, state_dir=state_dir,
-                           start_redis=args.start_redis, redis_port=args.redis_port) as stack:
-            stack_run.say("local_stack: up — " + ", ".join(f"{k} {v}" for k, v in stack.items())
-                          + " (Ctrl-C or `make down` stops it)")
+        with start_profile(
+            args.profile,
+            overrides,
+            compose=load_compose(args.compose),
+            startup_timeout_s=args.startup_timeout,
+            state_dir=state_dir,
+            start_redis=args.start_redis,
+            redis_port=args.redis_port,
+        ) as stack:
+            stack_run.say(
+                "local_stack: up — "
+                + ", ".join(f"{k} {v}" for k, v in stack.items())
+                + " (Ctrl-C or `make down` stops it)"
+            )
             while True:
                 stack.check()
                 time.sleep(0.5)

@@ -24,6 +24,7 @@ victim out of rotation, or the index rebuilt for the Redis drill), and p50/p99 l
 
 Needs root (network namespaces), `ip`, and `redis-server`; every namespace and process it made is removed at exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,17 @@ class Topology:
         for host in HOSTS:
             ns = self.ns(host)
             sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", f"{self.prefix}h{HOSTS[host]}", "type", "veth", "peer", "name",
-               f"{self.prefix}p{HOSTS[host]}")
+            sh(
+                "ip",
+                "link",
+                "add",
+                f"{self.prefix}h{HOSTS[host]}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"{self.prefix}p{HOSTS[host]}",
+            )
             sh("ip", "link", "set", f"{self.prefix}h{HOSTS[host]}", "netns", ns, "name", "eth0")
             sh("ip", "link", "set", f"{self.prefix}p{HOSTS[host]}", "netns", self.switch)
             sh("ip", "-n", self.switch, "link", "set", f"{self.prefix}p{HOSTS[host]}", "master", "br0", "up")
@@ -103,8 +113,13 @@ class Topology:
 
     def spawn(self, host: str, argv: list[str], env: dict, log: Path) -> subprocess.Popen:
         with open(log, "ab") as out:
-            return subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(host), *argv],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def enter(self, host: str) -> None:
         """This process (its only thread so far) joins the host's network namespace."""
@@ -133,31 +148,89 @@ class Stack:
         self.proxy_control.write_text("{}")
         python = sys.executable
         base = {k: v for k, v in os.environ.items() if not k.startswith("JEV_")}
-        self.env = {**base, "PYTHONPATH": f"{REPO / 'services'}:{REPO}", "HF_HUB_OFFLINE": "1",
-                    "TOKENIZERS_PARALLELISM": "false", "JEV_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **base,
+            "PYTHONPATH": f"{REPO / 'services'}:{REPO}",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "JEV_LOG_LEVEL": "warning",
+            "OMP_NUM_THREADS": "1",
+        }
         self.redis_url = f"redis://{addr('redis')}:6379/0"
         self.commands = {
-            "redis": ([shutil.which("redis-server") or "redis-server", "--bind", "0.0.0.0", "--port", "6379",
-                       "--save", "", "--appendonly", "no", "--protected-mode", "no"], {}),
-            **{w: ([python, "-m", "jev_worker"], {
-                "JEV_WORKER_HOST": "0.0.0.0", "JEV_WORKER_PORT": "8000", "JEV_MODEL_PATH": model_dir,
-                "JEV_DTYPE": "float32", "JEV_DEVICE": "cpu", "JEV_TORCH_THREADS": "1", "JEV_WORKER_ID": w,
-                "JEV_WORKER_URL": (f"http://{addr(w)}:{PROXY_PORT}" if w == "w3" else f"http://{addr(w)}:8000"),
-                "JEV_WORKER_REGISTER_TTL_S": "3", "JEV_SHUTDOWN_GRACE_S": "5", "JEV_REDIS_URL": self.redis_url,
-                "JEV_ASSET_DIR": str(work / "assets")}) for w in WORKERS},
-            **{fe: ([python, "-m", "jev_frontend"], {
-                "JEV_FRONTEND_HOST": "0.0.0.0", "JEV_FRONTEND_PORT": "8080", "JEV_FRONTEND_DISCOVERY": "1",
-                "JEV_DEFAULT_MODEL": "smollm2-135m-cpu", "JEV_REDIS_URL": self.redis_url,
-                "JEV_FRONTEND_HEALTH_INTERVAL_S": "0.5", "JEV_FRONTEND_TIMEOUT_S": "20"}) for fe in FRONTENDS},
-            "proxy": ([python, "-m", "tools.fault_proxy", "--listen", f"0.0.0.0:{PROXY_PORT}",
-                       "--upstream", "127.0.0.1:8000", "--control", str(self.proxy_control)], {}),
+            "redis": (
+                [
+                    shutil.which("redis-server") or "redis-server",
+                    "--bind",
+                    "0.0.0.0",
+                    "--port",
+                    "6379",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "no",
+                ],
+                {},
+            ),
+            **{
+                w: (
+                    [python, "-m", "jev_worker"],
+                    {
+                        "JEV_WORKER_HOST": "0.0.0.0",
+                        "JEV_WORKER_PORT": "8000",
+                        "JEV_MODEL_PATH": model_dir,
+                        "JEV_DTYPE": "float32",
+                        "JEV_DEVICE": "cpu",
+                        "JEV_TORCH_THREADS": "1",
+                        "JEV_WORKER_ID": w,
+                        "JEV_WORKER_URL": (f"http://{addr(w)}:{PROXY_PORT}" if w == "w3" else f"http://{addr(w)}:8000"),
+                        "JEV_WORKER_REGISTER_TTL_S": "3",
+                        "JEV_SHUTDOWN_GRACE_S": "5",
+                        "JEV_REDIS_URL": self.redis_url,
+                        "JEV_ASSET_DIR": str(work / "assets"),
+                    },
+                )
+                for w in WORKERS
+            },
+            **{
+                fe: (
+                    [python, "-m", "jev_frontend"],
+                    {
+                        "JEV_FRONTEND_HOST": "0.0.0.0",
+                        "JEV_FRONTEND_PORT": "8080",
+                        "JEV_FRONTEND_DISCOVERY": "1",
+                        "JEV_DEFAULT_MODEL": "smollm2-135m-cpu",
+                        "JEV_REDIS_URL": self.redis_url,
+                        "JEV_FRONTEND_HEALTH_INTERVAL_S": "0.5",
+                        "JEV_FRONTEND_TIMEOUT_S": "20",
+                    },
+                )
+                for fe in FRONTENDS
+            },
+            "proxy": (
+                [
+                    python,
+                    "-m",
+                    "tools.fault_proxy",
+                    "--listen",
+                    f"0.0.0.0:{PROXY_PORT}",
+                    "--upstream",
+                    "127.0.0.1:8000",
+                    "--control",
+                    str(self.proxy_control),
+                ],
+                {},
+            ),
         }
         self.hosts = {"proxy": "w3"}
 
     def start(self, name: str) -> None:
         argv, extra = self.commands[name]
-        self.procs[name] = self.topo.spawn(self.hosts.get(name, name), argv, {**self.env, **extra},
-                                           self.work / f"{name}.log")
+        self.procs[name] = self.topo.spawn(
+            self.hosts.get(name, name), argv, {**self.env, **extra}, self.work / f"{name}.log"
+        )
 
     def signal(self, name: str, sig: int) -> None:
         proc = self.procs.get(name)
@@ -200,20 +273,30 @@ class Timeline:
 async def one_request(session, k: int, timeout_s: float) -> Sample:
     import aiohttp
 
-    body = {"model": "jev-latest", "state": random.choice(STATES),
-            "questions": {"q": {"type": "noul", "instructions": f"Is it above {random.randint(20, 60)} C?"}}}
+    body = {
+        "model": "jev-latest",
+        "state": random.choice(STATES),
+        "questions": {"q": {"type": "noul", "instructions": f"Is it above {random.randint(20, 60)} C?"}},
+    }
     started = time.time()
     failed, error = 0, ""
     for attempt in range(3):  # the first try and typesafe-sdk's two retries
         target = FRONTENDS[(k + attempt) % len(FRONTENDS)]
         retry_after = None
         try:
-            async with session.post(f"http://{addr(target)}:8080/v1/systemone", json=body,
-                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            async with session.post(
+                f"http://{addr(target)}:8080/v1/systemone", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
                 await response.read()
                 if response.status == 200:
-                    return Sample(started, time.time() - started, True, attempt + 1, failed,
-                                  response.headers.get("x-jev-worker", ""))
+                    return Sample(
+                        started,
+                        time.time() - started,
+                        True,
+                        attempt + 1,
+                        failed,
+                        response.headers.get("x-jev-worker", ""),
+                    )
                 error = f"{response.status}"
                 if response.status not in RETRY_STATUSES:
                     break
@@ -222,7 +305,7 @@ async def one_request(session, k: int, timeout_s: float) -> Sample:
             error = type(exc).__name__
         failed += 1
         if attempt < 2:
-            backoff = min(5.0, 0.5 * 2 ** attempt) * (1 - random.random() * 0.25)
+            backoff = min(5.0, 0.5 * 2**attempt) * (1 - random.random() * 0.25)
             with contextlib.suppress(ValueError, TypeError):
                 backoff = float(retry_after) if retry_after is not None else backoff
             await asyncio.sleep(min(backoff, 5.0))
@@ -237,6 +320,7 @@ async def load(until: float, rate: float, timeline: Timeline, timeout_s: float =
     tasks: list[asyncio.Task] = []
     k = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
         async def one(index: int) -> None:
             timeline.samples.append(await one_request(session, index, timeout_s))
 
@@ -299,10 +383,13 @@ def phase_stats(samples: list[Sample], start: float, end: float, workers: set[st
     """Requests that started in [start, end); with `workers`, those answered by one of them."""
     chosen = [s for s in samples if start <= s.t < end and (workers is None or s.worker in workers)]
     ok = [s.latency for s in chosen if s.ok]
-    return {"requests": len(chosen), "failed": sum(not s.ok for s in chosen),
-            "failed_attempts": sum(s.failed_attempts for s in chosen),
-            "p50_ms": round(1000 * percentile(ok, 0.5), 1) if ok else None,
-            "p99_ms": round(1000 * percentile(ok, 0.99), 1) if ok else None}
+    return {
+        "requests": len(chosen),
+        "failed": sum(not s.ok for s in chosen),
+        "failed_attempts": sum(s.failed_attempts for s in chosen),
+        "p50_ms": round(1000 * percentile(ok, 0.5), 1) if ok else None,
+        "p99_ms": round(1000 * percentile(ok, 0.99), 1) if ok else None,
+    }
 
 
 def out_of_rotation_at(timeline: Timeline, fault_t: float, url: str) -> float | None:
@@ -381,10 +468,16 @@ async def run_drill(name: str, stack: Stack, before: float, during: float, after
         stack.start("fe1")
     await asyncio.gather(*tasks)
     samples = timeline.samples
-    row = {"drill": name, "requests": len(samples), "failed": sum(not s.ok for s in samples),
-           "failed_attempts": sum(s.failed_attempts for s in samples),
-           "before": phase_stats(samples, t0, fault_t), "during": phase_stats(samples, fault_t, recover_t),
-           "after": phase_stats(samples, recover_t, end), **extra}
+    row = {
+        "drill": name,
+        "requests": len(samples),
+        "failed": sum(not s.ok for s in samples),
+        "failed_attempts": sum(s.failed_attempts for s in samples),
+        "before": phase_stats(samples, t0, fault_t),
+        "during": phase_stats(samples, fault_t, recover_t),
+        "after": phase_stats(samples, recover_t, end),
+        **extra,
+    }
     if victim_url:
         row["reroute_s"] = out_of_rotation_at(timeline, fault_t, victim_url)
     if name == "slow":
@@ -403,14 +496,19 @@ def table(rows: list[dict]) -> str:
     def ms(stats: dict) -> str:
         return f"{stats['p50_ms']} / {stats['p99_ms']}"
 
-    lines = ["| drill | requests | failed (after retries) | failed attempts | time to reroute | p50/p99 before (ms) | "
-             "p50/p99 during | p50/p99 after |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| drill | requests | failed (after retries) | failed attempts | time to reroute | p50/p99 before (ms) | "
+        "p50/p99 during | p50/p99 after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         reroute = r.get("reroute_s", r.get("index_rebuilt_s"))
         what = "index rebuilt " if "index_rebuilt_s" in r else ""
-        lines.append(f"| {r['drill']} | {r['requests']} | {r['failed']} | {r['failed_attempts']} | "
-                     f"{what}{reroute if reroute is not None else '-'} s | {ms(r['before'])} | {ms(r['during'])} | "
-                     f"{ms(r['after'])} |")
+        lines.append(
+            f"| {r['drill']} | {r['requests']} | {r['failed']} | {r['failed_attempts']} | "
+            f"{what}{reroute if reroute is not None else '-'} s | {ms(r['before'])} | {ms(r['during'])} | "
+            f"{ms(r['after'])} |"
+        )
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ Prints `LABEL: ... N s` every --every seconds (default 5) while the command runs
 in N s`; on failure the command's last output lines and its exit status. The command's output goes
 to a temporary file, not the terminal. Standard library only: it runs before the venv exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     if "--" not in argv:
         parser.error("the command follows -- (LABEL [--every S] -- COMMAND ...)")
     cut = argv.index("--")
-    args, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
+    args, command = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     if not command:
         parser.error("no command given after --")
     started = time.monotonic()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
         def stop(signum, _frame):
             with contextlib.suppress(ProcessLookupError):

@@ -12,6 +12,7 @@ Nothing here knows about compose; tools/local_stack.py plans the processes and c
 * Redis started for the stack runs as one of its processes, in a per-run folder under
   `<state_dir>/runs/`, removed when the stack stops.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,9 +80,11 @@ def check_ports(ports: dict[str, int]) -> None:
     """Raise StackError naming every planned port that is already taken, before anything starts."""
     busy = [f"{LOOPBACK}:{port} ({name})" for name, port in ports.items() if port and port_in_use(port)]
     if busy:
-        raise StackError("port already in use: " + ", ".join(busy) + ". Another process listens there "
-                         "(a stack started earlier? `make down` stops a local one); free the port or "
-                         "publish elsewhere (JEV_FRONTEND_PUBLISH, --set SERVICE.JEV_..._PORT=...)")
+        raise StackError(
+            "port already in use: " + ", ".join(busy) + ". Another process listens there "
+            "(a stack started earlier? `make down` stops a local one); free the port or "
+            "publish elsewhere (JEV_FRONTEND_PUBLISH, --set SERVICE.JEV_..._PORT=...)"
+        )
 
 
 class RunLock:
@@ -103,8 +106,10 @@ class RunLock:
             where = f"pid {info.get('pid', '?')}, profile {info.get('profile', '?')}"
             if info.get("urls"):
                 where += ", " + ", ".join(f"{k} {v}" for k, v in info["urls"].items())
-            raise StackError(f"a local stack is already running ({where}); stop it with `make down` "
-                             f"(python -m tools.local_stack down)") from None
+            raise StackError(
+                f"a local stack is already running ({where}); stop it with `make down` "
+                f"(python -m tools.local_stack down)"
+            ) from None
         self._fd = fd
 
     def write(self, info: dict) -> None:
@@ -146,13 +151,19 @@ class Proc:
         return self.popen.pid
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
-          url: str | None = None) -> Proc:
+def spawn(name: str, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, url: str | None = None) -> Proc:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
-        popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        popen = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
     return Proc(name, popen, log_path, url, list(argv))
 
 
@@ -248,8 +259,15 @@ def failure_of(body: dict) -> str | None:
     return None
 
 
-def wait_healthy(proc: Proc, url: str, *, others: list[Proc], timeout_s: float,
-                 log: Callable[[str], None] = say, progress_s: float = PROGRESS_S) -> None:
+def wait_healthy(
+    proc: Proc,
+    url: str,
+    *,
+    others: list[Proc],
+    timeout_s: float,
+    log: Callable[[str], None] = say,
+    progress_s: float = PROGRESS_S,
+) -> None:
     """Until url answers 2xx. Fails at once when the process exits, when its health says it gave up,
     or when an earlier service dies; a progress line (state, elapsed, last log line) every progress_s."""
     started = time.monotonic()
@@ -260,22 +278,27 @@ def wait_healthy(proc: Proc, url: str, *, others: list[Proc], timeout_s: float,
             return
         reason = failure_of(body)
         if reason:
-            raise StackError(f"{proc.name} failed to start: {reason}\nlast lines of {proc.log_path}:\n"
-                             + tail(proc.log_path))
+            raise StackError(
+                f"{proc.name} failed to start: {reason}\nlast lines of {proc.log_path}:\n" + tail(proc.log_path)
+            )
         if proc.popen.poll() is not None:
             raise exited(proc, "before it was healthy")
         check_alive(others, f"while {proc.name} was starting")
         now = time.monotonic()
         if now - started > timeout_s:
-            raise StackError(f"{proc.name} not healthy at {url} after {timeout_s:.0f} s; last lines of "
-                             f"{proc.log_path}:\n{tail(proc.log_path)}")
+            raise StackError(
+                f"{proc.name} not healthy at {url} after {timeout_s:.0f} s; last lines of "
+                f"{proc.log_path}:\n{tail(proc.log_path)}"
+            )
         if now >= next_line:
             detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
             state = detail.get("state") or ("not answering yet" if status is None else f"HTTP {status}")
             if detail.get("stage"):
                 state += f" ({detail['stage']})"
-            log(f"local_stack: waiting for {proc.name}: {state}, {now - started:.0f} s; "
-                f"last log: {last_message(proc.log_path)}")
+            log(
+                f"local_stack: waiting for {proc.name}: {state}, {now - started:.0f} s; "
+                f"last log: {last_message(proc.log_path)}"
+            )
             next_line = now + progress_s
         time.sleep(0.25)
 
@@ -288,13 +311,20 @@ def start_redis(port: int, run_dir: Path, cwd: Path, log: Callable[[str], None] 
         return None
     exe = shutil.which("redis-server")
     if exe is None:
-        raise StackError("redis-server is not installed and no Redis answers at "
-                         f"{LOOPBACK}:{port}: install it (apt-get install redis-server, or "
-                         "bash tools/ensure_redis.sh --install)")
+        raise StackError(
+            "redis-server is not installed and no Redis answers at "
+            f"{LOOPBACK}:{port}: install it (apt-get install redis-server, or "
+            "bash tools/ensure_redis.sh --install)"
+        )
     folder = run_dir / "redis"
     folder.mkdir(parents=True, exist_ok=True)
-    proc = spawn("redis", [exe, "--bind", LOOPBACK, "--port", str(port), "--save", "", "--appendonly", "no",
-                           "--dir", str(folder)], dict(os.environ), cwd, folder / "redis.log")
+    proc = spawn(
+        "redis",
+        [exe, "--bind", LOOPBACK, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        dict(os.environ),
+        cwd,
+        folder / "redis.log",
+    )
     deadline = time.monotonic() + 10
     while not reachable(port):
         if proc.popen.poll() is not None:
@@ -371,8 +401,9 @@ def stop_running(state_dir: Path, timeout_s: float = 10.0, log: Callable[[str], 
         if _alive(supervisor):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(supervisor, signal.SIGKILL)
-    leftovers = [p for p in info.get("processes", [])
-                 if _alive(p["pid"]) and _cmdline(p["pid"])[:1] == p.get("argv", [])[:1]]
+    leftovers = [
+        p for p in info.get("processes", []) if _alive(p["pid"]) and _cmdline(p["pid"])[:1] == p.get("argv", [])[:1]
+    ]
     for p in leftovers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(p["pid"], signal.SIGKILL)

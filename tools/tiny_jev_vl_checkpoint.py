@@ -12,6 +12,7 @@ the LM head's plus a fixed FP32 delta (standing in for the LoRA delta a BF16 bac
 a test can tell which rows were read. `add_lora` adds a PEFT LoRA in `adapter_vllm/` (lm_head and one
 attention projection), the source snapshot's layout for recipes/jev-27b-vl/export.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,12 +43,16 @@ def decision_head(tokenizer) -> dict:
         encoded = tokenizer.encode(text, add_special_tokens=False)
         assert len(encoded) == 1, (text, encoded)
         ids.append(encoded[0])
-    return {"slots": {"num_slots": 24, "ranges": RANGES, "verbalizers": verbalizers, "template_version": "bare-v1"},
-            "verbalizer_ids": ids, "bias": list(BIAS)}
+    return {
+        "slots": {"num_slots": 24, "ranges": RANGES, "verbalizers": verbalizers, "template_version": "bare-v1"},
+        "verbalizer_ids": ids,
+        "bias": list(BIAS),
+    }
 
 
-def make_tiny_jev_vl(path: str | os.PathLike, *, seed: int = 5, label_head: bool = True,
-                     calibration: dict | None = CALIBRATION) -> Path:
+def make_tiny_jev_vl(
+    path: str | os.PathLike, *, seed: int = 5, label_head: bool = True, calibration: dict | None = CALIBRATION
+) -> Path:
     """The tiny backbone plus JEV-VL's decision files (label_head.safetensors only with `label_head`,
     calibration.json only when `calibration` is not None)."""
     import torch
@@ -94,7 +99,15 @@ def add_lora(folder: str | os.PathLike, *, seed: int = 7, r: int = 4, alpha: flo
     adapter = folder / "adapter_vllm"
     adapter.mkdir(exist_ok=True)
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0, "inference_mode": True,
-              "target_modules": ["lm_head", "q_proj"], "bias": "none", "task_type": "CAUSAL_LM"}
+    config = {
+        "peft_type": "LORA",
+        "r": r,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "inference_mode": True,
+        "target_modules": ["lm_head", "q_proj"],
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
     (adapter / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder

@@ -12,6 +12,7 @@ token, `<|im_start|>` / `<|im_end|>` (SmolLM2 has them) around every turn, eos `
 template is LFM2's documented shape: `<|startoftext|>`, ChatML turns, `<|im_start|>assistant\\n` as the
 generation prompt, no default system prompt and no thinking switch.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,9 +40,13 @@ def lfm2_tokenizer():
     from transformers import AddedToken
 
     tokenizer = smollm2_tokenizer()
-    tokenizer.add_special_tokens({"bos_token": AddedToken(BOS, special=True, normalized=False),
-                                  "pad_token": AddedToken(PAD, special=True, normalized=False),
-                                  "eos_token": "<|im_end|>"})
+    tokenizer.add_special_tokens(
+        {
+            "bos_token": AddedToken(BOS, special=True, normalized=False),
+            "pad_token": AddedToken(PAD, special=True, normalized=False),
+            "eos_token": "<|im_end|>",
+        }
+    )
     tokenizer.chat_template = LFM2_CHAT_TEMPLATE
     return tokenizer
 
@@ -55,17 +60,27 @@ def make_tiny_lfm2(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, 
     path = Path(path)
     tokenizer = lfm2_tokenizer()
     config = Lfm2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, conv_L_cache=3,
-        layer_types=["conv", "full_attention", "conv", "full_attention"], tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        conv_L_cache=3,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     model = Lfm2ForCausalLM(config).eval()
     with torch.no_grad():
         model.get_input_embeddings().weight.normal_(0.0, output_std)
-    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path

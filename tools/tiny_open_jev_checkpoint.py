@@ -10,6 +10,7 @@
 
 `export_open_jev` runs a recipe's `export.py` (the documented command) in this process.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,15 @@ from jev_common.recipe import REPO_ROOT
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj")
 
 
-def make_tiny_open_jev_release(path: str | os.PathLike, *, seed: int = 0, hidden: int = 64, rank: int = 4,
-                               temperature: float = 1.8969118766347646, max_length: int = 4096
-                               ) -> tuple[Path, Path]:
+def make_tiny_open_jev_release(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    rank: int = 4,
+    temperature: float = 1.8969118766347646,
+    max_length: int = 4096,
+) -> tuple[Path, Path]:
     """(base folder, repository folder) of a tiny Open-Jev release (module docstring)."""
     import torch
     from safetensors import safe_open
@@ -46,18 +53,42 @@ def make_tiny_open_jev_release(path: str | os.PathLike, *, seed: int = 0, hidden
             if not name.startswith(prefix) or module.split(".")[-1] not in TARGETS:
                 continue
             out_features, in_features = handle.get_slice(name).get_shape()
-            adapter[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_features) / in_features ** 0.5
+            adapter[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, in_features) / in_features**0.5
             adapter[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_features, rank) * 0.2
     save_file(adapter, str(checkpoint / "adapter" / "adapter_model.safetensors"))
-    (checkpoint / "adapter" / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS), "lora_dropout": 0.0,
-        "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-        "base_model_name_or_path": "Qwen/Qwen3.5-9B"}, indent=2), encoding="utf-8")
+    (checkpoint / "adapter" / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "target_modules": list(TARGETS),
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "fan_in_fan_out": False,
+                "use_rslora": False,
+                "use_dora": False,
+                "base_model_name_or_path": "Qwen/Qwen3.5-9B",
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     torch.save({"weight": torch.randn(1, hidden) * 0.5, "bias": torch.randn(1)}, checkpoint / "head.pt")
     (checkpoint / "temperature.json").write_text(json.dumps({"temperature": temperature}), encoding="utf-8")
-    (checkpoint / "model.json").write_text(json.dumps({
-        "model_id": "Qwen/Qwen3.5-9B", "revision": "c202236235762e1c871ad0ccb60c8ee5ba337b9a",
-        "max_length": max_length, "lora_rank": rank, "method": "lora"}, indent=2), encoding="utf-8")
+    (checkpoint / "model.json").write_text(
+        json.dumps(
+            {
+                "model_id": "Qwen/Qwen3.5-9B",
+                "revision": "c202236235762e1c871ad0ccb60c8ee5ba337b9a",
+                "max_length": max_length,
+                "lora_rank": rank,
+                "method": "lora",
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     return base, path / "repo"
 
 

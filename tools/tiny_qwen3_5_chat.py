@@ -9,6 +9,7 @@ message's content (a string, or a list of image and text items) rendered and the
 lines). The tokenizer is SmolLM2's plus the Qwen vision tokens and `<think>` / `</think>` (added, not
 special, as in Qwen's tokenizer): tools.tiny_checkpoints and tools.tiny_clef_checkpoint.
 """
+
 from __future__ import annotations
 
 import os

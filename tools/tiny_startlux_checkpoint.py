@@ -7,6 +7,7 @@ tokens and a Qwen3.5-shaped template that renders the empty think block for `ena
 as an added token: SmolLM2's BPE would otherwise re-split the prompt's closing `"\\n\\n"` before a letter, which
 upstream's letter check (`jevfmt.check_tokenizer`) refuses; Qwen3.5's own tokenizer passes it as it is.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,17 @@ def make_tiny_startlux(path: str | os.PathLike, *, seed: int = 0, temperatures: 
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     letters = [tokenizer.encode(letter, add_special_tokens=False)[0] for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"]
-    (path / "decision_config.json").write_text(json.dumps({
-        "letter_token_ids": letters, "temperature_by_type": TEMPERATURES if temperatures is None else temperatures,
-        "wide_choice": {"group": 25, "keep": 3, "residual": 0.001}, "release_date": "2026-10-01"}, indent=2) + "\n",
-        encoding="utf-8")
+    (path / "decision_config.json").write_text(
+        json.dumps(
+            {
+                "letter_token_ids": letters,
+                "temperature_by_type": TEMPERATURES if temperatures is None else temperatures,
+                "wide_choice": {"group": 25, "keep": 3, "residual": 0.001},
+                "release_date": "2026-10-01",
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return path

@@ -12,6 +12,7 @@ vision blocks. `<path>/valen/`: what Valen saves, and nothing else:
   config, and `base_manifest` (repo, revision, weight_sha256 of the base's safetensors, versions).
 LoRA B is random, not zero as at initialisation, so the adapter changes the answers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,20 +60,41 @@ def make_tiny_valen(path: str | os.PathLike, *, seed: int = 0, max_length: int =
     weights["head.decision.weight"] = normal((PROJECTION_DIM, hidden), 0.15)
     weights["head.candidate.weight"] = normal((PROJECTION_DIM, hidden), 0.15)
 
-    config = {"architecture": "qwen", "model_path": "models/tiny-qwen3.5", "stage": "vision_top", "dtype": "fp32",
-              "projection_dim": PROJECTION_DIM, "lora_rank": LORA_RANK, "lora_alpha": LORA_ALPHA,
-              "max_length": max_length, "media_kwargs": {}, "method": "sft"}
-    manifest = {"repo": BASE_REPO, "revision": BASE_REVISION,
-                "versions": {"torch": str(torch.__version__)},
-                "weight_sha256": {f.name: _sha256(f) for f in sorted(base.glob("*.safetensors"))},
-                "processor": "Qwen3VLProcessor", "hidden_size": hidden}
+    config = {
+        "architecture": "qwen",
+        "model_path": "models/tiny-qwen3.5",
+        "stage": "vision_top",
+        "dtype": "fp32",
+        "projection_dim": PROJECTION_DIM,
+        "lora_rank": LORA_RANK,
+        "lora_alpha": LORA_ALPHA,
+        "max_length": max_length,
+        "media_kwargs": {},
+        "method": "sft",
+    }
+    manifest = {
+        "repo": BASE_REPO,
+        "revision": BASE_REVISION,
+        "versions": {"torch": str(torch.__version__)},
+        "weight_sha256": {f.name: _sha256(f) for f in sorted(base.glob("*.safetensors"))},
+        "processor": "Qwen3VLProcessor",
+        "hidden_size": hidden,
+    }
     rng = random.Random(seed)
-    payload = {"weights": weights,
-               "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2)}},
-                             "param_groups": [{"lr": 2e-4, "name": "head", "params": [0]}]},
-               "config": config, "progress": {"epoch": 0, "step": 3}, "rng": rng.getstate(),
-               "python_rng": random.Random(seed + 2).getstate(), "torch_rng": torch.get_rng_state(),
-               "cuda_rng_current": None, "base_manifest": manifest}
+    payload = {
+        "weights": weights,
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2)}},
+            "param_groups": [{"lr": 2e-4, "name": "head", "params": [0]}],
+        },
+        "config": config,
+        "progress": {"epoch": 0, "step": 3},
+        "rng": rng.getstate(),
+        "python_rng": random.Random(seed + 2).getstate(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng_current": None,
+        "base_manifest": manifest,
+    }
     valen = path / "valen"
     valen.mkdir(parents=True, exist_ok=True)
     torch.save(payload, valen / "checkpoint.pt")

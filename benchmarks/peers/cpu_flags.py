@@ -6,6 +6,7 @@ does not die with SIGILL in AVX-512 code, and one on an AVX-512 Xeon still uses 
 
     python3 benchmarks/peers/cpu_flags.py     # prints the CMAKE_ARGS
 """
+
 from __future__ import annotations
 
 import sys

@@ -19,6 +19,7 @@ Prefix reuse, as llama.cpp's own server does it, plus a small LRU of prefix stat
 One request at a time (a lock): llama.cpp contexts are not thread-safe. Run in the peers' venv
 (benchmarks/peers/install.sh) with PYTHONPATH=services.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,9 @@ class PrefixScorer:
         from llama_cpp import Llama
 
         self._lib = llama_cpp
-        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         logits_all=False, verbose=False)
+        self.llm = Llama(
+            model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False
+        )
         self.n_vocab = self.llm.n_vocab()
         self.cache: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
         self.cache_entries = cache_entries
@@ -117,9 +119,9 @@ class EnvelopeScorer:
         from transformers import AutoTokenizer
 
         from jev_common.recipe import load_recipe
-        from jev_worker.request import envelope
-        from jev_worker.questions import plan as question_plan
         from jev_worker.prompt.builder import ChatPromptBuilder
+        from jev_worker.questions import plan as question_plan
+        from jev_worker.request import envelope
 
         torch.set_num_threads(1)  # only softmaxes over a few labels run in torch here
         self._torch = torch
@@ -140,13 +142,17 @@ class EnvelopeScorer:
         rows, plan = self._plan.question_rows(request, self.builder)
         state_text = self._envelope.render_state(request)
         prepared = self.builder.prepare(state_text, rows, plan=plan)
-        logits = [self._torch.from_numpy(self.scorer.label_logits(prepared.prefix_ids, row, labels))
-                  for row, labels in zip(prepared.rows, prepared.row_labels)]
+        logits = [
+            self._torch.from_numpy(self.scorer.label_logits(prepared.prefix_ids, row, labels))
+            for row, labels in zip(prepared.rows, prepared.row_labels)
+        ]
         answers = self._plan.answers(plan, logits, self.builder)
-        return {"model": self.model_name,
-                "answers": {qid: a.model_dump(mode="json") for qid, a in answers.items()},
-                "usage": {"input_tokens": prepared.prompt_tokens, "output_tokens": 0},
-                "x_elapsed_seconds": time.perf_counter() - started}
+        return {
+            "model": self.model_name,
+            "answers": {qid: a.model_dump(mode="json") for qid, a in answers.items()},
+            "usage": {"input_tokens": prepared.prompt_tokens, "output_tokens": 0},
+            "x_elapsed_seconds": time.perf_counter() - started,
+        }
 
 
 def make_app(scorer: EnvelopeScorer):
@@ -154,8 +160,13 @@ def make_app(scorer: EnvelopeScorer):
 
     async def respond(send, status: int, body: dict) -> None:
         raw = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": raw})
 
     async def app(scope, receive, send):
@@ -163,8 +174,9 @@ def make_app(scorer: EnvelopeScorer):
             return
         path, method = scope["path"], scope["method"]
         if path == "/health" and method == "GET":
-            return await respond(send, 200, {"status": "ok", "model": scorer.model_name,
-                                             "prefix_stats": scorer.scorer.stats})
+            return await respond(
+                send, 200, {"status": "ok", "model": scorer.model_name, "prefix_stats": scorer.scorer.stats}
+            )
         if path not in ("/v1/systemone", "/systemone") or method != "POST":
             return await respond(send, 404, {"detail": {"error_type": "not_found", "message": path}})
         chunks = []
@@ -182,8 +194,9 @@ def make_app(scorer: EnvelopeScorer):
                 body = await asyncio.to_thread(scorer.decide, payload)
             except Exception as exc:  # noqa: BLE001 - a peer reports, the benchmark counts it
                 status = getattr(exc, "status", 422 if type(exc).__name__ == "ValidationError" else 500)
-                return await respond(send, status, {"detail": {"error_type": type(exc).__name__,
-                                                               "message": str(exc)[:500]}})
+                return await respond(
+                    send, status, {"detail": {"error_type": type(exc).__name__, "message": str(exc)[:500]}}
+                )
         await respond(send, 200, body)
 
     return app
@@ -201,10 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     scorer = EnvelopeScorer(args.gguf, args.threads)
-    scorer.decide({"model": "x", "state": "The lamp is on.",  # warm up before /health answers
-                   "questions": {"on": {"type": "noul", "instructions": "Is the lamp on?"}}})
-    uvicorn.run(make_app(scorer), host="127.0.0.1", port=args.port, log_level="warning", lifespan="off",
-                access_log=False)
+    scorer.decide(
+        {
+            "model": "x",
+            "state": "The lamp is on.",  # warm up before /health answers
+            "questions": {"on": {"type": "noul", "instructions": "Is the lamp on?"}},
+        }
+    )
+    uvicorn.run(
+        make_app(scorer), host="127.0.0.1", port=args.port, log_level="warning", lifespan="off", access_log=False
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ Its `main()` binds 0.0.0.0:8000; the benchmark serves on loopback only, so this 
 DECISION_CONFIG, DECISION_MAX_BATCH_SIZE, DECISION_BATCH_WAIT_MS) and runs it with uvicorn as its
 `main()` does, on another address. Nothing else is changed. Run in benchmarks/peers/.venv.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,9 @@ from jev_compatible_server.app import create_app
 
 
 def main() -> None:
-    uvicorn.run(create_app(), host="127.0.0.1", port=int(os.environ["PEER_PORT"]), log_level="warning",
-                access_log=False)
+    uvicorn.run(
+        create_app(), host="127.0.0.1", port=int(os.environ["PEER_PORT"]), log_level="warning", access_log=False
+    )
 
 
 if __name__ == "__main__":

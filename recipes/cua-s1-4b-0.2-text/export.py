@@ -2,6 +2,7 @@
 
 Thin wrapper over tools/export_checkpoint.py; usage in README.md. CPU only, streams one tensor at a time.
 """
+
 import sys
 from pathlib import Path
 
@@ -11,5 +12,4 @@ sys.path[:0] = [str(ROOT), str(ROOT / "services")]
 from tools.export_checkpoint import recipe_export_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(recipe_export_main('cua-s1-4b-0.2-text', adapter_subdir='text', extra_globs=[],
-                                head_json=None))
+    sys.exit(recipe_export_main("cua-s1-4b-0.2-text", adapter_subdir="text", extra_globs=[], head_json=None))

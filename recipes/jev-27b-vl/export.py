@@ -14,6 +14,7 @@ tools/export_checkpoint.py (streamed, one tensor at a time; W + alpha/r * B@A in
 
 Usage in README.md. CPU only; the output folder must not exist.
 """
+
 import argparse
 import json
 import sys
@@ -32,8 +33,14 @@ def head_ids(snapshot: Path, tokenizer_dir: Path) -> list[int]:
     """The verbalizer ids, then every option label's id (the union, order kept), as export_merged.py cuts them."""
     from transformers import AutoTokenizer
 
-    from jev_worker.families.jev_vl.contract import (CALIBRATION, HEAD_CONFIG, MAX_OPTIONS, RANGES, SLOTS,
-                                                     single_token_labels)
+    from jev_worker.families.jev_vl.contract import (
+        CALIBRATION,
+        HEAD_CONFIG,
+        MAX_OPTIONS,
+        RANGES,
+        SLOTS,
+        single_token_labels,
+    )
 
     head = json.loads((snapshot / HEAD_CONFIG).read_text(encoding="utf-8"))
     if head.get("slots", {}).get("ranges") != RANGES:
@@ -54,7 +61,9 @@ def head_ids(snapshot: Path, tokenizer_dir: Path) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     from jev_worker.families.jev_vl.contract import CALIBRATION, HEAD_CONFIG
 
-    parser = argparse.ArgumentParser(description=f"Export a checkpoint for recipe {RECIPE} (tools/export_checkpoint.py)")
+    parser = argparse.ArgumentParser(
+        description=f"Export a checkpoint for recipe {RECIPE} (tools/export_checkpoint.py)"
+    )
     parser.add_argument("--base", required=True, help="the downloaded autotrust/JEV-27B-VL snapshot folder")
     parser.add_argument("--adapter", help="folder holding adapter_vllm/ and calibration.json (default: --base)")
     parser.add_argument("--out", required=True, help="output folder; must not exist")
@@ -64,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     snapshot = Path(args.adapter or args.base)
     try:
         ids = head_ids(snapshot, base)
-        export_checkpoint(base, args.out, lora_dir=snapshot / "adapter_vllm", dtype=args.dtype, label_ids=ids,
-                          head_file=LABEL_HEAD)
+        export_checkpoint(
+            base, args.out, lora_dir=snapshot / "adapter_vllm", dtype=args.dtype, label_ids=ids, head_file=LABEL_HEAD
+        )
         carried = {HEAD_CONFIG: snapshot / HEAD_CONFIG}
         if not (Path(args.out) / CALIBRATION).exists():  # copied with --base's other files when it is there
             carried[CALIBRATION] = snapshot / CALIBRATION

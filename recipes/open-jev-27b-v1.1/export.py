@@ -4,6 +4,7 @@ open-jev family reads them.
 
 Thin wrapper over tools/export_checkpoint.py; usage in README.md. CPU only, streams one tensor at a time.
 """
+
 import sys
 from pathlib import Path
 
@@ -13,6 +14,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "services")]
 from tools.export_checkpoint import recipe_export_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(recipe_export_main('open-jev-27b-v1.1', adapter_subdir='package/checkpoint/adapter', extras_subdir='package/checkpoint',
-                                extra_globs=['head.pt', 'temperature.json', 'model.json'], extras_into='.',
-                                decision_head=False))
+    sys.exit(
+        recipe_export_main(
+            "open-jev-27b-v1.1",
+            adapter_subdir="package/checkpoint/adapter",
+            extras_subdir="package/checkpoint",
+            extra_globs=["head.pt", "temperature.json", "model.json"],
+            extras_into=".",
+            decision_head=False,
+        )
+    )

@@ -1,4 +1,5 @@
 """Probabilities as a small horizontal bar chart for a terminal."""
+
 from __future__ import annotations
 
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
@@ -14,10 +15,16 @@ def bar(p: float, width: int, unicode: bool = True) -> str:
     return ("█" * full + (_EIGHTHS[rest] if rest else "")).ljust(width)
 
 
-def chart(rows: list[tuple[str, float]], *, mark: str | None = None, width: int = 30,
-          unicode: bool = True, max_label: int = 40) -> str:
+def chart(
+    rows: list[tuple[str, float]],
+    *,
+    mark: str | None = None,
+    width: int = 30,
+    unicode: bool = True,
+    max_label: int = 40,
+) -> str:
     """One line per (label, p): label, bar, p to 3 decimals; the row named `mark` gets a '>'."""
-    labels = [label if len(label) <= max_label else label[:max_label - 1] + "…" for label, _ in rows]
+    labels = [label if len(label) <= max_label else label[: max_label - 1] + "…" for label, _ in rows]
     pad = max((len(label) for label in labels), default=0)
     lines = []
     for label, (name, p) in zip(labels, rows):

@@ -7,6 +7,7 @@
 The request is the System One envelope (`{"model", "state", "questions": {"q": ...}}`) posted to
 URL/v1/systemone; URL is --url, else $JEV_URL, else http://127.0.0.1:8080 (the frontend of `make up`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,16 +49,23 @@ def render(answer: dict, usage: dict | None, model: str | None, *, unicode: bool
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jev", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        prog="jev",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="ask one question about a state")
     ask.add_argument("state", help="the state, as text")
     ask.add_argument("question", help="the question (the instructions)")
     ask.add_argument("options", nargs="*", help="choice: the option names; score: the levels, lowest first")
     ask.add_argument("--type", dest="kind", choices=("choice", "noul", "score"), default="choice")
-    ask.add_argument("--url", default=os.environ.get("JEV_URL", DEFAULT_URL),
-                     help=f"the stack's base URL (default $JEV_URL or {DEFAULT_URL})")
+    ask.add_argument(
+        "--url",
+        default=os.environ.get("JEV_URL", DEFAULT_URL),
+        help=f"the stack's base URL (default $JEV_URL or {DEFAULT_URL})",
+    )
     ask.add_argument("--model", default="jev-latest")
     ask.add_argument("--api-key", default=os.environ.get("JEV_API_KEY"), help="sent as a Bearer token ($JEV_API_KEY)")
     ask.add_argument("--timeout", type=float, default=60.0)

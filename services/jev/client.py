@@ -1,4 +1,5 @@
 """POST a System One envelope and read the answer (standard library only)."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,9 @@ def _error_text(status: int, raw: bytes) -> str:
         return f"HTTP {status}: {raw[:200].decode(errors='replace')}"
     detail = body.get("detail") if isinstance(body, dict) else None
     if isinstance(detail, list):  # validation: [{"loc", "msg", "type"}]
-        parts = [f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail[:5]
-                 if isinstance(d, dict)]
+        parts = [
+            f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail[:5] if isinstance(d, dict)
+        ]
         return f"HTTP {status} validation error: " + "; ".join(parts)
     if isinstance(detail, dict):
         return f"HTTP {status} {detail.get('error_type', 'error')}: {detail.get('message', '')}"

@@ -13,6 +13,7 @@ is never mistaken for an interrupted one. Complete = the folder with both files 
 grid.json; anything else (a temp dir left by a killed writer, a folder missing a file) is incomplete
 and is removed and redone by the next writer.
 """
+
 from __future__ import annotations
 
 import base64
@@ -40,8 +41,8 @@ TENSOR_NAME = "embeds"
 TMP_PREFIX = ".tmp-"
 LOCK_DIR = ".locks"
 
-DEFAULT_MAX_IMAGE_BYTES = 10 << 20        # decoded bytes of one image
-DEFAULT_MAX_IMAGE_PIXELS = 25_000_000     # width * height, checked before the pixels are decoded
+DEFAULT_MAX_IMAGE_BYTES = 10 << 20  # decoded bytes of one image
+DEFAULT_MAX_IMAGE_PIXELS = 25_000_000  # width * height, checked before the pixels are decoded
 MIME_TYPES = ("png", "jpeg", "jpg", "webp", "gif")
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -51,6 +52,7 @@ _WS_RE = re.compile(r"\s+")
 
 
 # --- keys and data URIs -------------------------------------------------------------------------
+
 
 def bytes_key(data: bytes) -> str:
     """sha256 of the image file's bytes, hex: the asset's name everywhere. The same bytes give the same
@@ -71,15 +73,19 @@ def asset_bytes(reference: str, asset, parts: dict[str, bytes], *, max_bytes: in
     """The image bytes of one System One asset (`assets[reference]`: a multipart part, or inline base64)."""
     if asset.part is not None:
         if asset.part not in parts:
-            raise validation_error(f"asset {reference!r} names multipart part {asset.part!r}, which is not in the "
-                                   "request", ("assets", reference, "part"), "missing")
+            raise validation_error(
+                f"asset {reference!r} names multipart part {asset.part!r}, which is not in the request",
+                ("assets", reference, "part"),
+                "missing",
+            )
         data = parts[asset.part]
     else:
         try:
             data = decode_base64(asset.data_base64 or "")
         except ValueError:
-            raise validation_error(f"asset {reference!r}: data_base64 is not valid base64",
-                                   ("assets", reference, "data_base64")) from None
+            raise validation_error(
+                f"asset {reference!r}: data_base64 is not valid base64", ("assets", reference, "data_base64")
+            ) from None
     if not data:
         raise validation_error(f"asset {reference!r} is empty", ("assets", reference))
     if len(data) > max_bytes:
@@ -125,25 +131,32 @@ def split_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     if data_uri.startswith(("http://", "https://", "ftp://", "file:", "s3://", "gs://")) or (
         "://" in head and _SCHEME_RE.match(head) and not data_uri.startswith("data:")
     ):
-        raise ImageRejected("url", f"state.image is a URL ({head[:40]!r}...); images are not fetched: send a "
-                                   "base64 data URI (data:image/png;base64,...)")
+        raise ImageRejected(
+            "url",
+            f"state.image is a URL ({head[:40]!r}...); images are not fetched: send a "
+            "base64 data URI (data:image/png;base64,...)",
+        )
     if not data_uri.startswith("data:"):
-        raise ImageRejected("not_data_uri", "state.image must be a base64 data URI (data:image/png;base64,...), "
-                                            f"got {head[:24]!r}...")
+        raise ImageRejected(
+            "not_data_uri", f"state.image must be a base64 data URI (data:image/png;base64,...), got {head[:24]!r}..."
+        )
     match = _HEADER_RE.match(data_uri[:512])
     if not match:
         raise ImageRejected("not_data_uri", "state.image data URI has no ',' after its media type")
     mime = match.group("mime").strip().lower()
     params = [p.strip().lower() for p in match.group("params").split(";") if p.strip()]
     if not mime.startswith("image/") or mime.removeprefix("image/") not in MIME_TYPES:
-        raise ImageRejected("not_image_type", f"state.image media type {mime or '(none)'!r} is not one of "
-                                              f"{', '.join('image/' + m for m in MIME_TYPES)}")
+        raise ImageRejected(
+            "not_image_type",
+            f"state.image media type {mime or '(none)'!r} is not one of {', '.join('image/' + m for m in MIME_TYPES)}",
+        )
     if "base64" not in params:
         raise ImageRejected("not_base64", "state.image data URI must be base64-encoded (;base64,)")
-    payload = data_uri[match.end():]
+    payload = data_uri[match.end() :]
     if (len(payload) * 3) // 4 > max_bytes + 3:
-        raise ImageRejected("too_large", f"image is about {(len(payload) * 3) // 4} bytes decoded; "
-                                         f"the limit is {max_bytes}")
+        raise ImageRejected(
+            "too_large", f"image is about {(len(payload) * 3) // 4} bytes decoded; the limit is {max_bytes}"
+        )
     compact = _WS_RE.sub("", payload)
     if not compact:
         raise ImageRejected("malformed_base64", "state.image data URI has an empty payload")
@@ -156,8 +169,9 @@ def split_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     return mime.removeprefix("image/"), data
 
 
-def decode_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
-                    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> DecodedImage:
+def decode_data_uri(
+    data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> DecodedImage:
     """Parse, bound and decode a base64 image data URI into an RGB PIL image."""
     from PIL import Image, UnidentifiedImageError
 
@@ -167,8 +181,9 @@ def decode_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
             image = Image.open(io.BytesIO(data))
             width, height = image.size
             if width * height > max_pixels:
-                raise ImageRejected("too_many_pixels", f"image is {width}x{height} = {width * height} pixels; "
-                                                       f"the limit is {max_pixels}")
+                raise ImageRejected(
+                    "too_many_pixels", f"image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}"
+                )
             image.load()
             fmt = image.format or mime.upper()
             frames = int(getattr(image, "n_frames", 1))
@@ -178,8 +193,9 @@ def decode_data_uri(data_uri: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageRejected("too_many_pixels", f"image exceeds the pixel limit of {max_pixels}") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise ImageRejected("not_image", f"state.image data is not a decodable image ({type(exc).__name__}: "
-                                         f"{str(exc)[:120]})") from None
+        raise ImageRejected(
+            "not_image", f"state.image data is not a decodable image ({type(exc).__name__}: {str(exc)[:120]})"
+        ) from None
     if width < 1 or height < 1:
         raise ImageRejected("not_image", "image has no pixels")
     return DecodedImage(mime=mime, data=data, image=image, width=width, height=height, format=fmt, frames=frames)
@@ -197,6 +213,7 @@ def warnings_as_errors():
 
 
 # --- assets on disk -----------------------------------------------------------------------------
+
 
 @dataclass
 class ImageAsset:
@@ -343,8 +360,11 @@ def write_asset(out_dir: str | os.PathLike, key: str, embeds, grid_thw, meta: di
         tmp = root / f"{TMP_PREFIX}{key}-{secrets.token_hex(6)}"
         tmp.mkdir()
         try:
-            save_file({TENSOR_NAME: tensor}, str(tmp / EMB_FILE),
-                      metadata={"key": key, "identity": str(meta["identity"]), "format": str(ASSET_FORMAT)})
+            save_file(
+                {TENSOR_NAME: tensor},
+                str(tmp / EMB_FILE),
+                metadata={"key": key, "identity": str(meta["identity"]), "format": str(ASSET_FORMAT)},
+            )
             with open(tmp / GRID_FILE, "w", encoding="utf-8") as handle:
                 json.dump(record, handle, indent=1, sort_keys=True)
                 handle.flush()
@@ -369,19 +389,26 @@ def write_asset(out_dir: str | os.PathLike, key: str, embeds, grid_thw, meta: di
 
 def not_prepared(key: str, detail: str = "") -> ImageNotPrepared:
     extra = f" ({detail})" if detail else ""
-    return ImageNotPrepared(f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
-                    '[{"image": "data:image/png;base64,..."}] to the preencoder\'s /v1/preencode, or put that '
-                    "line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
-                    "$JEV_ASSET_DIR (the asset is named sha256 of the image bytes)")
+    return ImageNotPrepared(
+        f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
+        '[{"image": "data:image/png;base64,..."}] to the preencoder\'s /v1/preencode, or put that '
+        "line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
+        "$JEV_ASSET_DIR (the asset is named sha256 of the image bytes)"
+    )
 
 
 def invalid(key: str, detail: str) -> ImageInvalid:
-    return ImageInvalid(f"image asset {short_key(key)} is unusable: {detail}; "
-                                          "re-run the preencoder on it")
+    return ImageInvalid(f"image asset {short_key(key)} is unusable: {detail}; re-run the preencoder on it")
 
 
-def read_asset(asset_dir: str | os.PathLike, key: str, *, identity: str | None = None,
-               processor_identity: str | None = None, folder: str | os.PathLike | None = None) -> ImageAsset:
+def read_asset(
+    asset_dir: str | os.PathLike,
+    key: str,
+    *,
+    identity: str | None = None,
+    processor_identity: str | None = None,
+    folder: str | os.PathLike | None = None,
+) -> ImageAsset:
     """Load and check one asset. `identity` / `processor_identity`, when given, must match what the
     asset was made with (ImageInvalid, 422 asset_invalid, otherwise: never silently used). `folder` overrides
     `<asset_dir>/<key>` (a path from the cache index)."""
@@ -410,8 +437,10 @@ def read_asset(asset_dir: str | os.PathLike, key: str, *, identity: str | None =
     if identity is not None and record.get("identity") != identity:
         raise invalid(key, f"made for checkpoint {record.get('identity')!r}, this service runs {identity!r}")
     if processor_identity is not None and record.get("processor_identity") != processor_identity:
-        raise invalid(key, f"made with image processor {record.get('processor_identity')!r}, "
-                           f"this service uses {processor_identity!r}")
+        raise invalid(
+            key,
+            f"made with image processor {record.get('processor_identity')!r}, this service uses {processor_identity!r}",
+        )
     try:
         tensors = load_file(str(emb_file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -423,5 +452,4 @@ def read_asset(asset_dir: str | os.PathLike, key: str, *, identity: str | None =
     expected = grid[0] * grid[1] * grid[2] // (merge * merge)
     if embeds.shape[0] != expected or list(embeds.shape) != list(record.get("shape", embeds.shape)):
         raise invalid(key, f"embeddings are {tuple(embeds.shape)}, grid {list(grid)} needs {expected} rows")
-    return ImageAsset(key=key, embeds=embeds, grid_thw=grid, meta=record,
-                      nbytes=embeds.numel() * embeds.element_size())
+    return ImageAsset(key=key, embeds=embeds, grid_thw=grid, meta=record, nbytes=embeds.numel() * embeds.element_size())

@@ -26,6 +26,7 @@ The index is an accelerator, never the truth: every call that cannot reach Redis
 "down" for `backoff_s` without trying), and callers fall back to the asset folder on disk. An asset
 entry whose file is gone is treated as not prepared by the caller, which removes it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,9 +63,18 @@ class PrefixOwner:
 
 
 class CacheIndex:
-    def __init__(self, url: str | None, identity: str, *, owner_id: str = "", owner_url: str = "",
-                 socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S, prefix_ttl_s: float = DEFAULT_PREFIX_TTL_S,
-                 backoff_s: float = DEFAULT_BACKOFF_S, client=None):
+    def __init__(
+        self,
+        url: str | None,
+        identity: str,
+        *,
+        owner_id: str = "",
+        owner_url: str = "",
+        socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+        prefix_ttl_s: float = DEFAULT_PREFIX_TTL_S,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        client=None,
+    ):
         self.url = url or ""
         self.identity = identity
         self.ns = namespace(identity)
@@ -95,8 +105,12 @@ class CacheIndex:
             from redis.retry import Retry
 
             self._client = aioredis.Redis.from_url(
-                self.url, socket_timeout=self._timeout, socket_connect_timeout=self._timeout,
-                retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
+                self.url,
+                socket_timeout=self._timeout,
+                socket_connect_timeout=self._timeout,
+                retry=Retry(NoBackoff(), 0),
+                retry_on_timeout=False,
+                decode_responses=True,
                 health_check_interval=0,
             )
         return self._client
@@ -137,12 +151,17 @@ class CacheIndex:
 
     # --- assets ---
 
-    async def register_asset(self, key: str, *, grid, nbytes: int, path: str, n_tokens: int | None = None,
-                             dtype: str = "", created: str = "") -> None:
+    async def register_asset(
+        self, key: str, *, grid, nbytes: int, path: str, n_tokens: int | None = None, dtype: str = "", created: str = ""
+    ) -> None:
         mapping = {
-            "grid": json.dumps([int(x) for x in grid]), "nbytes": int(nbytes), "path": str(path),
-            "identity": self.identity, "n_tokens": int(n_tokens) if n_tokens is not None else "",
-            "dtype": dtype, "created": created,
+            "grid": json.dumps([int(x) for x in grid]),
+            "nbytes": int(nbytes),
+            "path": str(path),
+            "identity": self.identity,
+            "n_tokens": int(n_tokens) if n_tokens is not None else "",
+            "dtype": dtype,
+            "created": created,
         }
         await self._call("register_asset", lambda r: r.hset(self.asset_entry_key(key), mapping=mapping))
 
@@ -153,9 +172,13 @@ class CacheIndex:
             return None
         try:
             return {
-                "grid": json.loads(raw["grid"]), "nbytes": int(raw["nbytes"]), "path": raw["path"],
-                "identity": raw.get("identity", ""), "n_tokens": int(raw["n_tokens"]) if raw.get("n_tokens") else None,
-                "dtype": raw.get("dtype", ""), "created": raw.get("created", ""),
+                "grid": json.loads(raw["grid"]),
+                "nbytes": int(raw["nbytes"]),
+                "path": raw["path"],
+                "identity": raw.get("identity", ""),
+                "n_tokens": int(raw["n_tokens"]) if raw.get("n_tokens") else None,
+                "dtype": raw.get("dtype", ""),
+                "created": raw.get("created", ""),
             }
         except (KeyError, ValueError, TypeError):
             log.warning("cache index: malformed asset entry %s removed", key)
@@ -177,9 +200,16 @@ class CacheIndex:
             raise ValueError("a prefix owner needs a worker id")
         return worker_id, str(url if url is not None else self.owner_url)
 
-    async def register_prefix(self, prefix_hash: str, owner=None, length: int | None = None,
-                              nbytes: int | None = None, *, url: str | None = None,
-                              ttl_s: float | None = None) -> None:
+    async def register_prefix(
+        self,
+        prefix_hash: str,
+        owner=None,
+        length: int | None = None,
+        nbytes: int | None = None,
+        *,
+        url: str | None = None,
+        ttl_s: float | None = None,
+    ) -> None:
         """This worker (or `owner`) holds the prefix's KV state warm, for `ttl_s` (default prefix_ttl_s)."""
         ttl = float(ttl_s if ttl_s is not None else self.prefix_ttl_s)
         worker_id, owner_url = self._owner(owner)
@@ -236,8 +266,11 @@ class CacheIndex:
                     pipe.hset(self.prefix_entry_key(prefix_hash), worker_id, json.dumps(value))
                     pipe.expire(self.prefix_entry_key(prefix_hash), ttl)
                 for route_key in routes:
-                    pipe.hset(self.route_entry_key(route_key), worker_id,
-                              json.dumps({"url": url, "expires": time.time() + self.prefix_ttl_s}))
+                    pipe.hset(
+                        self.route_entry_key(route_key),
+                        worker_id,
+                        json.dumps({"url": url, "expires": time.time() + self.prefix_ttl_s}),
+                    )
                     pipe.expire(self.route_entry_key(route_key), ttl)
                 await pipe.execute()
             return len(own) + len(routes)
@@ -272,8 +305,9 @@ class CacheIndex:
         for worker_id, value in (raw or {}).items():
             try:
                 data = json.loads(value)
-                owner = PrefixOwner(worker_id, str(data.get("url", "")), float(data["expires"]),
-                                    data.get("length"), data.get("nbytes"))
+                owner = PrefixOwner(
+                    worker_id, str(data.get("url", "")), float(data["expires"]), data.get("length"), data.get("nbytes")
+                )
             except (ValueError, KeyError, TypeError):
                 stale.append(worker_id)
                 continue
@@ -355,6 +389,7 @@ class CacheIndex:
 
     async def list_workers(self) -> list[dict]:
         """Every live worker registration; ids whose key expired (a dead host) are pruned from the set."""
+
         async def run(r):
             ids = sorted(await r.smembers(WORKERS_SET))
             if not ids:
@@ -388,11 +423,17 @@ class CacheIndex:
         return {"status": "ok", "reason": None, "namespace": self.ns}
 
     def stats(self) -> dict:
-        return {"enabled": self.enabled, "namespace": self.ns, "errors": self.errors,
-                "degraded_calls": self.degraded_calls, "last_error": self._last_error}
+        return {
+            "enabled": self.enabled,
+            "namespace": self.ns,
+            "errors": self.errors,
+            "degraded_calls": self.degraded_calls,
+            "last_error": self._last_error,
+        }
 
     async def purge_namespace(self) -> int:
         """Delete every key of this namespace (tests, and re-indexing after a checkpoint change)."""
+
         async def run(r):
             deleted = 0
             async for name in r.scan_iter(match=f"jev:{self.ns}:*", count=500):

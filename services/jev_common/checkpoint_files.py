@@ -1,6 +1,7 @@
 """Reading a checkpoint's files without executing anything in them, shared by the worker and the preencoder,
 and the one error that says a service cannot serve its recipe (never an HTTP answer: the service exits or
 reports it in /health)."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ def load_torch_state(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError) as exc:
-        raise ServingError(f"{os.path.basename(path)} is not a plain tensor state (torch.load(weights_only=True) "
-                           f"refused it): {exc}") from None
+        raise ServingError(
+            f"{os.path.basename(path)} is not a plain tensor state (torch.load(weights_only=True) refused it): {exc}"
+        ) from None
     if not isinstance(state, dict):
         raise ServingError(f"{os.path.basename(path)} holds {type(state).__name__}, not a state dict of tensors")
     return state

@@ -15,6 +15,7 @@ A default that is not a constant (the recipe's, `hostname:port`) declares how th
 shown as "recipe (`value`)" (`from_recipe=True`); the upstream default that applies when a service is
 started with upstream names is `upstream=` ("(upstream names: `value`)").
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,6 +59,7 @@ def format_bytes(value: int) -> str:
 
 
 # --- parsers: (raw text, the name it was read from) -> value; ValueError names that variable --------
+
 
 def _parse_str(raw: str, source: str) -> str:
     return raw
@@ -107,6 +109,7 @@ def _parse_optional(raw: str, source: str) -> str | None:
 
 # --- how a value is written in the environment (and so in the docs) ----------------------------------
 
+
 def _text(value: object) -> str | None:
     """The env text that sets `value`; None for 'nothing' (None, '', ())."""
     if value is None or value == "" or value == ():
@@ -123,6 +126,7 @@ def _text(value: object) -> str | None:
 @dataclass(frozen=True)
 class Kind(Generic[T]):
     """A variable's type: how its text is parsed and how a value is written back."""
+
     name: str
     parse: Callable[[str, str], T]
     text: Callable[[Any], str | None] = _text
@@ -141,14 +145,15 @@ OPTIONAL: Kind["str | None"] = Kind("optional", _parse_optional)
 class EnvVar(Generic[T]):
     """One environment variable: its name, its type, its default value, what it means, the upstream
     names read as aliases, and how the docs show the default where it is not a constant."""
+
     name: str
     kind: Kind[T]
     default: T
     doc: str
     aliases: tuple[str, ...] = ()
-    upstream: T = _SAME       # the default when the service was started with upstream names
-    note: str = ""            # said after the default in the docs: "`0` (torch default)"
-    shown: str = ""           # the docs' default column, for a default that is not a constant
+    upstream: T = _SAME  # the default when the service was started with upstream names
+    note: str = ""  # said after the default in the docs: "`0` (torch default)"
+    shown: str = ""  # the docs' default column, for a default that is not a constant
     from_recipe: bool = False  # the recipe's value; `default` is the recipe schema's default
 
     def __post_init__(self) -> None:
@@ -224,8 +229,9 @@ def _var(kind: Kind[T]) -> Callable[..., EnvVar[T]]:
         return EnvVar(name, kind, default, doc, tuple(aliases), **options)
 
     make.__name__ = f"{kind.name}_var"
-    make.__doc__ = (f"An EnvVar of type {kind.name}: (name, default, doc, aliases=(), upstream=, note=, shown=, "
-                    "from_recipe=).")
+    make.__doc__ = (
+        f"An EnvVar of type {kind.name}: (name, default, doc, aliases=(), upstream=, note=, shown=, from_recipe=)."
+    )
     return make
 
 
@@ -254,8 +260,9 @@ def one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
-def custom_var(name: str, parse: Callable[[str], T], default: T, doc: str, aliases: tuple[str, ...] = (),
-               **options: Any) -> EnvVar[T]:
+def custom_var(
+    name: str, parse: Callable[[str], T], default: T, doc: str, aliases: tuple[str, ...] = (), **options: Any
+) -> EnvVar[T]:
     """A variable with its own parser (text -> value; a ValueError names the variable)."""
     return EnvVar(name, Kind(parse.__name__, lambda raw, source: parse(raw)), default, doc, tuple(aliases), **options)
 
@@ -291,5 +298,6 @@ class EnvTable:
 
 # read by every service (jev_common.logs, jev_common.recipe)
 LOG_LEVEL = str_var("JEV_LOG_LEVEL", "INFO", "log level; every log line is one JSON object on stderr")
-RECIPES_DIR = str_var("JEV_RECIPES_DIR", COMPUTED, "where recipe names are looked up",
-                      shown="`recipes/` of this checkout")
+RECIPES_DIR = str_var(
+    "JEV_RECIPES_DIR", COMPUTED, "where recipe names are looked up", shown="`recipes/` of this checkout"
+)

@@ -5,6 +5,7 @@ holds one would put the model's own control token into the prompt (a turn bounda
 marker). Each prompt builder keeps one ControlTokens and checks every piece of user text against it
 (422 `unreadable_input`, naming the token and where it was found).
 """
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,11 @@ from jev_common.errors import UnreadableInput
 def special_tokens(tokenizer) -> set[str]:
     """The tokenizer's special tokens and its added tokens marked special (the texts it never splits)."""
     tokens = {t for t in getattr(tokenizer, "all_special_tokens", []) if t}
-    tokens |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-               if getattr(t, "special", False) and t.content}
+    tokens |= {
+        t.content
+        for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        if getattr(t, "special", False) and t.content
+    }
     return tokens
 
 
@@ -38,5 +42,6 @@ class ControlTokens:
     def check(self, text: str, where: str) -> None:
         match = self._pattern.search(text) if self._pattern is not None else None
         if match:
-            raise UnreadableInput(f"{where} contains {match.group(0)!r}, a control token of this {self.what}; "
-                                  f"{self.hint}")
+            raise UnreadableInput(
+                f"{where} contains {match.group(0)!r}, a control token of this {self.what}; {self.hint}"
+            )

@@ -10,6 +10,7 @@
   environment before libgomp loads, i.e. before torch is imported: `python -m jev_worker` sets it first thing,
   unless OMP_WAIT_POLICY is already set.
 """
+
 from __future__ import annotations
 
 import math

@@ -12,6 +12,7 @@ and headers; `http_error` turns a raised error into the `ApiError` that the serv
 docs/CONTRACTS.md's error table is rendered from `ERRORS` (`python -m tools.env_tables --write`; checked by
 tests/unit/test_errors.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,8 +26,15 @@ class DomainError(Exception):
     `loc` locates a validation failure in the body; `details` are FastAPI-shaped validation details when a
     parser found several; `retry_after` (seconds) is a hint for errors a client may retry."""
 
-    def __init__(self, message: str, loc: tuple = (), *, kind: str = "value_error",
-                 details: list[dict] | None = None, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        loc: tuple = (),
+        *,
+        kind: str = "value_error",
+        details: list[dict] | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.loc = loc
@@ -260,8 +268,14 @@ class ApiError(Exception):
     """An error as HTTP answers it: status, error type, message, headers, validation details. Built from a
     domain error by `http_error` (the services raise domain errors; test fakes may build these directly)."""
 
-    def __init__(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None,
-                 details: list[dict] | None = None):
+    def __init__(
+        self,
+        status: int,
+        type_: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        details: list[dict] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.type = type_
@@ -325,5 +339,7 @@ def markdown_table() -> str:
     mapped = {(spec.status, spec.type) for spec in ERRORS.values()}
     for status, type_ in sorted(HTTP_ERROR_TYPES.items()):
         if (status, type_) not in mapped:
-            rows.append(f"| `{type_}` | {status} | (HTTP) | answered by the HTTP layer itself (unknown routes or methods, malformed HTTP, a failure no code anticipated) |")
+            rows.append(
+                f"| `{type_}` | {status} | (HTTP) | answered by the HTTP layer itself (unknown routes or methods, malformed HTTP, a failure no code anticipated) |"
+            )
     return "\n".join(rows)

@@ -1,13 +1,14 @@
 """aiohttp plumbing shared by the services: error middleware, request ids, API keys, bounded bodies
 (JSON, multipart, compressed), JSON answers to malformed HTTP, app runner."""
+
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import hmac
-import signal
 import json
 import logging
+import signal
 import uuid
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -16,9 +17,22 @@ from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
-    HTTP_ERROR_TYPES, ApiError, ApiKeyInvalid, ApiKeyMissing, BodyTooLarge, DomainError, DuplicateKey, InvalidRequest,
-    MalformedBody, UndecodableBody, UnsupportedEncoding, UnsupportedMediaType, api_error_response, error_body,
-    error_response, validation_error,
+    HTTP_ERROR_TYPES,
+    ApiError,
+    ApiKeyInvalid,
+    ApiKeyMissing,
+    BodyTooLarge,
+    DomainError,
+    DuplicateKey,
+    InvalidRequest,
+    MalformedBody,
+    UndecodableBody,
+    UnsupportedEncoding,
+    UnsupportedMediaType,
+    api_error_response,
+    error_body,
+    error_response,
+    validation_error,
 )
 from .internal_auth import TRUSTED
 from .schema import summarize_details
@@ -27,12 +41,12 @@ log = logging.getLogger("jev.http")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 # How a request is carried (not what it asks: that is the body's): the caller's deadline, and who the caller is
-DEADLINE_HEADER = "x-jev-deadline-s"      # seconds this caller waits for the answer (the caller owns the deadline)
-CLIENT_HEADER = "x-jev-client"            # the fairness key, set by the frontend (API key digest or address)
-WORKER_HEADER = "x-jev-worker"            # which worker answered a decision (its JEV_WORKER_ID)
-REVISION_HEADER = "x-jev-revision"        # the checkpoint that answered it (its pinned revision or content digest)
+DEADLINE_HEADER = "x-jev-deadline-s"  # seconds this caller waits for the answer (the caller owns the deadline)
+CLIENT_HEADER = "x-jev-client"  # the fairness key, set by the frontend (API key digest or address)
+WORKER_HEADER = "x-jev-worker"  # which worker answered a decision (its JEV_WORKER_ID)
+REVISION_HEADER = "x-jev-revision"  # the checkpoint that answered it (its pinned revision or content digest)
 CODE_VERSION_HEADER = "x-jev-code-version"  # the code that answered it (jev_common.version)
-SDK_HEADER = "x-typesafe-sdk"             # typesafe-sdk sends it on every attempt
+SDK_HEADER = "x-typesafe-sdk"  # typesafe-sdk sends it on every attempt
 RETRY_COUNT_HEADER = "x-typesafe-retry-count"  # ... and this on its retries
 RETRY_HEADERS = (SDK_HEADER, RETRY_COUNT_HEADER)
 MAX_DEADLINE_S = 600.0
@@ -47,7 +61,9 @@ def validation_details(exc: ValidationError) -> list[dict]:
     out = []
     for err in exc.errors(include_url=False, include_input=False, include_context=False)[:20]:
         loc = [p if isinstance(p, (str, int)) else str(p) for p in err.get("loc", ())]
-        out.append({"loc": ["body", *loc], "msg": str(err.get("msg", "invalid")), "type": str(err.get("type", "value_error"))})
+        out.append(
+            {"loc": ["body", *loc], "msg": str(err.get("msg", "invalid")), "type": str(err.get("type", "value_error"))}
+        )
     return out or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
 
 
@@ -120,8 +136,10 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
     except ValueError:
         value = float("nan")
     if not 0 < value <= limit_s:  # also false for nan
-        raise InvalidRequest(f"header {DEADLINE_HEADER} must be a number of seconds in (0, {limit_s:g}], got "
-                             f"{raw[:50]!r}", ("headers", DEADLINE_HEADER))
+        raise InvalidRequest(
+            f"header {DEADLINE_HEADER} must be a number of seconds in (0, {limit_s:g}], got {raw[:50]!r}",
+            ("headers", DEADLINE_HEADER),
+        )
     return value
 
 
@@ -153,8 +171,10 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     if encoding == "identity":
         encoding = ""
     if encoding and encoding not in DECODED_ENCODINGS:
-        raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported; "
-                       f"send {', '.join(DECODED_ENCODINGS)} or an uncompressed body")
+        raise UnsupportedEncoding(
+            f"Content-Encoding {encoding!r} is not supported; "
+            f"send {', '.join(DECODED_ENCODINGS)} or an uncompressed body"
+        )
     if not encoding and request.content_length is not None and request.content_length > max_bytes:
         raise BodyTooLarge(f"body is {request.content_length} bytes; the limit is {max_bytes}")
     body = bytearray()
@@ -180,8 +200,12 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise DuplicateKey(f"duplicate key {key[:200]!r} in a JSON object: a question id, option name or "
-                                   "field may appear only once", (key[:200],), kind="duplicate_key")
+                raise DuplicateKey(
+                    f"duplicate key {key[:200]!r} in a JSON object: a question id, option name or "
+                    "field may appear only once",
+                    (key[:200],),
+                    kind="duplicate_key",
+                )
             seen.add(key)
     return out
 
@@ -240,8 +264,10 @@ def check_body_type(content_type: str | None) -> None:
     anything else is refused (415) before the body is read."""
     if not content_type or is_json_type(content_type) or content_type.lower().startswith("multipart/form-data"):
         return
-    raise UnsupportedMediaType(f"Content-Type {content_type.split(';', 1)[0].strip()[:100]!r} is not read here: send "
-                               "application/json, or multipart/form-data with the JSON in a part named 'request'")
+    raise UnsupportedMediaType(
+        f"Content-Type {content_type.split(';', 1)[0].strip()[:100]!r} is not read here: send "
+        "application/json, or multipart/form-data with the JSON in a part named 'request'"
+    )
 
 
 async def read_systemone_body(request: web.Request, max_bytes: int) -> SystemOneBody:
@@ -253,8 +279,11 @@ async def read_systemone_body(request: web.Request, max_bytes: int) -> SystemOne
         return SystemOneBody(decode_json(raw), raw=raw, content_type="application/json")
     parts = parse_multipart(raw, content_type)
     if MULTIPART_REQUEST_PART not in parts:
-        raise validation_error(f"a multipart request needs a part named {MULTIPART_REQUEST_PART!r} holding the JSON",
-                               (MULTIPART_REQUEST_PART,), "missing")
+        raise validation_error(
+            f"a multipart request needs a part named {MULTIPART_REQUEST_PART!r} holding the JSON",
+            (MULTIPART_REQUEST_PART,),
+            "missing",
+        )
     payload = decode_json(parts.pop(MULTIPART_REQUEST_PART))
     return SystemOneBody(payload, parts=parts, raw=raw, content_type=content_type)
 
@@ -267,7 +296,9 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
     if "boundary=" not in content_type:
         raise MalformedBody("multipart body without a boundary")
     try:
-        message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw
+        )
     except Exception as exc:  # noqa: BLE001
         raise MalformedBody(f"malformed multipart body: {exc}") from None
     if not message.is_multipart():
@@ -290,16 +321,22 @@ class JsonErrorRequestHandler(web_protocol.RequestHandler):
     """aiohttp answers framing and header errors (bad request line, oversized headers, broken chunked
     encoding) in text/plain; answer them in the API's JSON error shape instead."""
 
-    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send the error")
         if status >= 500:
             self.log_exception("Error handling request", exc_info=exc)
         type_ = HTTP_ERROR_TYPES.get(status, "bad_request")
-        text = "internal error; see the service log" if status >= 500 else (message or getattr(exc, "message", None) or str(exc or "bad request"))
-        response = web.json_response(error_body(type_, str(text)[:500]), status=status,
-                                     headers={REQUEST_ID_HEADER: new_request_id()})
+        text = (
+            "internal error; see the service log"
+            if status >= 500
+            else (message or getattr(exc, "message", None) or str(exc or "bad request"))
+        )
+        response = web.json_response(
+            error_body(type_, str(text)[:500]), status=status, headers={REQUEST_ID_HEADER: new_request_id()}
+        )
         response.force_close()
         return response
 
@@ -308,8 +345,7 @@ def install_json_protocol_errors() -> None:
     web_server.RequestHandler = JsonErrorRequestHandler
 
 
-def run_app(app: web.Application, host: str, port: int,
-            on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+def run_app(app: web.Application, host: str, port: int, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
     """Serve on uvloop when it is there, with handler cancellation on: a client that disconnects cancels its
     handler (aiohttp leaves handlers running unless told), so the work it started stops with it. Without
     `on_stop`, aiohttp handles SIGTERM/SIGINT; with it, the first SIGTERM/SIGINT awaits `on_stop()` while the
@@ -323,16 +359,17 @@ def run_app(app: web.Application, host: str, port: int,
         pass
     install_json_protocol_errors()
     if on_stop is None:
-        web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True,
-                    handler_cancellation=True)
+        web.run_app(
+            app, host=host, port=port, access_log=None, print=None, handle_signals=True, handler_cancellation=True
+        )
         return
     asyncio.run(_serve_until_signalled(app, host, port, on_stop))
 
 
-async def _serve_until_signalled(app: web.Application, host: str, port: int,
-                                 on_stop: Callable[[], Awaitable[None]]) -> None:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0,
-                           handler_cancellation=True)
+async def _serve_until_signalled(
+    app: web.Application, host: str, port: int, on_stop: Callable[[], Awaitable[None]]
+) -> None:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -345,5 +382,6 @@ async def _serve_until_signalled(app: web.Application, host: str, port: int,
         await on_stop()
     finally:
         await runner.cleanup()
+
 
 install_json_protocol_errors()

@@ -8,6 +8,7 @@ Two tokens may be valid at once, so a token rotates without downtime: the fronte
 
 With no token configured a backend serves any caller, and the network policy is the boundary.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -27,13 +28,19 @@ INTERNAL_TOKEN_HEADER = "x-jev-internal-token"
 TRUSTED = web.RequestKey("trusted", bool)  # the caller carries the internal credential (or none is configured)
 
 INTERNAL_TOKENS = list_var(
-    "JEV_INTERNAL_TOKENS", (), "internal credential between the frontend and the workers/preencoder, "
+    "JEV_INTERNAL_TOKENS",
+    (),
+    "internal credential between the frontend and the workers/preencoder, "
     "comma-separated: a backend accepts any listed token, the frontend sends the first (list the new one on the "
-    "backends, then first on the frontend, to rotate without downtime). Never logged", note="from the file, else off")
+    "backends, then first on the frontend, to rotate without downtime). Never logged",
+    note="from the file, else off",
+)
 INTERNAL_TOKEN_FILE = optional_var(
-    "JEV_INTERNAL_TOKEN_FILE", "a file holding internal tokens (comma- or line-separated), read at start after "
+    "JEV_INTERNAL_TOKEN_FILE",
+    "a file holding internal tokens (comma- or line-separated), read at start after "
     "`JEV_INTERNAL_TOKENS`; when it does not exist, a random token is written there (so services sharing the folder "
-    "share it: compose and `make up` generate theirs so)")
+    "share it: compose and `make up` generate theirs so)",
+)
 
 
 def load_internal_tokens(listed: tuple[str, ...], token_file: str | None) -> tuple[str, ...]:
@@ -82,8 +89,12 @@ def matches(given: str, accepted: tuple[str, ...]) -> bool:
     return found
 
 
-def backend_guard(tokens: tuple[str, ...], api_keys: tuple[str, ...] = (), protected_prefix: str = "/v1/",
-                  internal_prefixes: tuple[str, ...] = ()):
+def backend_guard(
+    tokens: tuple[str, ...],
+    api_keys: tuple[str, ...] = (),
+    protected_prefix: str = "/v1/",
+    internal_prefixes: tuple[str, ...] = (),
+):
     """A backend's middleware: on `protected_prefix` routes, the internal credential when tokens are configured.
     `api_keys` (the worker's own `JEV_API_KEYS`, for a worker serving callers without a frontend) also admit a
     caller; where tokens are configured too, such a caller is untrusted: its `x-jev-client` is ignored and
@@ -97,8 +108,10 @@ def backend_guard(tokens: tuple[str, ...], api_keys: tuple[str, ...] = (), prote
         if request.path.startswith(protected_prefix) and (tokens or api_keys):
             given = _given_token(request)
             if given is None:
-                raise ApiKeyMissing("a credential is required: this service is reached through the frontend "
-                                    f"(it sends {INTERNAL_TOKEN_HEADER}), or send Authorization: Bearer <key>")
+                raise ApiKeyMissing(
+                    "a credential is required: this service is reached through the frontend "
+                    f"(it sends {INTERNAL_TOKEN_HEADER}), or send Authorization: Bearer <key>"
+                )
             if tokens and matches(given, tokens):
                 request[TRUSTED] = True
             elif not (api_keys and matches(given, api_keys)):

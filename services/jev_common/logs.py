@@ -6,6 +6,7 @@ Besides the logging module's records, a service's stderr carries what libraries 
 `capture_stderr=True` sys.stderr becomes a line writer that wraps each such line as a JSON object
 (logger `stderr`), and progress bars (tqdm, huggingface_hub) are switched off: they are not log lines.
 """
+
 from __future__ import annotations
 
 import io
@@ -85,9 +86,13 @@ def _log_uncaught(logger: logging.Logger):
     def thread_hook(args):
         if args.exc_type is SystemExit:
             return
-        logger.critical("uncaught %s in thread %s: %s", args.exc_type.__name__,
-                        getattr(args.thread, "name", "?"), args.exc_value,
-                        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+        logger.critical(
+            "uncaught %s in thread %s: %s",
+            args.exc_type.__name__,
+            getattr(args.thread, "name", "?"),
+            args.exc_value,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
 
     return hook, thread_hook
 

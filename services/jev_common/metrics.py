@@ -3,6 +3,7 @@
 Names carry the service (jev_frontend_http_requests_total, jev_worker_http_...), so the frontend can
 append a worker's exposition to its own without clashing families.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,12 +19,17 @@ class HttpMetrics:
         self.registry = registry or CollectorRegistry()
         prefix = f"jev_{service}_http"
         self.requests = Counter(
-            f"{prefix}_requests_total", "HTTP requests by route and status", ["route", "status"],
+            f"{prefix}_requests_total",
+            "HTTP requests by route and status",
+            ["route", "status"],
             registry=self.registry,
         )
         self.latency = Histogram(
-            f"{prefix}_request_seconds", "HTTP request latency", ["route"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            f"{prefix}_request_seconds",
+            "HTTP request latency",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
 

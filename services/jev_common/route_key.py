@@ -8,6 +8,7 @@ and arrays as JSON text, jev_common.state_text.render_state) and the sorted keys
 holds in L3 (cache_index `route` entries), so the frontend finds where a state is warm. Same model,
 same route key -> same prefix; the namespace (checkpoint) keeps models apart.
 """
+
 from __future__ import annotations
 
 import binascii

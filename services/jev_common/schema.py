@@ -7,6 +7,7 @@ Two request forms share the route, told apart by shape (`is_envelope`):
   Its `state` is text, `{text, image}`, or the flagship contract's own forms (a list of text and image parts, a JSON
   object); which forms and kinds a served model answers is its family's (jev_worker.request.legacy).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,21 +61,31 @@ def _state_form(value) -> str:
     return "parts" if isinstance(value, list) else "state"
 
 
-StateForm = Annotated[Union[Annotated[State, Tag("state")], Annotated[list[Any], Tag("parts")],
-                            Annotated[dict[str, Any], Tag("object")]], Discriminator(_state_form)]
+StateForm = Annotated[
+    Union[Annotated[State, Tag("state")], Annotated[list[Any], Tag("parts")], Annotated[dict[str, Any], Tag("object")]],
+    Discriminator(_state_form),
+]
 NEEDS_OPTIONS = ("choice", "span", "set")  # the kinds whose options are the question
 
 
 class DecisionRequest(_Strict):
     kind: Kind
-    model: str | None = Field(default=None, description="accepted as upstream examples send it; the worker "
-                                                         "serves its own recipe whatever it names")
-    state: StateForm = Field(description="text, {text, image}, or the flagship contract's forms: a list of text and image "
-                                         "parts ({\"image\": data URI}) in prompt order, or a JSON object")
+    model: str | None = Field(
+        default=None,
+        description="accepted as upstream examples send it; the worker serves its own recipe whatever it names",
+    )
+    state: StateForm = Field(
+        description="text, {text, image}, or the flagship contract's forms: a list of text and image "
+        'parts ({"image": data URI}) in prompt order, or a JSON object'
+    )
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
-    options: list[str] | None = Field(default=None, min_length=2, max_length=MAX_OPTIONS,
-                                      description="required for choice, span and set; a family may ask noul "
-                                                  "and score without them (the flagship contract)")
+    options: list[str] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=MAX_OPTIONS,
+        description="required for choice, span and set; a family may ask noul "
+        "and score without them (the flagship contract)",
+    )
     request_id: str | None = Field(default=None, max_length=200)
     deadline_s: float | None = Field(default=None, gt=0, le=600)
 
@@ -132,8 +143,11 @@ class DecisionRequest(_Strict):
             return self.state.text or "", [self.state.image] if self.state.image else []
         from .state_text import render_state
 
-        return render_state(self.state), [url for url in map(image_part_url, self.state if isinstance(
-            self.state, list) else []) if isinstance(url, str)]
+        return render_state(self.state), [
+            url
+            for url in map(image_part_url, self.state if isinstance(self.state, list) else [])
+            if isinstance(url, str)
+        ]
 
 
 def image_part_url(part) -> object:
@@ -300,8 +314,7 @@ def _shallow(value, where: str):
     if content_depth(value) > MAX_CONTENT_DEPTH:
         raise ValueError(f"{where} is nested deeper than {MAX_CONTENT_DEPTH} levels")
     if content_chars(value) > MAX_CONTENT_CHARS:
-        raise ValueError(f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any served model "
-                         "reads")
+        raise ValueError(f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any served model reads")
     return value
 
 
@@ -413,8 +426,9 @@ class SetQuestion(_Question):
         return _described_options(criteria)
 
 
-Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion, SpanQuestion, SetQuestion],
-                     Field(discriminator="type")]
+Question = Annotated[
+    Union[NoulQuestion, ChoiceQuestion, ScoreQuestion, SpanQuestion, SetQuestion], Field(discriminator="type")
+]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score", "span", "set")
 
 
@@ -445,7 +459,8 @@ class SystemOneRequest(BaseModel):
     model: str
     state: Content
     questions: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)], Question] = Field(
-        min_length=1, max_length=MAX_QUESTIONS)
+        min_length=1, max_length=MAX_QUESTIONS
+    )
     assets: dict[Annotated[str, Field(min_length=1)], AssetRef] | None = Field(default=None, min_length=1)
     # extension (x_: the SDK and other servers ignore it): answers that do not depend on option order.
     # `cyclic`: each choice answered from the cyclic shifts of its options (all of them up to 8 options, else 8
@@ -463,15 +478,21 @@ class SystemOneRequest(BaseModel):
             parts = [("state", data.get("state"))]
             questions = data.get("questions")
             if isinstance(questions, dict):
-                parts += [(f"questions[{qid[:100]!r}].{field}", value) for qid, q in questions.items()
-                          for field, value in (q.items() if isinstance(q, dict) else [("", q)])]
+                parts += [
+                    (f"questions[{qid[:100]!r}].{field}", value)
+                    for qid, q in questions.items()
+                    for field, value in (q.items() if isinstance(q, dict) else [("", q)])
+                ]
             for where, value in parts:
                 if content_chars(value) > MAX_CONTENT_CHARS:
-                    raise ValueError(f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any "
-                                     "served model reads")
+                    raise ValueError(
+                        f"{where} is longer than {MAX_CONTENT_CHARS:,} characters, past what any served model reads"
+                    )
             if content_chars([data.get("state"), questions]) > MAX_CONTENT_CHARS:
-                raise ValueError(f"the request's text is longer than {MAX_CONTENT_CHARS:,} characters, past what "
-                                 "any served model reads")
+                raise ValueError(
+                    f"the request's text is longer than {MAX_CONTENT_CHARS:,} characters, past what "
+                    "any served model reads"
+                )
         return data
 
     @model_validator(mode="before")
@@ -479,9 +500,11 @@ class SystemOneRequest(BaseModel):
     def _no_side_media(cls, data):
         for key in SIDE_MEDIA if isinstance(data, dict) else ():
             if key in data:
-                raise ValueError(f"top-level `{key}` is not read by this API (it would be answered without them): "
-                                 "send each image as an `assets` entry, e.g. {\"<image:1>\": {\"type\": \"image\", "
-                                 "\"data_base64\": \"...\"}}, and put its reference where it belongs in the state")
+                raise ValueError(
+                    f"top-level `{key}` is not read by this API (it would be answered without them): "
+                    'send each image as an `assets` entry, e.g. {"<image:1>": {"type": "image", '
+                    '"data_base64": "..."}}, and put its reference where it belongs in the state'
+                )
         return data
 
     @field_validator("state")
@@ -497,8 +520,9 @@ class SystemOneRequest(BaseModel):
                     raise ValueError(f"question {qid!r}: span questions need a text state")
                 missing = [c for c in question.criteria if c not in self.state]
                 if missing:
-                    raise ValueError(f"question {qid!r}: span candidates must occur in the state; "
-                                     f"not found: {missing[:3]!r}")
+                    raise ValueError(
+                        f"question {qid!r}: span candidates must occur in the state; not found: {missing[:3]!r}"
+                    )
         return self
 
 
@@ -590,16 +614,19 @@ class ModelList(BaseModel):
 def choice_answer(names: list[str], probabilities: list[float]) -> "ChoiceAnswer":
     """A choice answer from the options' probabilities in request order (ties: the earliest option)."""
     best = max(range(len(probabilities)), key=probabilities.__getitem__)
-    return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probabilities)),
-                        confidence=choice_confidence(probabilities))
+    return ChoiceAnswer(
+        choice=names[best], probabilities=dict(zip(names, probabilities)), confidence=choice_confidence(probabilities)
+    )
 
 
 def score_answer(levels: list, probabilities: list[float]) -> "ScoreAnswer":
     """A score answer from the levels' probabilities: score = sum(i * p_i), the legend the levels."""
-    return ScoreAnswer(score=sum(i * p for i, p in enumerate(probabilities)),
-                       legend={str(i): level for i, level in enumerate(levels)},
-                       probabilities={str(i): p for i, p in enumerate(probabilities)},
-                       confidence=score_confidence(probabilities))
+    return ScoreAnswer(
+        score=sum(i * p for i, p in enumerate(probabilities)),
+        legend={str(i): level for i, level in enumerate(levels)},
+        probabilities={str(i): p for i, p in enumerate(probabilities)},
+        confidence=score_confidence(probabilities),
+    )
 
 
 def choice_confidence(probabilities: list[float]) -> float:

@@ -9,6 +9,7 @@ they cannot drift apart. Families whose upstream renders differently keep their 
 families' upstreams, both as `annotate_indices`): every array of `INDEX_MIN` or more items, at any depth, has
 each item `i` written as `{"_index": i, **item}` (an object) or `{"_index": i, "value": item}`.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ def annotate_indices(value: object, min_len: int = INDEX_MIN) -> object:
     """`value` with every array of `min_len` or more items numbered (`_index`), recursively."""
     if isinstance(value, list):
         if len(value) >= min_len:
-            return [{"_index": i, **annotate_indices(item, min_len)} if isinstance(item, dict)
-                    else {"_index": i, "value": annotate_indices(item, min_len)} for i, item in enumerate(value)]
+            return [
+                {"_index": i, **annotate_indices(item, min_len)}
+                if isinstance(item, dict)
+                else {"_index": i, "value": annotate_indices(item, min_len)}
+                for i, item in enumerate(value)
+            ]
         return [annotate_indices(item, min_len) for item in value]
     if isinstance(value, dict):
         return {key: annotate_indices(item, min_len) for key, item in value.items()}

@@ -2,6 +2,7 @@
 can be traced to a changed model or changed code. A deployment may set it (the worker's JEV_CODE_VERSION: an image
 build can pass its git commit); else it is `src-` and a digest of the services' Python sources as they are on disk:
 the same code gives the same version on every machine, with or without a git checkout."""
+
 from __future__ import annotations
 
 import functools

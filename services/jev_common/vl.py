@@ -8,6 +8,7 @@
   keys are namespaced by it, so a new checkpoint never reuses old embeddings.
 - `processor_identity(processor)`: a digest of the image-processing settings an asset was made with.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,8 @@ from pathlib import Path
 
 log = logging.getLogger("jev.vl")
 
-_FULL_HASH_LIMIT = 256 << 20   # weight files up to this size are hashed whole
-_SAMPLE = 1 << 20              # larger ones: header + first and last MiB + size
+_FULL_HASH_LIMIT = 256 << 20  # weight files up to this size are hashed whole
+_SAMPLE = 1 << 20  # larger ones: header + first and last MiB + size
 _CONFIG_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "generation_config.json")
 
 
@@ -28,8 +29,7 @@ def _image_only_processor_class(base):
     processor's attributes come from its __init__ signature, so this one asks for no video processor."""
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        base.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template,
-                      **kwargs)
+        base.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
 
     return type(f"ImageOnly{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__})
 
@@ -54,7 +54,10 @@ def load_vl_processor(folder: str | os.PathLike, **kwargs):
 
     try:
         processor = AutoProcessor.from_pretrained(folder, **kwargs)
-        if getattr(processor, "image_processor", None) is not None and getattr(processor, "tokenizer", None) is not None:
+        if (
+            getattr(processor, "image_processor", None) is not None
+            and getattr(processor, "tokenizer", None) is not None
+        ):
             return processor
         reason = f"AutoProcessor gave a {type(processor).__name__} without an image processor"
     except (OSError, ImportError, ValueError, AttributeError, TypeError) as exc:

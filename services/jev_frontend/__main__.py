@@ -1,4 +1,5 @@
 """`python -m jev_frontend`: serve the frontend on JEV_FRONTEND_HOST:JEV_FRONTEND_PORT."""
+
 from __future__ import annotations
 
 import sys

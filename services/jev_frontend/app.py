@@ -1,5 +1,6 @@
 """The frontend's aiohttp application: validate at the edge, route to a replica of the request's model,
 forward the original bytes, pass the answer through."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
 from jev_common.http import (
-    CLIENT_HEADER, DEADLINE_HEADER, REQUEST_ID, REQUEST_ID_HEADER, RETRY_HEADERS, auth_middleware, caller_identity,
-    error_middleware, parse_model, read_systemone_body, request_deadline, request_id_middleware,
+    CLIENT_HEADER,
+    DEADLINE_HEADER,
+    REQUEST_ID,
+    REQUEST_ID_HEADER,
+    RETRY_HEADERS,
+    auth_middleware,
+    caller_identity,
+    error_middleware,
+    parse_model,
+    read_systemone_body,
+    request_deadline,
+    request_id_middleware,
 )
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
@@ -22,15 +33,24 @@ from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 from .metrics_merge import merged_exposition
 from .pool import BackendPool
-from .proxy import (DECISION_HEADER_PREFIX, Backend, BackendConnectError, BackendDisconnected, BackendMetrics,
-                    BackendUnreachable)
+from .proxy import (
+    DECISION_HEADER_PREFIX,
+    Backend,
+    BackendConnectError,
+    BackendDisconnected,
+    BackendMetrics,
+    BackendUnreachable,
+)
 from .router import Router
 from .settings import Settings
 
 log = logging.getLogger("jev_frontend")
 
 DEADLINE_GRACE_S = 0.25
-RETRIED_ELSEWHERE = ("unavailable", "not_ready")  # a worker's 503s that mean "not here": draining (ShuttingDown), loading
+RETRIED_ELSEWHERE = (
+    "unavailable",
+    "not_ready",
+)  # a worker's 503s that mean "not here": draining (ShuttingDown), loading
 SET_HERE = (CLIENT_HEADER, INTERNAL_TOKEN_HEADER)  # headers a caller may not send on to a backend
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
@@ -59,8 +79,14 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
-    headers.update({k: v for k, v in request.headers.items() if k.lower() not in SET_HERE and (
-        k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS)})
+    headers.update(
+        {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in SET_HERE
+            and (k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS)
+        }
+    )
     headers[CLIENT_HEADER] = caller_identity(request)  # the caller may not name its own fairness key
     return headers
 
@@ -90,8 +116,13 @@ async def handle_systemone(request: web.Request) -> web.Response:
         text, uris = decision.route_state()
         model, images = None, [key for uri in uris for key in legacy_image_keys(uri)]
         route_key = state_route_key(text, images)
-    call = dict(endpoint="systemone", timeout_s=timeout_s, data=body.raw,
-                headers=_backend_headers(request, body.content_type), timeout_note=note)
+    call = dict(
+        endpoint="systemone",
+        timeout_s=timeout_s,
+        data=body.raw,
+        headers=_backend_headers(request, body.content_type),
+        timeout_note=note,
+    )
     answer = await _routed(request.app, model, route_key, images, call)
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
@@ -109,8 +140,9 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
     while True:
         route = await router.choose(name, route_key, images, exclude=tried)
         if route is None:
-            raise BackendUnavailable(f"no replica of model {name!r} could be reached "
-                           f"(tried {', '.join(sorted(tried))})")
+            raise BackendUnavailable(
+                f"no replica of model {name!r} could be reached (tried {', '.join(sorted(tried))})"
+            )
         try:
             answer = await _send(client, route.backend, route.decision, call)
             refused = _not_serving(answer)
@@ -178,8 +210,9 @@ async def handle_models(request: web.Request) -> web.Response:
         if not models:
             raise NotReady("no backend is in rotation, so no model is served right now")
         return web.json_response({"models": models})
-    answer = await request.app[BACKEND].call("GET", "/v1/models", endpoint="models", timeout_s=settings.timeout_s,
-                                             headers=_backend_headers(request))
+    answer = await request.app[BACKEND].call(
+        "GET", "/v1/models", endpoint="models", timeout_s=settings.timeout_s, headers=_backend_headers(request)
+    )
     return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 
@@ -197,12 +230,17 @@ async def handle_health(request: web.Request) -> web.Response:
         entry = models.setdefault(b.model or "?", {"up": 0, "total": 0})
         entry["total"] += 1
         entry["up"] += int(b.up)
-    detail = {"backends": backends, "models": models, "default_model": pool.default_model() or None,
-              "routing": settings.routing}
+    detail = {
+        "backends": backends,
+        "models": models,
+        "default_model": pool.default_model() or None,
+        "routing": settings.routing,
+    }
     if not any(b.up for b in pool.backends.values()):
         message = "no backend is in rotation" if backends else "no backend is configured or registered yet"
-        return web.json_response({"status": "unavailable", "detail": {
-            **detail, "error_type": "not_ready", "message": message}}, status=503)
+        return web.json_response(
+            {"status": "unavailable", "detail": {**detail, "error_type": "not_ready", "message": message}}, status=503
+        )
     degraded = any(not b.up for b in pool.backends.values())
     return web.json_response({"status": "degraded" if degraded else "ok", "detail": detail})
 
@@ -224,13 +262,15 @@ async def handle_metrics(request: web.Request) -> web.Response:
     several merged, each sample labelled with its backend."""
     settings = request.app[SETTINGS]
     pool = request.app[POOL]
-    targets = ([next(iter(pool.backends.values()))] if settings.single_backend
-               else [b for b in pool.backends.values() if b.up])
+    targets = (
+        [next(iter(pool.backends.values()))] if settings.single_backend else [b for b in pool.backends.values() if b.up]
+    )
     texts = {}
     for backend in targets:
         try:
-            answer = await request.app[BACKEND].call("GET", "/metrics", endpoint="metrics", url=backend.url,
-                                                     timeout_s=settings.timeout_s)
+            answer = await request.app[BACKEND].call(
+                "GET", "/metrics", endpoint="metrics", url=backend.url, timeout_s=settings.timeout_s
+            )
         except DomainError as exc:
             log.info("worker metrics not appended: %s", exc.message)
             continue
@@ -278,10 +318,14 @@ def create_app(settings: Settings) -> web.Application:
             await pool.start()
         else:
             await pool.name_backends()  # for the log below only: requests pass through without routing
-        log.info("frontend proxying to %s (routing %s, timeout %gs, %d connections)",
-                 ", ".join(_named(state) for state in pool.backends.values()) +
-                 (" + workers in the index" if settings.discovery else ""),
-                 settings.routing, settings.timeout_s, settings.max_connections)
+        log.info(
+            "frontend proxying to %s (routing %s, timeout %gs, %d connections)",
+            ", ".join(_named(state) for state in pool.backends.values())
+            + (" + workers in the index" if settings.discovery else ""),
+            settings.routing,
+            settings.timeout_s,
+            settings.max_connections,
+        )
         yield
         await pool.close()
         if index is not None:

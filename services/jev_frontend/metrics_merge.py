@@ -1,5 +1,6 @@
 """Several workers' Prometheus expositions as one: each sample gets a `backend` label (the worker's URL),
 and samples of the same family from different workers are grouped under one HELP/TYPE header."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,8 +29,9 @@ def merged_exposition(texts: dict[str, bytes]) -> bytes:
             if target is None:
                 target = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
-                target.add_sample(sample.name, {**sample.labels, "backend": backend}, sample.value,
-                                  sample.timestamp, sample.exemplar)
+                target.add_sample(
+                    sample.name, {**sample.labels, "backend": backend}, sample.value, sample.timestamp, sample.exemplar
+                )
     if not merged:
         return b""
     registry = CollectorRegistry(auto_describe=False)

@@ -9,6 +9,7 @@ is unreachable (a dead host, a cut link): the requests in flight on it are sent 
 index or still answers 200 (an index restarted empty does not empty the pool), and leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias); its
 index namespace, worker id and queue depth from its health detail or its index registration.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,9 +52,16 @@ class BackendState:
         return max(self.in_flight, self.queue_depth)
 
     def describe(self) -> dict:
-        return {"url": self.url, "model": self.model or None, "state": "up" if self.up else "down",
-                "source": self.source, "worker_id": self.worker_id or None, "in_flight": self.in_flight,
-                "queue_depth": self.queue_depth, "error": self.error}
+        return {
+            "url": self.url,
+            "model": self.model or None,
+            "state": "up" if self.up else "down",
+            "source": self.source,
+            "worker_id": self.worker_id or None,
+            "in_flight": self.in_flight,
+            "queue_depth": self.queue_depth,
+            "error": self.error,
+        }
 
 
 class BackendPool:
@@ -63,7 +71,8 @@ class BackendPool:
         self.metrics = metrics
         self.index = index
         self.backends: dict[str, BackendState] = {
-            url: BackendState(url, model) for model, url in settings.static_backends()}
+            url: BackendState(url, model) for model, url in settings.static_backends()
+        }
         self._task: asyncio.Task | None = None
         self._refreshing: asyncio.Task | None = None
 
@@ -79,8 +88,10 @@ class BackendPool:
         """Read each backend's model from its /v1/models once, bounded (for the start-up log of a frontend that
         polls nothing: JEV_BACKEND_URL alone); a backend that does not answer in time stays unnamed."""
         try:
-            await asyncio.wait_for(asyncio.gather(*(self._learn_models(b) for b in self.backends.values()
-                                                    if not b.model)), max(1.0, self.settings.health_interval_s))
+            await asyncio.wait_for(
+                asyncio.gather(*(self._learn_models(b) for b in self.backends.values() if not b.model)),
+                max(1.0, self.settings.health_interval_s),
+            )
         except asyncio.TimeoutError:
             pass
 
@@ -167,8 +178,9 @@ class BackendPool:
 
     async def _learn_models(self, backend: BackendState) -> None:
         try:
-            answer = await self.client.call("GET", "/v1/models", endpoint="models", url=backend.url,
-                                            timeout_s=min(self.settings.timeout_s, 5.0))
+            answer = await self.client.call(
+                "GET", "/v1/models", endpoint="models", url=backend.url, timeout_s=min(self.settings.timeout_s, 5.0)
+            )
             models = json.loads(answer.body).get("models") if answer.status == 200 else None
         except (DomainError, ValueError, AttributeError):
             return
@@ -183,8 +195,13 @@ class BackendPool:
         backend.error = error
         if up != backend.up:
             backend.changed_at = time.monotonic()
-            log.info("backend %s (%s) %s%s", backend.url, backend.model or "?", "back in rotation" if up else
-                     "taken out", f": {error}" if error else "")
+            log.info(
+                "backend %s (%s) %s%s",
+                backend.url,
+                backend.model or "?",
+                "back in rotation" if up else "taken out",
+                f": {error}" if error else "",
+            )
         backend.up = up
         if up:
             backend.unreachable.clear()
@@ -222,9 +239,11 @@ class BackendPool:
         if wanted and wanted in self.known_models():
             return wanted
         served = sorted(self.known_models())
-        raise ModelNotServed(f"model {name!r} is not served here; served: "
-                       f"{', '.join(map(repr, served)) or 'none yet'} (and {LATEST_ALIAS!r} = {self.default_model()!r}); "
-                       "GET /v1/models lists them")
+        raise ModelNotServed(
+            f"model {name!r} is not served here; served: "
+            f"{', '.join(map(repr, served)) or 'none yet'} (and {LATEST_ALIAS!r} = {self.default_model()!r}); "
+            "GET /v1/models lists them"
+        )
 
     def replicas(self, model: str) -> list[BackendState]:
         return [b for b in self.backends.values() if b.model == model]
@@ -234,13 +253,22 @@ class BackendPool:
         seen: dict[str, dict] = {}
         for backend in self.backends.values():
             if backend.up:
-                for info in backend.models or ([{"name": backend.model, "description": backend.model,
-                                                 "release_date": "unknown"}] if backend.model else []):
+                for info in backend.models or (
+                    [{"name": backend.model, "description": backend.model, "release_date": "unknown"}]
+                    if backend.model
+                    else []
+                ):
                     seen.setdefault(str(info["name"]), info)
         out = [seen[name] for name in sorted(seen)]
         default = self.default_model()
         if default in seen:
             made_by = {k: seen[default][k] for k in ("x_revision", "x_code_version") if k in seen[default]}
-            out.append({"name": LATEST_ALIAS, "description": f"alias of {default}",
-                        "release_date": seen[default].get("release_date", "unknown"), **made_by})
+            out.append(
+                {
+                    "name": LATEST_ALIAS,
+                    "description": f"alias of {default}",
+                    "release_date": seen[default].get("release_date", "unknown"),
+                    **made_by,
+                }
+            )
         return out

@@ -5,6 +5,7 @@ envelope: 502 backend_unavailable when the worker cannot be reached or breaks th
 (`BackendConnectError` when the connection was never made, so the request can go to another
 replica), 504 backend_timeout when it does not answer within the deadline.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,12 +32,17 @@ class BackendMetrics:
     def __init__(self, registry: CollectorRegistry):
         # totals over every backend (names kept from the single-backend frontend)
         self.errors = Counter(
-            "jev_frontend_backend_errors_total", "Failed backend calls by endpoint and error type",
-            ["endpoint", "type"], registry=registry,
+            "jev_frontend_backend_errors_total",
+            "Failed backend calls by endpoint and error type",
+            ["endpoint", "type"],
+            registry=registry,
         )
         self.latency = Histogram(
-            "jev_frontend_backend_request_seconds", "Backend call latency (answered calls, any status)",
-            ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry,
+            "jev_frontend_backend_request_seconds",
+            "Backend call latency (answered calls, any status)",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.up = Gauge(
             "jev_frontend_backend_up",
@@ -48,22 +54,33 @@ class BackendMetrics:
         self.routed = Counter(
             "jev_frontend_route_requests_total",
             "Decision requests sent to a backend, by routing decision (warm, affinity, l2, load, cold, "
-            "round_robin, only, down, single)", ["backend", "model", "decision"], registry=registry,
+            "round_robin, only, down, single)",
+            ["backend", "model", "decision"],
+            registry=registry,
         )
         self.backend_errors = Counter(
-            "jev_frontend_route_errors_total", "Failed calls per backend and error type", ["backend", "type"],
+            "jev_frontend_route_errors_total",
+            "Failed calls per backend and error type",
+            ["backend", "type"],
             registry=registry,
         )
         self.backend_latency = Histogram(
-            "jev_frontend_route_request_seconds", "Decision latency per backend (answered calls, any status)",
-            ["backend"], buckets=LATENCY_BUCKETS, registry=registry,
+            "jev_frontend_route_request_seconds",
+            "Decision latency per backend (answered calls, any status)",
+            ["backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.backend_up = Gauge(
-            "jev_frontend_route_backend_up", "1 while a backend is in rotation (healthy), 0 while taken out",
-            ["backend", "model"], registry=registry,
+            "jev_frontend_route_backend_up",
+            "1 while a backend is in rotation (healthy), 0 while taken out",
+            ["backend", "model"],
+            registry=registry,
         )
         self.in_flight = Gauge(
-            "jev_frontend_route_in_flight", "Requests this frontend has in flight per backend", ["backend"],
+            "jev_frontend_route_in_flight",
+            "Requests this frontend has in flight per backend",
+            ["backend"],
             registry=registry,
         )
 
@@ -137,7 +154,11 @@ class Backend:
         headers = {**(headers or {}), **self.credential}
         try:
             async with self.session.request(
-                method, base + path, data=data, headers=headers, allow_redirects=False,
+                method,
+                base + path,
+                data=data,
+                headers=headers,
+                allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 body = await resp.read()

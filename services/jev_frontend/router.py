@@ -16,6 +16,7 @@ depth, whichever is larger) exceeds the least-loaded replica's by more than
 `JEV_ROUTING_MAX_IMBALANCE` is passed over for the least-loaded one (**load**). `round_robin` routing
 sends requests to the replicas in turn (a baseline for the benchmark).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -41,8 +42,9 @@ class Route:
 
 
 class Router:
-    def __init__(self, settings: Settings, pool: BackendPool, index: CacheIndex | None,
-                 rng: random.Random | None = None):
+    def __init__(
+        self, settings: Settings, pool: BackendPool, index: CacheIndex | None, rng: random.Random | None = None
+    ):
         self.settings = settings
         self.pool = pool
         self.index = index
@@ -50,8 +52,13 @@ class Router:
         self._affinity: OrderedDict[str, str] = OrderedDict()  # route key -> backend url
         self._turns: dict[str, itertools.count] = {}
 
-    async def choose(self, model: str, route_key: str | None = None, image_keys: list[str] | tuple = (),
-                     exclude: set[str] = frozenset()) -> Route | None:
+    async def choose(
+        self,
+        model: str,
+        route_key: str | None = None,
+        image_keys: list[str] | tuple = (),
+        exclude: set[str] = frozenset(),
+    ) -> Route | None:
         """A replica of `model` (None when every replica is excluded)."""
         members = [b for b in self.pool.replicas(model) if b.url not in exclude]
         if not members:

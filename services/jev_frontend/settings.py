@@ -8,6 +8,7 @@ the single-backend form (docs/frontend.md, "Routing").
 The upstream frontend's names (`OMNI_JEV_BIND=IP:PORT`, `OMNI_JEV_BACKEND_URL`) are read as aliases;
 started with them, the frontend listens on the upstream default 127.0.0.1:8080.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,17 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from jev_common.config import (LOG_LEVEL, EnvTable, bool_var, bytes_var, custom_var, float_var, int_var, list_var,
-                               str_var)
+from jev_common.config import (
+    LOG_LEVEL,
+    EnvTable,
+    bool_var,
+    bytes_var,
+    custom_var,
+    float_var,
+    int_var,
+    list_var,
+    str_var,
+)
 from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 
 
@@ -52,42 +62,94 @@ def parse_backends(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-ENV = EnvTable("frontend", [
-    str_var("JEV_FRONTEND_HOST", "0.0.0.0", "listen address", upstream="127.0.0.1"),
-    int_var("JEV_FRONTEND_PORT", 8080, "listen port"),
-    custom_var("OMNI_JEV_BIND", parse_bind, None, "the upstream `IP:PORT` form of the two above (they win when set)",
-               shown="—"),
-    str_var("JEV_BACKEND_URL", "http://127.0.0.1:8000", "the worker's base URL (http or https): the "
-            "single-backend form, whose health, models and metrics pass through", ("OMNI_JEV_BACKEND_URL",)),
-    custom_var("JEV_BACKENDS", parse_backends, (), "backends to route among, comma-separated `model=url` (or a "
-               "bare `url`, whose model is read from its `/v1/models`); replicas repeat the model. When set, "
-               "`JEV_BACKEND_URL` is added only if it is set too"),
-    bool_var("JEV_FRONTEND_DISCOVERY", False, "`1`: also route to the workers announced in the index "
-             "(`JEV_REDIS_URL`, keys `jev:worker:*`), added and dropped as they come and go"),
-    str_var("JEV_DEFAULT_MODEL", "", "the model `jev-latest` and the single-question form go to",
-            shown="the first backend's model"),
-    str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "the cache index, read for warm prefixes (route "
+ENV = EnvTable(
+    "frontend",
+    [
+        str_var("JEV_FRONTEND_HOST", "0.0.0.0", "listen address", upstream="127.0.0.1"),
+        int_var("JEV_FRONTEND_PORT", 8080, "listen port"),
+        custom_var(
+            "OMNI_JEV_BIND",
+            parse_bind,
+            None,
+            "the upstream `IP:PORT` form of the two above (they win when set)",
+            shown="—",
+        ),
+        str_var(
+            "JEV_BACKEND_URL",
+            "http://127.0.0.1:8000",
+            "the worker's base URL (http or https): the "
+            "single-backend form, whose health, models and metrics pass through",
+            ("OMNI_JEV_BACKEND_URL",),
+        ),
+        custom_var(
+            "JEV_BACKENDS",
+            parse_backends,
+            (),
+            "backends to route among, comma-separated `model=url` (or a "
+            "bare `url`, whose model is read from its `/v1/models`); replicas repeat the model. When set, "
+            "`JEV_BACKEND_URL` is added only if it is set too",
+        ),
+        bool_var(
+            "JEV_FRONTEND_DISCOVERY",
+            False,
+            "`1`: also route to the workers announced in the index "
+            "(`JEV_REDIS_URL`, keys `jev:worker:*`), added and dropped as they come and go",
+        ),
+        str_var(
+            "JEV_DEFAULT_MODEL",
+            "",
+            "the model `jev-latest` and the single-question form go to",
+            shown="the first backend's model",
+        ),
+        str_var(
+            "JEV_REDIS_URL",
+            "redis://127.0.0.1:6379/0",
+            "the cache index, read for warm prefixes (route "
             "keys), images in L2 and discovery; `none` = route by this frontend's own memory and load only. "
-            "Not used with a single backend"),
-    str_var("JEV_ROUTING", "prefix", "`prefix`: a request goes to the replica where its state is warm, else "
-            "power-of-two-choices by load; `round_robin`: replicas in turn (for comparison)"),
-    int_var("JEV_ROUTING_MAX_IMBALANCE", 8, "a warm replica is skipped for the least-loaded one when it has "
-            "more than this many requests in flight or queued beyond it"),
-    float_var("JEV_FRONTEND_HEALTH_INTERVAL_S", 2.0, "how often every backend's `/health` is polled (and "
-              "discovery re-read); a replica that fails it is taken out until it answers 200 again"),
-    float_var("JEV_FRONTEND_TIMEOUT_S", 305.0, "deadline for a backend answer, in seconds (every backend call): "
-              "past the workers' own default deadline (`JEV_DEADLINE_S`, 300), so that their 504 arrives first. A "
-              "request's `x-jev-deadline-s` header replaces it (plus 0.25 s); the single-question form's "
-              "`deadline_s` lowers it: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`"),
-    bytes_var("JEV_FRONTEND_MAX_BODY_BYTES", 16 << 20, "largest accepted request body (`512K`, `16M`, `1G` or "
-              "plain bytes); larger is 413"),
-    int_var("JEV_FRONTEND_MAX_CONNECTIONS", 64, "size of the pooled connection set to the worker (requests "
-            "beyond it wait for a free connection)"),
-    list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the frontend", note="auth off"),
-    INTERNAL_TOKENS,
-    INTERNAL_TOKEN_FILE,
-    LOG_LEVEL,
-])
+            "Not used with a single backend",
+        ),
+        str_var(
+            "JEV_ROUTING",
+            "prefix",
+            "`prefix`: a request goes to the replica where its state is warm, else "
+            "power-of-two-choices by load; `round_robin`: replicas in turn (for comparison)",
+        ),
+        int_var(
+            "JEV_ROUTING_MAX_IMBALANCE",
+            8,
+            "a warm replica is skipped for the least-loaded one when it has "
+            "more than this many requests in flight or queued beyond it",
+        ),
+        float_var(
+            "JEV_FRONTEND_HEALTH_INTERVAL_S",
+            2.0,
+            "how often every backend's `/health` is polled (and "
+            "discovery re-read); a replica that fails it is taken out until it answers 200 again",
+        ),
+        float_var(
+            "JEV_FRONTEND_TIMEOUT_S",
+            305.0,
+            "deadline for a backend answer, in seconds (every backend call): "
+            "past the workers' own default deadline (`JEV_DEADLINE_S`, 300), so that their 504 arrives first. A "
+            "request's `x-jev-deadline-s` header replaces it (plus 0.25 s); the single-question form's "
+            "`deadline_s` lowers it: `min(deadline_s, JEV_FRONTEND_TIMEOUT_S)`",
+        ),
+        bytes_var(
+            "JEV_FRONTEND_MAX_BODY_BYTES",
+            16 << 20,
+            "largest accepted request body (`512K`, `16M`, `1G` or plain bytes); larger is 413",
+        ),
+        int_var(
+            "JEV_FRONTEND_MAX_CONNECTIONS",
+            64,
+            "size of the pooled connection set to the worker (requests beyond it wait for a free connection)",
+        ),
+        list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the frontend", note="auth off"),
+        INTERNAL_TOKENS,
+        INTERNAL_TOKEN_FILE,
+        LOG_LEVEL,
+    ],
+)
 UPSTREAM_NAMES = ("OMNI_JEV_BIND", "OMNI_JEV_BACKEND_URL")
 
 
@@ -150,15 +212,18 @@ class Settings:
     @classmethod
     def from_env(cls) -> "Settings":
         upstream = any(name in os.environ for name in UPSTREAM_NAMES)
-        bind_host, bind_port = ENV["OMNI_JEV_BIND"].get() or (ENV["JEV_FRONTEND_HOST"].default_for(upstream),
-                                                              ENV["JEV_FRONTEND_PORT"].default)
+        bind_host, bind_port = ENV["OMNI_JEV_BIND"].get() or (
+            ENV["JEV_FRONTEND_HOST"].default_for(upstream),
+            ENV["JEV_FRONTEND_PORT"].default,
+        )
         backends = ENV["JEV_BACKENDS"].get()
         discovery = ENV["JEV_FRONTEND_DISCOVERY"].get()
         return cls(
             host=ENV["JEV_FRONTEND_HOST"].get(bind_host),
             port=ENV["JEV_FRONTEND_PORT"].get(bind_port),
-            backend_url=(ENV["JEV_BACKEND_URL"].get()
-                         if ENV["JEV_BACKEND_URL"].is_set() or not (backends or discovery) else ""),
+            backend_url=(
+                ENV["JEV_BACKEND_URL"].get() if ENV["JEV_BACKEND_URL"].is_set() or not (backends or discovery) else ""
+            ),
             timeout_s=ENV["JEV_FRONTEND_TIMEOUT_S"].get(),
             max_body_bytes=ENV["JEV_FRONTEND_MAX_BODY_BYTES"].get(),
             max_connections=ENV["JEV_FRONTEND_MAX_CONNECTIONS"].get(),

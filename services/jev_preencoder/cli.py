@@ -4,6 +4,7 @@ python -m jev_preencoder serve
 encode exits 0 when every line is done or skipped, 1 when any line failed, 2 when it could not start
 (no model, unreadable manifest).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,14 @@ log = logging.getLogger("jev.preencoder")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m jev_preencoder", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m jev_preencoder", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     enc = sub.add_parser("encode", help="encode the images of a JSONL manifest into assets")
-    enc.add_argument("--manifest", required=True, help="JSONL file, one DecisionRequest-shaped object per line ('-': stdin)")
+    enc.add_argument(
+        "--manifest", required=True, help="JSONL file, one DecisionRequest-shaped object per line ('-': stdin)"
+    )
     enc.add_argument("--out", help="asset folder (default JEV_ASSET_DIR)")
     enc.add_argument("--model", help="local checkpoint folder (default JEV_MODEL_PATH)")
     enc.add_argument("--recipe", help="recipe name or folder (default JEV_RECIPE)")
@@ -88,8 +92,14 @@ async def _encode(args, settings: PreencoderSettings) -> int:
         if result.status == "failed":
             print(f"FAILED {result.message} [{result.reason}]", file=sys.stderr)
     if args.json:
-        json.dump({"results": [r.to_dict() for r in summary.results], "summary": summary.counts(),
-                   "identity": encoder.identity}, sys.stdout)
+        json.dump(
+            {
+                "results": [r.to_dict() for r in summary.results],
+                "summary": summary.counts(),
+                "identity": encoder.identity,
+            },
+            sys.stdout,
+        )
         sys.stdout.write("\n")
     print(summary.line(), file=sys.stderr)
     return 1 if summary.failed else 0
@@ -110,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         serve(PreencoderSettings.from_env())
         return 0
     settings = PreencoderSettings.from_env(
-        recipe=args.recipe, model_path=args.model, asset_dir=args.out, redis_url=args.redis,
-        device=args.device, dtype=args.dtype,
+        recipe=args.recipe,
+        model_path=args.model,
+        asset_dir=args.out,
+        redis_url=args.redis,
+        device=args.device,
+        dtype=args.dtype,
     )
     return asyncio.run(_encode(args, settings))

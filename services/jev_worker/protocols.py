@@ -11,6 +11,7 @@ written (no duck typing, no `getattr` plug points), and the pipeline calls only 
                                  ├─ head: Head (a row's hidden state ──▶ FP32 logits)
                                  └─ single_question() ──▶ SingleQuestionForm (the `kind` form ──▶ Job, fields)
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -25,10 +26,9 @@ if TYPE_CHECKING:  # imported for annotations only: these modules import torch a
     from pydantic import BaseModel
 
     from jev_common.assets import ImageAsset
+    from jev_common.control_tokens import ControlTokens
     from jev_common.recipe import Recipe
     from jev_common.schema import SystemOneRequest
-
-    from jev_common.control_tokens import ControlTokens
 
 
 # ----- the network ------------------------------------------------------------------------------
@@ -59,11 +59,11 @@ class ForwardAdapter(ABC):
     inputs (token ids, or spliced image embeddings), the attention mask of whole rows, which positions the head
     reads, and what the runner may do with it (declared, never detected)."""
 
-    causal: ClassVar[bool] = True          # a position sees only earlier ones: prefill may run in chunks
+    causal: ClassVar[bool] = True  # a position sees only earlier ones: prefill may run in chunks
     graph_capturable: ClassVar[bool] = True  # static-buffer graph replay (graphs.py) computes the same forward
-    reuses_prefix: ClassVar[bool] = True   # rows may continue a prefix state (L3, shared-prefix branching)
-    packs: ClassVar[bool] = True           # rows may run packed end to end under a block mask
-    reads: ClassVar[str] = "last"          # the head reads: last | row (every position of a row) | sequence
+    reuses_prefix: ClassVar[bool] = True  # rows may continue a prefix state (L3, shared-prefix branching)
+    packs: ClassVar[bool] = True  # rows may run packed end to end under a block mask
+    reads: ClassVar[str] = "last"  # the head reads: last | row (every position of a row) | sequence
 
     @abstractmethod
     def positions(self, start: int, length: int, batch: int, rope_delta: int, device) -> "torch.Tensor": ...
@@ -116,9 +116,20 @@ class Backend(ABC):
         return configured
 
     @abstractmethod
-    def build(self, loaded: "LoadedModel", *, head: "Head", batching: bool, max_batch_rows: int, pad_id: int,
-              vision=None, graph_capture=None, kv_budget_bytes: int = 0, prefill_chunk: int = 0,
-              pack_tokens: int = 0) -> Engine:
+    def build(
+        self,
+        loaded: "LoadedModel",
+        *,
+        head: "Head",
+        batching: bool,
+        max_batch_rows: int,
+        pad_id: int,
+        vision=None,
+        graph_capture=None,
+        kv_budget_bytes: int = 0,
+        prefill_chunk: int = 0,
+        pack_tokens: int = 0,
+    ) -> Engine:
         """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
         L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards;
         `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks;
@@ -198,8 +209,9 @@ class PromptBuilder(ABC):
         preencoder recorded: a domain error naming `where`); by default every prepared image is read."""
 
     @abstractmethod
-    def prepare(self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> "PreparedRequest":
+    def prepare(
+        self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> "PreparedRequest":
         """The prefix (what L3 caches) and rows; `state_text` may hold image placeholders already."""
 
     def prefix_groups(self, questions: dict) -> list[dict]:
@@ -263,8 +275,8 @@ class Readout(ABC):
     options: dict = field(default_factory=dict)
     name: ClassVar[str] = "readout"
     question_types: ClassVar[frozenset[str]] = frozenset()
-    needs_lm_head: ClassVar[bool] = False          # load the checkpoint with its LM head (AutoModelForCausalLM)
-    single_question_form: ClassVar[bool] = False   # answers the JEV-VL `kind` form too (label-token rows only)
+    needs_lm_head: ClassVar[bool] = False  # load the checkpoint with its LM head (AutoModelForCausalLM)
+    single_question_form: ClassVar[bool] = False  # answers the JEV-VL `kind` form too (label-token rows only)
     head: "Head | RequestHead | None" = None
     calibration: "Calibration | None" = None  # set by `serve` (readouts.standard.StandardReadout)
     kinds: dict = field(default_factory=dict)
@@ -272,8 +284,10 @@ class Readout(ABC):
     def __post_init__(self) -> None:
         unknown = sorted(set(self.options) - set(self.known_options()))
         if unknown:
-            raise ServingError(f"readout {self.name!r} has no option(s) {', '.join(unknown)}; "
-                               f"known: {', '.join(sorted(self.known_options())) or 'none'}")
+            raise ServingError(
+                f"readout {self.name!r} has no option(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(self.known_options())) or 'none'}"
+            )
 
     def known_options(self) -> dict:
         """Option name -> default, for the recipe's `serving.options`."""
@@ -326,5 +340,8 @@ class Readout(ABC):
         """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
 
     def describe(self) -> dict:
-        return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": self.calibration.describe() if self.calibration is not None else {}}
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": self.calibration.describe() if self.calibration is not None else {},
+        }

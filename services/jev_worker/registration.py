@@ -12,6 +12,7 @@
 
 Every index call is best effort: a down Redis only makes routing less informed, never fails a request.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,9 @@ class WorkerRegistration:
                 present = await self.index.register_worker(self.record(), self.ttl_s)
                 if announced and not present:  # the index lost this worker (restarted empty): everything again now
                     count = await self.index.refresh_own_prefixes()
-                    log.info("the index had lost this worker's record: re-announced it and %d prefixes and routes",
-                             count)
+                    log.info(
+                        "the index had lost this worker's record: re-announced it and %d prefixes and routes", count
+                    )
                 announced = True
             except IndexUnavailable:
                 pass  # logged by the index; routing falls back to load
@@ -128,6 +130,7 @@ class IndexLink:
         def schedule() -> None:
             task = loop.create_task(call(index))
             task.add_done_callback(lambda t: t.exception())  # a down index only degrades, never fails
+
         loop.call_soon_threadsafe(schedule)
 
     # on the model thread (engine callbacks)

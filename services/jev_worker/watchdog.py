@@ -6,6 +6,7 @@ the loop is blocked nothing answers at all, so a liveness probe times out, and f
 still says what happened). A long request is not a stall: its layers keep finishing. Health answers 503
 `stalled` naming the reason, so that an orchestrator's liveness probe restarts the worker.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,7 @@ BLOCKED_REPORT_S = 10.0  # health names a blocked loop this long after, so that 
 
 
 class Watchdog:
-    def __init__(self, stall_s: float, running: Callable[[], bool], last_progress: Callable[[], float],
-                 metrics=None):
+    def __init__(self, stall_s: float, running: Callable[[], bool], last_progress: Callable[[], float], metrics=None):
         self.stall_s = stall_s
         self._running = running
         self._last_progress = last_progress
@@ -60,8 +60,9 @@ class Watchdog:
         age = self.progress_age()
         reason = None
         if age >= self.stall_s:
-            reason = (f"no layer or prefill chunk finished for {age:.1f} s while a batch runs "
-                      f"(JEV_STALL_S={self.stall_s:g})")
+            reason = (
+                f"no layer or prefill chunk finished for {age:.1f} s while a batch runs (JEV_STALL_S={self.stall_s:g})"
+            )
         elif self._blocked is not None and time.monotonic() - self._blocked[0] < max(self.stall_s, BLOCKED_REPORT_S):
             reason = f"the event loop was blocked for {self._blocked[1]:.1f} s (JEV_STALL_S={self.stall_s:g})"
         if self._metrics is not None:

@@ -1,5 +1,6 @@
 """benchmarks.coherence's token split: the row tokens the worker's packed forwards run (the whole run path is
 tests/benchmarks/test_run_paths.py::test_coherence_tiny)."""
+
 from __future__ import annotations
 
 from benchmarks.coherence import computed_row_tokens

@@ -1,5 +1,6 @@
 """`python -m benchmarks.gpu_check --small` (CPU, tiny Qwen2, FP32) runs end to end and every check passes:
 the GPU check had rotted once because nothing ran it."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,23 @@ REPO = Path(__file__).resolve().parents[2]
 def test_small_dry_run_passes_every_check(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'services'}:{REPO}", JEV_REDIS_URL="")
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--out", str(tmp_path / "out"),
-                           "--work", str(tmp_path / "work")], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_check",
+            "--small",
+            "--out",
+            str(tmp_path / "out"),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     report = (tmp_path / "out" / "gpu_report.md").read_text(encoding="utf-8")

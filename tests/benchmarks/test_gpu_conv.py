@@ -1,6 +1,7 @@
 """`python -m benchmarks.gpu_conv --small` (CPU: the tiny LFM2 forward and served answer on PyTorch's fallback) runs
 end to end, so the GPU run's causal-conv1d check cannot rot before a GPU is lent; the reference it checks the
 kernel against is checked here against a plain loop."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,14 @@ def test_reference_is_a_causal_depthwise_convolution():
 
 def test_small_dry_run_serves_lfm2_and_reports(tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{REPO / 'services'}:{REPO}", JEV_REDIS_URL="")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_conv", "--small", "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_conv", "--small", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_conv.json").read_text())
     assert result["passed"] and result["lfm2_forward"]["passed"] and result["served"]["passed"]

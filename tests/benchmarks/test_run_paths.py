@@ -1,6 +1,7 @@
 """Every documented benchmark's real run path, at its smallest settings on the tiny checkpoint (or the embedded
 model where the benchmark is about it): a benchmark that crashes fails the suite. `--help` alone proves
 nothing: `make bench-peers` crashed 4 s in for weeks while its `--help` passed."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(module: str, *args: str, timeout: float = 240) -> str:
-    env = dict(os.environ, PYTHONPATH=f"{REPO / 'services'}:{REPO}", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{REPO / 'services'}:{REPO}",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{module} {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -31,28 +38,66 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 def test_run_all_tiny(tmp_path):
-    out = run("benchmarks.run_all", "--model", "tiny", "--requests", "1", "--rounds", "1", "--groups", "l3,batching",
-              "--out", str(tmp_path))
+    out = run(
+        "benchmarks.run_all",
+        "--model",
+        "tiny",
+        "--requests",
+        "1",
+        "--rounds",
+        "1",
+        "--groups",
+        "l3,batching",
+        "--out",
+        str(tmp_path),
+    )
     assert "l3" in out
 
 
 def test_questions_per_request_tiny(tmp_path):
-    run("benchmarks.questions_per_request", "--model", "tiny", "--states", "1", "--questions", "2", "--rounds", "1",
-        "--out", str(tmp_path))
+    run(
+        "benchmarks.questions_per_request",
+        "--model",
+        "tiny",
+        "--states",
+        "1",
+        "--questions",
+        "2",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
 
 
 def test_routing_smallest(tiny_model, tmp_path):
     report = tmp_path / "routing.json"
-    run("benchmarks.routing", "--model-path", tiny_model, "--states", "2", "--repeats", "1", "--concurrency", "1",
-        "--max-seconds", "60", "--json", str(report))
+    run(
+        "benchmarks.routing",
+        "--model-path",
+        tiny_model,
+        "--states",
+        "2",
+        "--repeats",
+        "1",
+        "--concurrency",
+        "1",
+        "--max-seconds",
+        "60",
+        "--json",
+        str(report),
+    )
     assert json.loads(report.read_text())
 
 
 def test_reliability_tiny():
     """As docs/benchmarks.md writes it (`--tiny`, no sizes): the tiny checkpoint's sizes, so the disconnecting
     client's choice is answered or left, not refused for options the tiny vocabulary cannot label."""
-    lines = [json.loads(line) for line in run("benchmarks.reliability", "--tiny", "--skip", "sdk").splitlines()
-             if line.startswith("{")]
+    lines = [
+        json.loads(line)
+        for line in run("benchmarks.reliability", "--tiny", "--skip", "sdk").splitlines()
+        if line.startswith("{")
+    ]
     parts = {line["part"]: line["result"] for line in lines}
     assert parts["bounds"]["1MB state"]["status"] == 422 and parts["bounds"]["small after"]["status"] == 200
     assert parts["disconnect"]["client"] != 422, parts["disconnect"]
@@ -63,14 +108,39 @@ def test_peers_reference_and_our_arm(tiny_model, tmp_path):
     """The peers benchmark's Reference (its checkpoint resolved as the worker resolves it: build_serving) and
     its ours arm, on the tiny checkpoint (the embedded model's two loads take about 2 minutes on a slow 2-core
     CPU), without building llama.cpp (the peer arms need benchmarks/peers/.venv)."""
-    out = run("benchmarks.peers", "--quick", "--rounds", "1", "--arms", "ours", "--cells", "single@1,8q@1",
-              "--model-path", tiny_model, "--max-seconds", "5", "--out", str(tmp_path), timeout=400)
+    out = run(
+        "benchmarks.peers",
+        "--quick",
+        "--rounds",
+        "1",
+        "--arms",
+        "ours",
+        "--cells",
+        "single@1,8q@1",
+        "--model-path",
+        tiny_model,
+        "--max-seconds",
+        "5",
+        "--out",
+        str(tmp_path),
+        timeout=400,
+    )
     assert "agreement" in out and (tmp_path / "peers.json").is_file()
 
 
 def test_prefix_scheduling_tiny():
-    out = run("benchmarks.prefix_scheduling", "--tiny", "--states", "4", "--per-state", "2", "--l3-states", "2",
-              "--rounds", "1")
+    out = run(
+        "benchmarks.prefix_scheduling",
+        "--tiny",
+        "--states",
+        "4",
+        "--per-state",
+        "2",
+        "--l3-states",
+        "2",
+        "--rounds",
+        "1",
+    )
     summary = json.loads(out.strip().splitlines()[-1])["summary"]
     assert set(summary["l3_hit_rate"]) == {"fifo", "prefix"}
 
@@ -85,9 +155,23 @@ def test_cpu_speed_tiny():
 def test_peers_profile_ours_tiny(tmp_path, tiny_model):
     """peers_profile's run path: our arm started as benchmarks.peers starts it, one cell's load while py-spy
     samples the worker, the summary written; on a tiny checkpoint for a few seconds."""
-    out = run("benchmarks.peers_profile", "--arm", "ours", "--workload", "single", "--concurrency", "1",
-              "--seconds", "6", "--ours-env", f"JEV_MODEL_PATH={tiny_model}", "--ours-env", "JEV_DTYPE=float32",
-              "--out", str(tmp_path))
+    out = run(
+        "benchmarks.peers_profile",
+        "--arm",
+        "ours",
+        "--workload",
+        "single",
+        "--concurrency",
+        "1",
+        "--seconds",
+        "6",
+        "--ours-env",
+        f"JEV_MODEL_PATH={tiny_model}",
+        "--ours-env",
+        "JEV_DTYPE=float32",
+        "--out",
+        str(tmp_path),
+    )
     assert "inclusive share of samples" in out
     summary = json.loads(next(tmp_path.glob("profile-ours-single-c1.json")).read_text())
     assert summary["samples"] > 0 and summary["requests_ok"] > 0

@@ -5,6 +5,7 @@ tools/container_ci.sh (which exports DOCKER_HOST and JEV_COMPOSE_OVERRIDES, the 
 build args). The project publishes the frontend on 127.0.0.1:<free port> (JEV_FRONTEND_PUBLISH) and
 Prometheus on another, so it neither collides with a stack already on :8080 nor listens beyond loopback.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,25 +55,38 @@ class Project:
         for folder in (hf, models):
             folder.mkdir(parents=True, exist_ok=True)
             folder.chmod(0o755)  # the services run as uid 10001
-        self.env = dict(os.environ, JEV_FRONTEND_PUBLISH=f"127.0.0.1:{self.frontend_port}",
-                        JEV_PROMETHEUS_PUBLISH=str(self.prometheus_port),
-                        JEV_PREENCODER_PUBLISH=str(free_port()),
-                        JEV_REDIS_PASSWORD=secrets.token_hex(12), JEV_HF_HOME=str(hf), JEV_MODELS_DIR=str(models))
+        self.env = dict(
+            os.environ,
+            JEV_FRONTEND_PUBLISH=f"127.0.0.1:{self.frontend_port}",
+            JEV_PROMETHEUS_PUBLISH=str(self.prometheus_port),
+            JEV_PREENCODER_PUBLISH=str(free_port()),
+            JEV_REDIS_PASSWORD=secrets.token_hex(12),
+            JEV_HF_HOME=str(hf),
+            JEV_MODELS_DIR=str(models),
+        )
         self.env.update(env or {})
         self.base_url = f"http://127.0.0.1:{self.frontend_port}"
         self.prometheus_url = f"http://127.0.0.1:{self.prometheus_port}"
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run(self.base + list(args), cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            self.base + list(args), cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"docker compose {' '.join(args)} exited {done.returncode}:\n"
-                                 f"{done.stderr[-3000:]}\n{self.logs()}")
+            raise AssertionError(
+                f"docker compose {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}\n{self.logs()}"
+            )
         return done
 
     def logs(self, tail: int = 60) -> str:
-        done = subprocess.run(self.base + ["logs", "--no-color", "--tail", str(tail)], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            self.base + ["logs", "--no-color", "--tail", str(tail)],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return done.stdout[-6000:]
 
     def up(self, *args: str, wait_s: int = 300, timeout: float = 1800) -> None:
@@ -85,8 +99,9 @@ class Project:
         """`docker inspect` of the service's container (also a stopped one)."""
         ids = self.run("ps", "-a", "-q", service).stdout.split()
         assert len(ids) == 1, f"{service}: containers {ids}"
-        inspect = subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True, timeout=60,
-                                 env=self.env, check=True)
+        inspect = subprocess.run(
+            ["docker", "inspect", ids[0]], capture_output=True, text=True, timeout=60, env=self.env, check=True
+        )
         return json.loads(inspect.stdout)[0]
 
     def exec(self, service: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -96,10 +111,19 @@ class Project:
         """Containers, volumes and networks still labelled with this project."""
         label = f"label=com.docker.compose.project={self.name}"
         found = {}
-        for kind, argv in (("containers", ["ps", "-a", "-q"]), ("volumes", ["volume", "ls", "-q"]),
-                           ("networks", ["network", "ls", "-q"])):
-            done = subprocess.run(["docker", *argv, "--filter", label], capture_output=True, text=True, timeout=60,
-                                  env=self.env, check=True)
+        for kind, argv in (
+            ("containers", ["ps", "-a", "-q"]),
+            ("volumes", ["volume", "ls", "-q"]),
+            ("networks", ["network", "ls", "-q"]),
+        ):
+            done = subprocess.run(
+                ["docker", *argv, "--filter", label],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=self.env,
+                check=True,
+            )
             found[kind] = done.stdout.split()
         return found
 

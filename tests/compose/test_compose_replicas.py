@@ -4,6 +4,7 @@ model through the Redis index. A state's later questions go back to the replica 
 
 Needs a Docker engine (tools/container_ci.sh provides podman on the build machines); skipped otherwise.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,14 +16,19 @@ from .engine import Project, engine_reason
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 
-STATES = [f"Ticket {i}: the customer writes about order #{1000 + i} and a {kind}."
-          for i, kind in enumerate(["late parcel", "double charge", "broken screen", "wrong size",
-                                    "missing invoice", "password reset"])]
+STATES = [
+    f"Ticket {i}: the customer writes about order #{1000 + i} and a {kind}."
+    for i, kind in enumerate(
+        ["late parcel", "double charge", "broken screen", "wrong size", "missing invoice", "password reset"]
+    )
+]
 
 
 def _ask(base: str, state: str, instructions: str) -> tuple[int, dict, dict]:
-    return scenarios.decide(base, {"model": "jev-latest", "state": state,
-                                   "questions": {"q": {"type": "noul", "instructions": instructions}}})
+    return scenarios.decide(
+        base,
+        {"model": "jev-latest", "state": state, "questions": {"q": {"type": "noul", "instructions": instructions}}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,7 @@ def test_states_return_to_the_replica_holding_their_prefix(replicas):
     assert status == 200
     routed: dict[tuple[str, str], float] = {}
     for line in raw.decode().splitlines():
-        match = re.match(r'jev_frontend_route_requests_total\{(.*)\} ([0-9.e+]+)$', line)
+        match = re.match(r"jev_frontend_route_requests_total\{(.*)\} ([0-9.e+]+)$", line)
         if match:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
             key = (labels["backend"], labels["decision"])

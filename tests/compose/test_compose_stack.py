@@ -8,6 +8,7 @@ reason. On a build machine with no engine, tools/container_ci.sh provides one (p
     bash tools/container_ci.sh run -- .venv/bin/python -m pytest -q tests/compose
 The same services run without Docker through tools/local_stack.py (tests/stack covers that path).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def stack(tmp_path_factory):
         pytest.skip(f"compose stack test skipped: {reason}")
     # generous deadlines: jevcompat's 255-option question takes tens of seconds on a loaded 2-core
     # machine; a 504 there would be a timing fact, not a finding
-    project = Project("cpu", tmp_path_factory.mktemp("compose-cpu"),
-                      env={"JEV_DEADLINE_S": "300", "JEV_FRONTEND_TIMEOUT_S": "300"})
+    project = Project(
+        "cpu", tmp_path_factory.mktemp("compose-cpu"), env={"JEV_DEADLINE_S": "300", "JEV_FRONTEND_TIMEOUT_S": "300"}
+    )
     try:
         project.up("--build")
         yield project
@@ -79,8 +81,9 @@ def test_system_one_conformance_through_the_frontend(stack):
 
 
 def _prometheus(stack, query: str) -> list[dict]:
-    status, _, raw = scenarios.http("GET", f"{stack.prometheus_url}/api/v1/query?"
-                                    + urllib.parse.urlencode({"query": query}), timeout=10)
+    status, _, raw = scenarios.http(
+        "GET", f"{stack.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query}), timeout=10
+    )
     assert status == 200, raw
     payload = json.loads(raw)
     assert payload["status"] == "success", payload
@@ -93,8 +96,13 @@ def test_prometheus_scrapes_frontend_and_worker(stack):
     def scraped():
         up = {r["metric"]["instance"]: r["value"][1] for r in _prometheus(stack, "up")}
         requests = _prometheus(stack, 'sum(jev_frontend_http_requests_total{instance="frontend-cpu:8080"})')
-        return up.get("frontend-cpu:8080") == "1" and up.get("worker-cpu:8000") == "1" and requests \
-            and float(requests[0]["value"][1]) > 0 and up
+        return (
+            up.get("frontend-cpu:8080") == "1"
+            and up.get("worker-cpu:8000") == "1"
+            and requests
+            and float(requests[0]["value"][1]) > 0
+            and up
+        )
 
     up = wait_for(scraped, 60, "Prometheus scraping frontend-cpu and worker-cpu")
     assert up.get("redis:6379") is None  # only the jev services are targets
@@ -130,8 +138,12 @@ def test_worker_restart_gives_502_then_recovers(stack):
     assert status == 502, (status, payload)
     assert (payload.get("detail") or {}).get("error_type") == "backend_unavailable", payload
     stack.run("start", "worker-cpu")
-    wait_for(lambda: scenarios.decide(stack.base_url, scenarios.REQUESTS["choice"])[0] == 200, 300,
-             "the frontend answering 200 after the worker restarted", every_s=2)
+    wait_for(
+        lambda: scenarios.decide(stack.base_url, scenarios.REQUESTS["choice"])[0] == 200,
+        300,
+        "the frontend answering 200 after the worker restarted",
+        every_s=2,
+    )
 
 
 def test_down_leaves_nothing_behind(stack):

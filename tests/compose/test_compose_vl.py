@@ -6,6 +6,7 @@ through the frontend answers from the prepared asset; an image that was never pr
 Needs a Docker engine (skipped otherwise, with the reason) and the CPU image, which the cpu test builds
 (tests/compose/test_compose_stack.py runs first) or tools/container_ci.sh setup does.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ from .engine import Project, engine_reason
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
 IMAGE, UNPREPARED = png_uri(seed=7), png_uri(seed=8)
-LINE = {"kind": "choice", "state": ["A photo: ", {"image": IMAGE}], "question": "What is shown?",
-        "options": ["a cat", "a dog", "a pattern"]}  # JEV-27B-VL's state form: parts, the image inline
+LINE = {
+    "kind": "choice",
+    "state": ["A photo: ", {"image": IMAGE}],
+    "question": "What is shown?",
+    "options": ["a cat", "a dog", "a pattern"],
+}  # JEV-27B-VL's state form: parts, the image inline
 
 
 def _readable(path: Path) -> None:
@@ -58,9 +63,12 @@ def vl_stack(request, tmp_path_factory):
     (tmp / "preencode").mkdir()
     (tmp / "preencode" / "manifest.jsonl").write_text(json.dumps({"image": IMAGE}) + "\n")
     _readable(tmp)
-    project = Project("jev-vl", tmp, extra_files=[overrides],
-                      env={"JEV_PREENCODE_DIR": str(tmp / "preencode"),
-                           "JEV_PREENCODE_MANIFEST": "/preencode/manifest.jsonl"})
+    project = Project(
+        "jev-vl",
+        tmp,
+        extra_files=[overrides],
+        env={"JEV_PREENCODE_DIR": str(tmp / "preencode"), "JEV_PREENCODE_MANIFEST": "/preencode/manifest.jsonl"},
+    )
     try:
         project.up()
         yield project
@@ -73,8 +81,9 @@ def _time(value: str) -> datetime:
     match = re.fullmatch(r"(\S+T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", value.strip())
     assert match, value
     zone = match.group(3) or "Z"
-    return datetime.fromisoformat(f"{match.group(1)}.{(match.group(2) or '0')[:6]:0<6}"
-                                  f"{'+00:00' if zone == 'Z' else zone}")
+    return datetime.fromisoformat(
+        f"{match.group(1)}.{(match.group(2) or '0')[:6]:0<6}{'+00:00' if zone == 'Z' else zone}"
+    )
 
 
 def test_the_worker_started_after_the_preencode_finished(vl_stack):
@@ -103,10 +112,14 @@ def test_an_image_question_answers_from_the_prepared_asset(vl_stack):
 
 def test_a_system_one_request_is_answered(vl_stack):
     """The public envelope through the frontend, on whichever image the stack runs (the CUDA image on CPU too)."""
-    body = {"model": "jev-27b-vl", "state": "A ticket: I was charged twice for March.",
-            "questions": {"refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
-                          "team": {"type": "choice", "instructions": "Which team?",
-                                   "criteria": {"Billing": None, "Technical": None}}}}
+    body = {
+        "model": "jev-27b-vl",
+        "state": "A ticket: I was charged twice for March.",
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Is the customer asking for money back?"},
+            "team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": None, "Technical": None}},
+        },
+    }
     status, headers, payload = scenarios.decide(vl_stack.base_url, body)
     assert status == 200, payload
     response = SystemOneResponse.model_validate(payload)

@@ -2,6 +2,7 @@
 needed; skipped elsewhere), Redis, two frontends and three tiny workers, each drill a bounded request loop.
 What is asserted is behaviour, never a time: no request fails after the client's retries where the stack can
 avoid it, the victim leaves rotation, the index is rebuilt; the measured times go to benchmarks/RESULTS.md."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,36 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("redis-server"),
-    reason="the drills need root (network namespaces), ip and redis-server")
+    reason="the drills need root (network namespaces), ip and redis-server",
+)
 
 
 @pytest.fixture(scope="module")
 def drills(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("drills") / "drills.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-m", "tools.netdrill", "--before", "3", "--during", "5", "--after", "3",
-                           "--prefix", f"jt{os.getpid() % 1000}", "--json", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.netdrill",
+            "--before",
+            "3",
+            "--during",
+            "5",
+            "--after",
+            "3",
+            "--prefix",
+            f"jt{os.getpid() % 1000}",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     print(done.stdout)
     return {row["drill"]: row for row in json.loads(out.read_text())}

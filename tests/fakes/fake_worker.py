@@ -18,6 +18,7 @@ cleanly on SIGTERM/SIGINT):
 Knobs can also be changed over HTTP: `POST /fake/config` with a JSON object of knob names, e.g.
 `{"healthy": false, "delay_s": 3}`; `GET /fake/config` shows them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,9 +103,12 @@ def envelope_answer(state: object, question, scale: float):
         return NoulAnswer(noul=1 / (1 + math.exp(-_hash_logit(state, text, question.model_dump(), scale=scale))))
     if question.type == "score":
         probs = _softmax([_hash_logit(state, text, i, level, scale=scale) for i, level in enumerate(question.criteria)])
-        return ScoreAnswer(score=sum(i * p for i, p in enumerate(probs)),
-                           legend={str(i): level for i, level in enumerate(question.criteria)},
-                           probabilities={str(i): p for i, p in enumerate(probs)}, confidence=score_confidence(probs))
+        return ScoreAnswer(
+            score=sum(i * p for i, p in enumerate(probs)),
+            legend={str(i): level for i, level in enumerate(question.criteria)},
+            probabilities={str(i): p for i, p in enumerate(probs)},
+            confidence=score_confidence(probs),
+        )
     names = list(question.criteria)
     probs = _softmax([_hash_logit(state, text, name, scale=scale) for name in names])
     if question.type == "set":
@@ -112,8 +116,11 @@ def envelope_answer(state: object, question, scale: float):
     best = max(range(len(names)), key=probs.__getitem__)
     if question.type == "span":
         start = str(state).index(names[best])
-        return SpanAnswer(span=Span(start=start, end=start + len(names[best]), text=names[best]),
-                          probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
+        return SpanAnswer(
+            span=Span(start=start, end=start + len(names[best]), text=names[best]),
+            probabilities=dict(zip(names, probs)),
+            confidence=choice_confidence(probs),
+        )
     return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probs)), confidence=choice_confidence(probs))
 
 
@@ -236,8 +243,9 @@ class FakeWorker:
             detail = {"fake": True, **error_body("not_ready", "fake worker is configured unhealthy")["detail"]}
             body = HealthResponse(status="unavailable", detail=detail).model_dump()
             return web.json_response(body, status=503)
-        body = HealthResponse(status="ok", detail={"model": self.knobs.model, "fake": True,
-                                                   "worker_id": self.knobs.worker_id})
+        body = HealthResponse(
+            status="ok", detail={"model": self.knobs.model, "fake": True, "worker_id": self.knobs.worker_id}
+        )
         return web.json_response(body.model_dump())
 
     async def _systemone(self, request: web.Request) -> web.Response:
@@ -249,8 +257,9 @@ class FakeWorker:
             return await self._envelope(parse_model(SystemOneRequest, payload), headers)
         decision = parse_model(DecisionRequest, payload)
         if not isinstance(decision.state, State) or decision.options is None:  # as a label-token worker refuses
-            raise validation_error("this fake reads the single-question form with options and a text or "
-                                   "{text, image} state", ("state",))
+            raise validation_error(
+                "this fake reads the single-question form with options and a text or {text, image} state", ("state",)
+            )
         await self._take(decision.model_dump(exclude_none=True), headers)
         key = _cache_key(decision)
         cached = self.knobs.cache and key in self.seen
@@ -276,28 +285,42 @@ class FakeWorker:
             await asyncio.sleep(self.knobs.delay_s)
         if self.knobs.error_status is not None:
             status = self.knobs.error_status
-            raise ApiError(status, HTTP_ERROR_TYPES.get(status, "fake_error"),
-                           f"fake worker is configured to answer {status}", headers)
+            raise ApiError(
+                status,
+                HTTP_ERROR_TYPES.get(status, "fake_error"),
+                f"fake worker is configured to answer {status}",
+                headers,
+            )
 
     async def _envelope(self, request: SystemOneRequest, headers: dict) -> web.Response:
         """The System One envelope: deterministic answers from a hash of (state, question), never of the
         question id, the other questions or their order (like a real model)."""
         await self._take(request.model_dump(exclude_none=True), headers)
-        answers = {qid: envelope_answer(request.state, question, self.knobs.logit_scale)
-                   for qid, question in request.questions.items()}
+        answers = {
+            qid: envelope_answer(request.state, question, self.knobs.logit_scale)
+            for qid, question in request.questions.items()
+        }
         self.decisions.labels("systemone").inc()
-        response = SystemOneResponse(model=self.knobs.model, answers=answers,
-                                     usage=SystemOneUsage(input_tokens=len(str(request.state)), output_tokens=0))
+        response = SystemOneResponse(
+            model=self.knobs.model,
+            answers=answers,
+            usage=SystemOneUsage(input_tokens=len(str(request.state)), output_tokens=0),
+        )
         return web.json_response(text=response.model_dump_json(), headers=headers)
 
     async def _models(self, _request: web.Request) -> web.Response:
-        models = ModelList(models=[ModelInfo(name=self.knobs.model, description="fake", release_date="unknown"),
-                                   ModelInfo(name=LATEST_ALIAS, description="alias", release_date="unknown")])
+        models = ModelList(
+            models=[
+                ModelInfo(name=self.knobs.model, description="fake", release_date="unknown"),
+                ModelInfo(name=LATEST_ALIAS, description="alias", release_date="unknown"),
+            ]
+        )
         return web.json_response(models.model_dump())
 
     def cache_stats(self) -> CacheStats:
-        level = CacheLevelStats(enabled=self.knobs.cache, hits=self.hits, misses=self.misses,
-                                resident_entries=len(self.seen), budget=4096)
+        level = CacheLevelStats(
+            enabled=self.knobs.cache, hits=self.hits, misses=self.misses, resident_entries=len(self.seen), budget=4096
+        )
         return CacheStats(enabled=self.knobs.cache, levels={"l1": level})
 
     async def _cache_stats(self, _request: web.Request) -> web.Response:
@@ -338,9 +361,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def _serve(args: argparse.Namespace) -> None:
     fake = FakeWorker(
-        host=args.host, port=args.port, healthy=not args.unhealthy, delay_s=args.delay,
-        health_delay_s=args.health_delay, error_status=args.error_status, model=args.model,
-        logit_scale=args.logit_scale, cache=not args.no_cache, worker_id=args.worker_id,
+        host=args.host,
+        port=args.port,
+        healthy=not args.unhealthy,
+        delay_s=args.delay,
+        health_delay_s=args.health_delay,
+        error_status=args.error_status,
+        model=args.model,
+        logit_scale=args.logit_scale,
+        cache=not args.no_cache,
+        worker_id=args.worker_id,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

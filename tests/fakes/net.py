@@ -1,4 +1,5 @@
 """Loopback port helpers for tests."""
+
 from __future__ import annotations
 
 import contextlib

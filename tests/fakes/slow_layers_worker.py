@@ -1,6 +1,7 @@
 """`python -m tests.fakes.slow_layers_worker`: the real worker (jev_worker's main), whose decoder layers each
 sleep JEV_TEST_LAYER_S seconds while the file JEV_TEST_SLOW_FLAG exists (so loading and warmup stay fast and
 a test turns a tiny model into a long forward when it wants one)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Every MUST and every applicable SHOULD must pass; any failed requirement fails t
 
 Set JEV_CONFORMANCE_REPORT_DIR to keep the JSON reports (docs/conformance/ holds the committed ones).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,8 @@ from jevcompat import report, runner
 
 from tools.local_stack import start_profile
 
-from ..fakes.net import free_port
 from .. import scenarios
+from ..fakes.net import free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -27,11 +28,19 @@ KEY = "conformance-key"
 def _frontend(port: int, backend: str, log: Path, token_file: Path) -> subprocess.Popen:
     """A second frontend with keys off, started by hand beside the stack: it reaches the worker with the stack's
     internal token (the file the stack generated)."""
-    env = dict(os.environ, JEV_FRONTEND_HOST="127.0.0.1", JEV_FRONTEND_PORT=str(port), JEV_BACKEND_URL=backend,
-               JEV_API_KEYS="", JEV_INTERNAL_TOKEN_FILE=str(token_file), JEV_FRONTEND_TIMEOUT_S="300",
-               PYTHONPATH=f"{REPO / 'services'}:{REPO}")
-    return subprocess.Popen([sys.executable, "-m", "jev_frontend"], env=env, cwd=REPO,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ,
+        JEV_FRONTEND_HOST="127.0.0.1",
+        JEV_FRONTEND_PORT=str(port),
+        JEV_BACKEND_URL=backend,
+        JEV_API_KEYS="",
+        JEV_INTERNAL_TOKEN_FILE=str(token_file),
+        JEV_FRONTEND_TIMEOUT_S="300",
+        PYTHONPATH=f"{REPO / 'services'}:{REPO}",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "jev_frontend"], env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def _wait_healthy(base: str, process: subprocess.Popen) -> None:
@@ -72,8 +81,10 @@ def test_jevcompat_conformant_on_worker_and_frontends(tmp_path, monkeypatch):
     monkeypatch.delenv("JEV_INTERNAL_TOKENS", raising=False)
     # generous deadlines: conformance is about the API, and a loaded 2-core machine can take tens of
     # seconds for the 255-option question; a 504 there would be a timing fact, not a finding
-    overrides = {"worker-cpu": {"JEV_WORKER_PORT": str(worker_port), "JEV_DEADLINE_S": "300"},
-                 "frontend-cpu": {"JEV_FRONTEND_PORT": str(keyed_port), "JEV_FRONTEND_TIMEOUT_S": "300"}}
+    overrides = {
+        "worker-cpu": {"JEV_WORKER_PORT": str(worker_port), "JEV_DEADLINE_S": "300"},
+        "frontend-cpu": {"JEV_FRONTEND_PORT": str(keyed_port), "JEV_FRONTEND_TIMEOUT_S": "300"},
+    }
     with start_profile("cpu", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         worker = urls["worker-cpu"]
         token_file = tmp_path / "jev-secrets" / "internal-token"

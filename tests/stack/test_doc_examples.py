@@ -1,6 +1,7 @@
 """Every example in README.md and docs/ (fenced blocks tagged `example=NAME`) runs against the real
 cpu stack: a curl request's answer is checked against the answer shown (tools/doc_examples.py), a
 python example must exit 0 and print. The `jev` command line runs against the same stack."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    overrides = {"worker-cpu": {"JEV_WORKER_PORT": str(free_port())},
-                 "frontend-cpu": {"JEV_FRONTEND_PORT": str(free_port())}}
+    overrides = {
+        "worker-cpu": {"JEV_WORKER_PORT": str(free_port())},
+        "frontend-cpu": {"JEV_FRONTEND_PORT": str(free_port())},
+    }
     with start_profile("cpu", overrides, state_dir=tmp_path_factory.mktemp("stack"), log=lambda *_: None) as urls:
         yield {8080: urls["frontend-cpu"], 8000: urls["worker-cpu"]}
 
@@ -45,15 +48,19 @@ def test_every_doc_example_answers_as_shown(stack):
     assert not problems, problems
 
 
-@pytest.mark.parametrize("argv, head", [
-    (["It is raining and I am going out.", "What should I take?", "umbrella", "sunglasses"], "choice: "),
-    (["--type", "noul", "The door is wide open.", "Is the door open?"], "noul: P(yes) = "),
-    (["--type", "score", "The soup is lukewarm.", "How hot is the soup?", "cold", "warm", "hot"], "score: "),
-])
+@pytest.mark.parametrize(
+    "argv, head",
+    [
+        (["It is raining and I am going out.", "What should I take?", "umbrella", "sunglasses"], "choice: "),
+        (["--type", "noul", "The door is wide open.", "Is the door open?"], "noul: P(yes) = "),
+        (["--type", "score", "The soup is lukewarm.", "How hot is the soup?", "cold", "warm", "hot"], "score: "),
+    ],
+)
 def test_jev_cli_against_the_stack(stack, argv, head):
     env = dict(os.environ, JEV_URL=stack[8080], PYTHONPATH=str(ROOT / "services"), PYTHONIOENCODING="utf-8")
-    done = subprocess.run([sys.executable, "-m", "jev", "ask", *argv], capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "jev", "ask", *argv], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(head), done.stdout

@@ -3,6 +3,7 @@ checkpoint): two replicas of one model and one worker of a second model, found t
 index (the workers announce themselves). Routing by model, by the worker where a state's prefix is
 resident (asserted on the workers' own L3 counters), around a killed replica and back, and overload
 spreading."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,15 +60,25 @@ async def l3(session: aiohttp.ClientSession, url: str) -> dict:
 async def decisions(session: aiohttp.ClientSession, url: str) -> float:
     async with session.get(url + "/metrics") as resp:
         text = await resp.text()
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("jev_worker_decisions_total{") and 'outcome="ok"' in line)
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("jev_worker_decisions_total{") and 'outcome="ok"' in line
+    )
 
 
 @pytest.fixture
 async def workers(tiny_text_dir, tmp_path):
     redis_url = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
-    common = {"JEV_MODEL_PATH": tiny_text_dir, "JEV_DEVICE": "cpu", "JEV_DTYPE": "float32", "JEV_REDIS_URL": redis_url,
-              "JEV_WORKER_REGISTER_TTL_S": "3", "JEV_TORCH_THREADS": "1", "JEV_CACHE_L3_BYTES": "64M"}
+    common = {
+        "JEV_MODEL_PATH": tiny_text_dir,
+        "JEV_DEVICE": "cpu",
+        "JEV_DTYPE": "float32",
+        "JEV_REDIS_URL": redis_url,
+        "JEV_WORKER_REGISTER_TTL_S": "3",
+        "JEV_TORCH_THREADS": "1",
+        "JEV_CACHE_L3_BYTES": "64M",
+    }
     tag = f"{random.randrange(1 << 30):x}"
     async with Stack(tmp_path / "logs") as stack:
         a1 = await stack.worker("a1", **common, JEV_RECIPE=MAIN, JEV_WORKER_ID=f"routing-{tag}-a1")
@@ -121,8 +132,9 @@ async def test_routing_across_real_workers(workers):
             # --- overload spreads: a hot state is sent to its warm replica until that one is busy
             before = {url: await decisions(direct, url) for url in (a1.url, a2.url)}
             async with frontend(redis_url, max_imbalance=1) as busy:
-                answers = await asyncio.gather(*(busy.post("/v1/systemone", json=ask(states[0], f"Question {i}?"))
-                                                 for i in range(24)))
+                answers = await asyncio.gather(
+                    *(busy.post("/v1/systemone", json=ask(states[0], f"Question {i}?")) for i in range(24))
+                )
                 assert [r.status for r in answers] == [200] * 24
             after = {url: await decisions(direct, url) for url in (a1.url, a2.url)}
             assert all(after[url] > before[url] for url in after), (before, after)

@@ -1,6 +1,7 @@
 """The real services on loopback, started from docker-compose.yml's own env by tools/local_stack:
 the `cpu` profile on the embedded SmolLM2, and the `jev-vl` profile (preencoder + Redis + worker +
 frontend) on a tiny random Qwen2-VL checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,11 @@ pytestmark = pytest.mark.slow
 REDIS_URL = os.environ.get("JEV_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-
 def test_cpu_profile_on_loopback(tmp_path):
-    overrides = {"worker-cpu": {"JEV_WORKER_PORT": str(free_port())},
-                 "frontend-cpu": {"JEV_FRONTEND_PORT": str(free_port())}}
+    overrides = {
+        "worker-cpu": {"JEV_WORKER_PORT": str(free_port())},
+        "frontend-cpu": {"JEV_FRONTEND_PORT": str(free_port())},
+    }
     with start_profile("cpu", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         base = urls["frontend-cpu"]
         scenarios.check_health_and_metrics(base)
@@ -37,8 +39,13 @@ def test_cpu_profile_on_loopback(tmp_path):
 def test_jev_vl_profile_on_loopback(tmp_path):
     checkpoint = tiny_jev_vl_checkpoint()  # the jev-vl profile serves JEV-27B-VL's contract
     assets = tmp_path / "assets"
-    common = {"JEV_MODEL_PATH": checkpoint, "JEV_DEVICE": "cpu", "JEV_DTYPE": "float32",
-              "JEV_ASSET_DIR": str(assets), "JEV_REDIS_URL": REDIS_URL}
+    common = {
+        "JEV_MODEL_PATH": checkpoint,
+        "JEV_DEVICE": "cpu",
+        "JEV_DTYPE": "float32",
+        "JEV_ASSET_DIR": str(assets),
+        "JEV_REDIS_URL": REDIS_URL,
+    }
     overrides = {
         "preencoder-jev-vl": dict(common, JEV_PREENCODER_PORT=str(free_port())),
         "worker-jev-vl": dict(common, JEV_WORKER_PORT=str(free_port())),
@@ -49,8 +56,12 @@ def test_jev_vl_profile_on_loopback(tmp_path):
     with start_profile("jev-vl", overrides, state_dir=tmp_path, log=lambda *_: None) as urls:
         base = urls["frontend-jev-vl"]
         # upstream's state form: text and the image as parts, the image inline where it stands
-        line = {"kind": "choice", "state": ["A photo: ", {"image": image}], "question": "What is shown?",
-                "options": ["a cat", "a dog", "a pattern"]}
+        line = {
+            "kind": "choice",
+            "state": ["A photo: ", {"image": image}],
+            "question": "What is shown?",
+            "options": ["a cat", "a dog", "a pattern"],
+        }
         status, _, raw = scenarios.http("POST", urls["preencoder-jev-vl"] + "/v1/preencode", [{"image": image}])
         assert status == 200, raw
         summary = json.loads(raw)["summary"]

@@ -2,6 +2,7 @@
 `python -m jev_worker` / `python -m jev_frontend`) against the tiny Qwen3.5 VL checkpoint: the
 worker comes up on 127.0.0.1:8001 and the frontend on 127.0.0.1:8080 from the upstream names alone,
 and the upstream curl lines answer. Needs ports 8001 and 8080 free (skips, saying so, otherwise)."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 # upstream: recipe/jev_vl/README.md (ThinkFlowLab/system1-omni), "Build and launch"
-WORKER = ("JEV_VL_MODEL=weights/jev-vl-merged \\\n"
-          "  JEV_VL_CUDA_LIB=$PWD/target/release/libqwen3_5_cuda.so \\\n"
-          "  JEV_VL_CACHE=0 {python} -m jev_worker")
-FRONTEND = ("OMNI_JEV_BIND=127.0.0.1:8080 OMNI_JEV_BACKEND_URL=http://127.0.0.1:8001 \\\n"
-            "  {python} -m jev_frontend")
+WORKER = (
+    "JEV_VL_MODEL=weights/jev-vl-merged \\\n"
+    "  JEV_VL_CUDA_LIB=$PWD/target/release/libqwen3_5_cuda.so \\\n"
+    "  JEV_VL_CACHE=0 {python} -m jev_worker"
+)
+FRONTEND = "OMNI_JEV_BIND=127.0.0.1:8080 OMNI_JEV_BACKEND_URL=http://127.0.0.1:8001 \\\n  {python} -m jev_frontend"
 CURLS = """\
 curl --fail-with-body http://127.0.0.1:8001/health
 curl --fail-with-body http://127.0.0.1:8080/health
@@ -35,9 +37,13 @@ curl --fail-with-body http://127.0.0.1:8080/v1/systemone \\
   -H 'Content-Type: application/json' --data-binary @recipe/jev_vl/example-request.json
 """
 # upstream recipe/jev_vl/example-request.json, text only
-EXAMPLE = {"kind": "choice", "model": "jev-27b-vl", "state": "The customer received a package with a broken screen and asks for help.",
-           "question": "What should support do next?",
-           "options": ["Offer a replacement", "Close the ticket without a reply"]}
+EXAMPLE = {
+    "kind": "choice",
+    "model": "jev-27b-vl",
+    "state": "The customer received a package with a broken screen and asks for help.",
+    "question": "What should support do next?",
+    "options": ["Offer a replacement", "Close the ticket without a reply"],
+}
 
 
 def _clean_env() -> dict[str, str]:
@@ -48,8 +54,14 @@ def _clean_env() -> dict[str, str]:
 
 def _shell(line: str, cwd: Path, log: Path) -> subprocess.Popen:
     with open(log, "wb") as out:
-        return subprocess.Popen(["bash", "-c", line.replace("\\\n", " ")], cwd=cwd, env=_clean_env(),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            ["bash", "-c", line.replace("\\\n", " ")],
+            cwd=cwd,
+            env=_clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
@@ -81,8 +93,9 @@ def test_upstream_jev_vl_commands_as_written(tmp_path):
 
         answers = []
         for command in CURLS.replace("\\\n", " ").splitlines():
-            done = subprocess.run(["bash", "-c", command + " --silent --show-error"], cwd=cwd, capture_output=True,
-                                  text=True, timeout=60)
+            done = subprocess.run(
+                ["bash", "-c", command + " --silent --show-error"], cwd=cwd, capture_output=True, text=True, timeout=60
+            )
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             answers.append(json.loads(done.stdout))
         direct_health, front_health, direct, front = answers

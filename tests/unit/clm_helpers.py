@@ -10,6 +10,7 @@
   `control["delay"]` makes it slow (and so CLM).
 - `make_tiny_clm_head`: a random head in CLM's checkpoint layout (`CLM_v0.1-8B.pt`), which CLM's HeadPair loads.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,15 +40,28 @@ def make_tiny_clm_head(path, seed: int, width: int = 12, projection: int = 8) ->
     generator = torch.Generator().manual_seed(seed)
 
     def head() -> dict:
-        return {"inp.weight": torch.randn(width, HIDDEN, generator=generator) * 0.3,
-                "inp.bias": torch.randn(width, generator=generator) * 0.1,
-                "out.weight": torch.randn(projection, width, generator=generator) * 0.3,
-                "out.bias": torch.randn(projection, generator=generator) * 0.1}
+        return {
+            "inp.weight": torch.randn(width, HIDDEN, generator=generator) * 0.3,
+            "inp.bias": torch.randn(width, generator=generator) * 0.1,
+            "out.weight": torch.randn(projection, width, generator=generator) * 0.3,
+            "out.bias": torch.randn(projection, generator=generator) * 0.1,
+        }
 
-    torch.save({"cfg": {"width": width, "depth": 2, "projection_dim": projection, "activation": "gelu",
-                        "hidden_size": HIDDEN},
-                "state_head": head(), "action_head": head(), "logit_scale": torch.tensor(math.log(12.0))},
-               path)
+    torch.save(
+        {
+            "cfg": {
+                "width": width,
+                "depth": 2,
+                "projection_dim": projection,
+                "activation": "gelu",
+                "hidden_size": HIDDEN,
+            },
+            "state_head": head(),
+            "action_head": head(),
+            "logit_scale": torch.tensor(math.log(12.0)),
+        },
+        path,
+    )
     return str(path)
 
 
@@ -62,9 +76,14 @@ def embeddings_app(requests: list, control: dict) -> web.Application:
         body = await request.json()
         requests.append(body)
         await asyncio.sleep(control.get("delay", 0))
-        data = [{"index": i, "object": "embedding",
-                 "embedding": base64.b64encode(embedding(text).numpy().tobytes()).decode()}
-                for i, text in enumerate(body["input"])]
+        data = [
+            {
+                "index": i,
+                "object": "embedding",
+                "embedding": base64.b64encode(embedding(text).numpy().tobytes()).decode(),
+            }
+            for i, text in enumerate(body["input"])
+        ]
         return web.json_response({"data": data, "usage": {"prompt_tokens": sum(len(t.split()) for t in body["input"])}})
 
     async def models(_request: web.Request) -> web.Response:
@@ -87,18 +106,25 @@ class UpstreamClm:
         from clm.server import create_app
 
         # the arguments clm-serve's main() passes; action_cache "0": no vector arena, so usage counts every text
-        self.engine = Engine(Embedder(embeddings_url, "qwen3-8b", max_tokens=2048), checkpoint=head, device="cpu",
-                             action_cache="0")
+        self.engine = Engine(
+            Embedder(embeddings_url, "qwen3-8b", max_tokens=2048), checkpoint=head, device="cpu", action_cache="0"
+        )
         self.calls: list[dict] = []
         answer = self.engine.answer
         self.engine.answer = lambda state, questions, model, temperature: (
             self.calls.append({"state": state, "questions": questions, "model": model, "temperature": temperature})
-            or answer(state, questions, model, temperature))
+            or answer(state, questions, model, temperature)
+        )
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.url = "http://127.0.0.1:%d" % self._socket.getsockname()[1]
-        config = uvicorn.Config(create_app(self.engine, ui=False), lifespan="off", loop="asyncio",
-                                log_level="warning", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            create_app(self.engine, ui=False),
+            lifespan="off",
+            loop="asyncio",
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 

@@ -3,6 +3,7 @@
 Parses the instructions of a Dockerfile (continuation lines joined, comments dropped) into the global
 ARGs before the first FROM and one Stage per FROM, and answers the questions those checks ask.
 """
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # set by Docker or the base images, not by ARG/ENV in the file
-PREDEFINED = {"PATH", "HOME", "HOSTNAME", "TARGETARCH", "TARGETPLATFORM", "BUILDPLATFORM", "HTTP_PROXY",
-              "HTTPS_PROXY", "NO_PROXY"}
+PREDEFINED = {
+    "PATH",
+    "HOME",
+    "HOSTNAME",
+    "TARGETARCH",
+    "TARGETPLATFORM",
+    "BUILDPLATFORM",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+}
 
 
 @dataclass
@@ -124,7 +134,7 @@ def apt_packages(stage: Stage) -> set[str]:
         for command in re.split(r";|&&|\|\|", run.args):
             words = command.split()
             if "apt-get" in words and "install" in words:
-                packages.update(w for w in words[words.index("install") + 1:] if not w.startswith("-"))
+                packages.update(w for w in words[words.index("install") + 1 :] if not w.startswith("-"))
     return packages
 
 

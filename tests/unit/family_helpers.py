@@ -3,6 +3,7 @@
 References never use the worker's prompt builder: the prompt text is written out in the test, rendered
 with the tokenizer's own chat template and tokenised in one pass, and the network is a plain forward.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,7 @@ def family_recipe(base, name: str, *, family: str, options: dict | None = None, 
     """`base` (a Recipe) renamed, served as `family` (its readout chooses the backend), with prompt fields
     replaced."""
     serving = base.serving.model_copy(update={"family": family, "options": options or {}})
-    return base.model_copy(update={"name": name, "serving": serving,
-                                   "prompt": base.prompt.model_copy(update=prompt)})
+    return base.model_copy(update={"name": name, "serving": serving, "prompt": base.prompt.model_copy(update=prompt)})
 
 
 def copy_without(folder: Path, tmp_path: Path, *missing: str) -> Path:
@@ -45,8 +45,14 @@ def run_worker(tmp_path: Path, recipe, model_path: Path) -> subprocess.Completed
     folder = tmp_path / "recipe"
     folder.mkdir(exist_ok=True)
     (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json")), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}", "JEV_RECIPE": str(folder),
-           "JEV_MODEL_PATH": str(model_path), "JEV_WORKER_PORT": "0", "JEV_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO_ROOT / 'services'}{os.pathsep}{REPO_ROOT}",
+        "JEV_RECIPE": str(folder),
+        "JEV_MODEL_PATH": str(model_path),
+        "JEV_WORKER_PORT": "0",
+        "JEV_DEVICE": "cpu",
+    }
     return subprocess.run([sys.executable, "-m", "jev_worker"], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -61,8 +67,9 @@ async def served(settings):
 
 async def ask(client, state, questions: dict, status: int = 200, **extra) -> dict:
     """POST a System One request (`extra`: more top-level fields, e.g. x_coherence); its body, checked for `status`."""
-    response = await client.post("/v1/systemone",
-                                 json={"model": "jev-latest", "state": state, "questions": questions, **extra})
+    response = await client.post(
+        "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions, **extra}
+    )
     body = await response.json()
     assert response.status == status, body
     return body
@@ -102,8 +109,12 @@ def upstream_annotate_indices(x, min_len: int = 8):
     function in both upstreams), written out here for family references, independent of jev_common.state_text."""
     if isinstance(x, list):
         if len(x) >= min_len:
-            return [{"_index": i, **upstream_annotate_indices(v, min_len)} if isinstance(v, dict)
-                    else {"_index": i, "value": upstream_annotate_indices(v, min_len)} for i, v in enumerate(x)]
+            return [
+                {"_index": i, **upstream_annotate_indices(v, min_len)}
+                if isinstance(v, dict)
+                else {"_index": i, "value": upstream_annotate_indices(v, min_len)}
+                for i, v in enumerate(x)
+            ]
         return [upstream_annotate_indices(v, min_len) for v in x]
     if isinstance(x, dict):
         return {k: upstream_annotate_indices(v, min_len) for k, v in x.items()}
@@ -138,7 +149,9 @@ async def ask_twice(client, state, questions: dict) -> list[dict]:
     """The same request twice, both answered; the second one's state prefix comes from L3."""
     bodies = []
     for attempt in range(2):
-        response = await client.post("/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions})
+        response = await client.post(
+            "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": questions}
+        )
         body = await response.json()
         assert response.status == 200, body
         if attempt:

@@ -1,4 +1,5 @@
 """Asset naming, data URI validation, the atomic on-disk format and its error reporting."""
+
 from __future__ import annotations
 
 import base64
@@ -11,10 +12,10 @@ import torch
 
 from jev_common import assets
 from jev_common.assets import (
-    bytes_key,
     ImageRejected,
     asset_key,
     asset_state,
+    bytes_key,
     decode_data_uri,
     read_asset,
     remove_incomplete,
@@ -42,22 +43,25 @@ def test_key_is_sha256_of_the_image_bytes():
     assert asset_key(png_uri(2)) != asset_key(uri)
 
 
-@pytest.mark.parametrize("uri, reason", [
-    ("https://example.com/cat.png", "url"),
-    ("http://example.com/cat.png", "url"),
-    ("file:///etc/passwd", "url"),
-    ("s3://bucket/cat.png", "url"),
-    ("iVBORw0KGgo=", "not_data_uri"),
-    ("data:text/plain;base64,aGVsbG8=", "not_image_type"),
-    ("data:image/svg+xml;base64,PHN2Zz4=", "not_image_type"),
-    ("data:image/png,rawbytes", "not_base64"),
-    ("data:image/png;base64", "not_data_uri"),
-    ("data:image/png;base64,", "malformed_base64"),
-    ("data:image/png;base64,!!!not-base64!!!", "malformed_base64"),
-    ("data:image/png;base64,abc", "malformed_base64"),  # bad padding
-    ("data:image/png;base64," + base64.b64encode(b"just some text, not an image").decode(), "not_image"),
-    (12345, "not_a_string"),
-])
+@pytest.mark.parametrize(
+    "uri, reason",
+    [
+        ("https://example.com/cat.png", "url"),
+        ("http://example.com/cat.png", "url"),
+        ("file:///etc/passwd", "url"),
+        ("s3://bucket/cat.png", "url"),
+        ("iVBORw0KGgo=", "not_data_uri"),
+        ("data:text/plain;base64,aGVsbG8=", "not_image_type"),
+        ("data:image/svg+xml;base64,PHN2Zz4=", "not_image_type"),
+        ("data:image/png,rawbytes", "not_base64"),
+        ("data:image/png;base64", "not_data_uri"),
+        ("data:image/png;base64,", "malformed_base64"),
+        ("data:image/png;base64,!!!not-base64!!!", "malformed_base64"),
+        ("data:image/png;base64,abc", "malformed_base64"),  # bad padding
+        ("data:image/png;base64," + base64.b64encode(b"just some text, not an image").decode(), "not_image"),
+        (12345, "not_a_string"),
+    ],
+)
 def test_bad_data_uris_are_rejected_with_a_reason(uri, reason):
     with pytest.raises(ImageRejected) as info:
         decode_data_uri(uri)

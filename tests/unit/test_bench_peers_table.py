@@ -1,5 +1,6 @@
 """benchmarks/peers.py without peers: its corpus, agreement and table code (the run itself is
 `make bench-peers`, not part of the suite)."""
+
 from __future__ import annotations
 
 import json
@@ -53,12 +54,15 @@ def test_agreement_and_the_table():
     assert agree.merge(peers.Agreement()).cell() == ("0.3", "1/2")
 
     def cell(arm, lat, questions, wall):
-        return peers.CellStats("single", 1, arm, sent=len(lat), ok=len(lat), questions=questions, wall_s=wall,
-                               latencies_ms=lat)
+        return peers.CellStats(
+            "single", 1, arm, sent=len(lat), ok=len(lat), questions=questions, wall_s=wall, latencies_ms=lat
+        )
 
-    stats = {("single", 1, "ours"): cell("ours", [100.0, 110.0, 120.0], 3, 0.33),
-             ("single", 1, "fast"): cell("fast", [50.0, 60.0, 70.0], 3, 0.18),
-             ("single", 1, "slow"): cell("slow", [200.0, 220.0, 240.0], 3, 0.66)}
+    stats = {
+        ("single", 1, "ours"): cell("ours", [100.0, 110.0, 120.0], 3, 0.33),
+        ("single", 1, "fast"): cell("fast", [50.0, 60.0, 70.0], 3, 0.18),
+        ("single", 1, "slow"): cell("slow", [200.0, 220.0, 240.0], 3, 0.66),
+    }
     rows = peers.table_rows(stats, {("single", 1, "slow"): agree}, ["ours", "fast", "slow"])
     by_arm = {r["arm"]: r for r in rows}
     assert by_arm["ours"]["p50_ratio"] is None and by_arm["ours"]["ahead"] is None

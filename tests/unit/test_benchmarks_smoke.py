@@ -1,4 +1,5 @@
 """benchmarks.loadgen against the fake worker: report structure, counts, ordered percentiles; loopback only."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,17 @@ def test_percentile_interpolates_like_numpy():
     assert percentile([], 50) is None and percentile([7.0], 99) == 7.0
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://example.com/", "https://8.8.8.8",
-                                 "ftp://127.0.0.1/", "http://192.168.1.2:8000/v1/systemone", "127.0.0.1:8080"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1:8080",
+        "http://example.com/",
+        "https://8.8.8.8",
+        "ftp://127.0.0.1/",
+        "http://192.168.1.2:8000/v1/systemone",
+        "127.0.0.1:8080",
+    ],
+)
 def test_refuses_non_loopback_targets(url):
     with pytest.raises(NotLoopback):
         check_loopback(url)
@@ -45,7 +55,9 @@ def test_builtin_corpora_are_valid_requests():
             (SystemOneRequest if "questions" in body else DecisionRequest).model_validate(body)
     ordered, cyclic = load_corpus("ordered"), load_corpus("ordered-cyclic")
     assert [dict(b, x_coherence="cyclic") for b in ordered] == cyclic  # the same requests, the mode asked
-    assert len({json.dumps(b["questions"]["choice0"]["criteria"]) for b in ordered}) > len({b["state"] for b in ordered})
+    assert len({json.dumps(b["questions"]["choice0"]["criteria"]) for b in ordered}) > len(
+        {b["state"] for b in ordered}
+    )
     shared = load_corpus("shared-prefix")
     assert len({b["state"]["text"] for b in shared}) == 3  # few states, many questions
     assert all(b["kind"] == "set" and len(b["options"]) >= 5 for b in load_corpus("set"))
@@ -83,8 +95,7 @@ async def test_loadgen_offset_continues_through_the_corpus():
     async with fake as url:
         report = await run_load(url, corpus, requests=5, offset=22)
     assert report.ok == 5
-    assert [r["request_id"] for r in fake.requests] == [corpus[i % len(corpus)]["request_id"]
-                                                         for i in range(22, 27)]
+    assert [r["request_id"] for r in fake.requests] == [corpus[i % len(corpus)]["request_id"] for i in range(22, 27)]
 
 
 async def test_loadgen_counts_errors_by_status_and_envelope_type():
@@ -116,8 +127,9 @@ def test_cli_writes_json_report(tmp_path, capsys):
         corpus = tmp_path / "corpus.jsonl"
         corpus.write_text("# one request\n" + json.dumps(load_corpus("set")[0]) + "\n\n", encoding="utf-8")
         out = tmp_path / "report.json"
-        code = main(["--url", url, "--requests", "5", "--concurrency", "2", "--corpus", str(corpus),
-                     "--json", str(out)])
+        code = main(
+            ["--url", url, "--requests", "5", "--concurrency", "2", "--corpus", str(corpus), "--json", str(out)]
+        )
     finally:
         asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -134,10 +146,20 @@ def test_cli_writes_json_report(tmp_path, capsys):
 async def test_table_and_plot_from_runs(tmp_path):
     async with FakeWorker() as url:
         reports = [await run_load(url, load_corpus("mixed"), concurrency=c, requests=8) for c in (1, 2)]
-    runs = [Run(group="concurrency", variant=f"concurrency {c}", path="worker", worker="A", corpus="mixed",
-                concurrency=c, report=r, delta=WorkerDelta(l3_hits=3, l3_misses=1, batches=4, batch_requests=8,
-                                                           batch_rows=8), baseline=(c == 1))
-            for c, r in zip((1, 2), reports)]
+    runs = [
+        Run(
+            group="concurrency",
+            variant=f"concurrency {c}",
+            path="worker",
+            worker="A",
+            corpus="mixed",
+            concurrency=c,
+            report=r,
+            delta=WorkerDelta(l3_hits=3, l3_misses=1, batches=4, batch_requests=8, batch_rows=8),
+            baseline=(c == 1),
+        )
+        for c, r in zip((1, 2), reports)
+    ]
     runs[1].effect = effect(runs[1], runs[0])
     assert runs[1].effect["throughput_ratio"] > 0 and "p50_delta_ms" in runs[1].effect
     md = markdown_table(runs)

@@ -1,6 +1,7 @@
 """Bounds before compute (jev_worker/prompt/bounds.py) and chunked prefill (engine.chunked_forward): a prompt past the
 model's limit is a 422 naming the limit and the count, megabytes are refused before tokenising, and a prompt
 prefilled in chunks is answered exactly as in one pass."""
+
 from __future__ import annotations
 
 import resource
@@ -12,15 +13,21 @@ from jev_common.schema import MAX_CONTENT_CHARS
 from jev_worker.prompt.bounds import CHARS_PER_TOKEN, PromptBounds, positions_of
 from jev_worker.settings import CacheSettings
 
-from .worker_helpers import REQUESTS, assert_close, record_forwards, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import (
+    REQUESTS,
+    assert_close,
+    record_forwards,
+    reference_row_probs,
+    served_row_probs,
+    worker_client,
+)
 
 CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
 LIMIT = 4096  # the tiny checkpoint's max_position_embeddings
 
 
 def envelope(state: str, instructions: str = "Is it on?") -> dict:
-    return {"model": "jev-latest", "state": state,
-            "questions": {"q": {"type": "noul", "instructions": instructions}}}
+    return {"model": "jev-latest", "state": state, "questions": {"q": {"type": "noul", "instructions": instructions}}}
 
 
 def messages(body: dict) -> str:
@@ -41,8 +48,10 @@ async def test_chunked_prefill_answers_as_one_pass(worker_settings, kind, cache)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
         assert_close(served_row_probs(body, await response.json()), reference_row_probs(service, body))
-        longest = max((kw.get("input_ids") if kw.get("input_ids") is not None else kw["inputs_embeds"]).shape[1]
-                      for kw in forwards)
+        longest = max(
+            (kw.get("input_ids") if kw.get("input_ids") is not None else kw["inputs_embeds"]).shape[1]
+            for kw in forwards
+        )
         assert longest > 3  # some forward was longer than a chunk ...
         assert max(kw["input_ids"].shape[1] for kw in chunks) <= 3  # ... and ran in chunks
 
@@ -122,8 +131,13 @@ def test_chunked_forward_cuts_masks_and_positions():
     cache = DynamicCache()
     past = torch.zeros(1, 1, 2, 2)
     cache.update(past, past, 0)
-    out = chunked_forward(forward, {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
-                                    "past_key_values": cache}, 3, "past_key_values", DynamicCache)
+    out = chunked_forward(
+        forward,
+        {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "past_key_values": cache},
+        3,
+        "past_key_values",
+        DynamicCache,
+    )
     assert [kw["input_ids"].shape[1] for kw in seen] == [3, 3, 1]
     assert [tuple(kw["attention_mask"].shape[-2:]) for kw in seen] == [(3, 5), (3, 8), (1, 9)]
     assert [int(kw["position_ids"][0, 0]) for kw in seen] == [10, 13, 16]

@@ -1,6 +1,7 @@
 """The Redis cache index and the worker's AssetStore on top of it: namespaces, degradation to the
 filesystem when Redis is down, stale entries. Each test uses its own identity (so its own key
 namespace) and deletes that namespace afterwards."""
+
 from __future__ import annotations
 
 import asyncio
@@ -174,8 +175,22 @@ async def test_preencoder_registers_assets_in_the_index(tmp_path, capsys, monkey
     uri = png_uri(71)
     manifest.write_text(json.dumps(request_line(uri)) + "\n")
     out = tmp_path / "assets"
-    argv = ["encode", "--manifest", str(manifest), "--out", str(out), "--model", tiny_vl_checkpoint(),
-            "--redis", redis_url, "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    argv = [
+        "encode",
+        "--manifest",
+        str(manifest),
+        "--out",
+        str(out),
+        "--model",
+        tiny_vl_checkpoint(),
+        "--redis",
+        redis_url,
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--no-progress",
+    ]
     code = await asyncio.to_thread(main, argv)  # the CLI runs its own event loop
     assert code == 0, capsys.readouterr().err
     entry = await index.lookup_asset(asset_key(uri))
@@ -232,8 +247,7 @@ async def test_a_stopped_worker_leaves_no_prefix_entry(worker_settings, redis_ur
     from jev_worker.service import WorkerService
 
     worker_id = f"stop-test-{uuid.uuid4().hex[:8]}"
-    service = WorkerService(worker_settings(redis_url=redis_url, worker_id=worker_id,
-                                            worker_url="http://127.0.0.1:9"))
+    service = WorkerService(worker_settings(redis_url=redis_url, worker_id=worker_id, worker_url="http://127.0.0.1:9"))
     await service.start()
     assert service.state == "ok", service.error
     index = CacheIndex(redis_url, service.identity)
@@ -241,8 +255,11 @@ async def test_a_stopped_worker_leaves_no_prefix_entry(worker_settings, redis_ur
         client = index._redis()
 
         async def mine() -> list[str]:
-            return [key async for key in client.scan_iter(match=f"jev:{index.ns}:prefix:*")
-                    if await client.hexists(key, worker_id)]
+            return [
+                key
+                async for key in client.scan_iter(match=f"jev:{index.ns}:prefix:*")
+                if await client.hexists(key, worker_id)
+            ]
 
         for _ in range(50):  # registration is fire-and-forget on the event loop
             if await mine():

@@ -1,4 +1,5 @@
 """BudgetLRU: budgets, LRU order, counters, eviction callbacks."""
+
 from __future__ import annotations
 
 from jev_worker.scheduling.caches import BudgetLRU
@@ -46,8 +47,11 @@ def test_worker_caches_own_every_level():
     from jev_worker.settings import CacheSettings
 
     inserted, evicted = [], []
-    caches = WorkerCaches(CacheSettings(True, 8, 1000, 100), on_l3_insert=lambda k, v: inserted.append(k),
-                          on_l3_evict=lambda k, v: evicted.append(k))
+    caches = WorkerCaches(
+        CacheSettings(True, 8, 1000, 100),
+        on_l3_insert=lambda k, v: inserted.append(k),
+        on_l3_evict=lambda k, v: evicted.append(k),
+    )
 
     class Reuses:
         def l3_bytes(self, configured):

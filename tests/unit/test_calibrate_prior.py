@@ -1,6 +1,7 @@
 """tools/calibrate_prior.py: the committed calibration set, the embedded recipe's committed prior computed from it,
 and the block written beside a checkpoint's other calibration fields. (The tool itself runs through a tiny worker in
 tests/unit/test_coherence.py, prior_checkpoint.)"""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +9,8 @@ import json
 from collections import Counter
 
 from jev_common.recipe import load_recipe
-from jev_worker.readouts.calibration import Calibration
 from jev_worker.questions.position_prior import PositionPrior, layout_digest
+from jev_worker.readouts.calibration import Calibration
 from tools.calibrate_prior import DEFAULT_SET, default_out, read_set, write
 
 
@@ -34,8 +35,12 @@ def test_the_embedded_recipe_s_prior_was_computed_from_the_committed_set_on_its_
 def test_the_block_is_written_beside_a_checkpoint_s_other_calibration_fields(tmp_path):
     config = tmp_path / "decision_config.json"
     config.write_text(json.dumps({"temperature": 1.5, "biases": {"noul": 0.2}}))
-    prior = PositionPrior({2: (0.25, 0.75), 3: (0.2, 0.3, 0.5)}, {"name": "s", "sha256": "ab", "questions": 2},
-                          checkpoint="local:x", layout="sha256:y")
+    prior = PositionPrior(
+        {2: (0.25, 0.75), 3: (0.2, 0.3, 0.5)},
+        {"name": "s", "sha256": "ab", "questions": 2},
+        checkpoint="local:x",
+        layout="sha256:y",
+    )
     write(config, prior)
     loaded = Calibration.from_config(json.loads(config.read_text()), "decision_config.json")
     assert loaded.temperatures["choice"] == 1.5 and loaded.biases == {"noul": 0.2}

@@ -1,5 +1,6 @@
 """The coherence mode (x_coherence, questions/choice.py): `cyclic` answers a choice from the cyclic shifts of its
 options, so an answer does not depend on the order the options were sent in."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,11 @@ STATE = "The kettle whistles and steam comes out of its spout."
 
 
 def ask(criteria: dict, coherence: str | None = None) -> dict:
-    body = {"model": "jev-latest", "state": STATE,
-            "questions": {"q": {"type": "choice", "instructions": "What is the kettle doing?", "criteria": criteria}}}
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "questions": {"q": {"type": "choice", "instructions": "What is the kettle doing?", "criteria": criteria}},
+    }
     if coherence is not None:
         body["x_coherence"] = coherence
     return body
@@ -49,8 +53,9 @@ async def test_a_shifted_option_order_gets_the_same_answer_under_cyclic(worker_s
         # the three shifts are three rows after ONE prefill of the state: no state prefill per shift
         model = service.model
         request = SystemOneRequest.model_validate(ask(options, "cyclic"))
-        rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds,
-                              model.readout.name, "cyclic")
+        rows, plan = rows_for(
+            request.questions, request.state, model.builder, model.readout.kinds, model.readout.name, "cyclic"
+        )
         prepared = model.builder.prepare(STATE, rows, (), plan)
         assert len(prepared.rows) == 3
         assert answers["cyclic", "sent", "tokens"] == prepared.prompt_tokens
@@ -105,22 +110,38 @@ def test_an_unknown_mode_is_a_422_in_the_schema():
 async def test_a_score_under_cyclic_averages_its_levels_asked_in_both_orders(worker_settings):
     import torch
 
-    body = {"model": "jev-latest", "state": STATE, "x_coherence": "cyclic", "questions": {
-        "s": {"type": "score", "instructions": "How hot is the kettle?", "criteria": ["cold", "warm", "hot"]}}}
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "x_coherence": "cyclic",
+        "questions": {
+            "s": {"type": "score", "instructions": "How hot is the kettle?", "criteria": ["cold", "warm", "hot"]}
+        },
+    }
     async with worker_client(worker_settings()) as (client, service):
         served = (await (await client.post("/v1/systemone", json=body)).json())["answers"]["s"]
         off = (await (await client.post("/v1/systemone", json=dict(body, x_coherence="off"))).json())["answers"]["s"]
         model = service.model
         request = SystemOneRequest.model_validate(body)
-        rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds,
-                              model.readout.name, "cyclic")
+        rows, plan = rows_for(
+            request.questions, request.state, model.builder, model.readout.kinds, model.readout.name, "cyclic"
+        )
         assert [r.content.split("Levels:\n")[1].split("\nAnswer")[0] for r in rows] == [
-            "0. cold\n1. warm\n2. hot", "2. hot\n1. warm\n0. cold"]  # reversed, digit i still level i
+            "0. cold\n1. warm\n2. hot",
+            "2. hot\n1. warm\n0. cold",
+        ]  # reversed, digit i still level i
         assert rows[0].labels == rows[1].labels
         prepared = model.builder.prepare(STATE, rows, (), plan)
         with torch.inference_mode():  # each order as a plain forward over its whole prompt
-            want = [torch.softmax(service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)])).logits[
-                0, -1, list(prepared.row_labels[i])].float(), -1).tolist() for i in range(2)]
+            want = [
+                torch.softmax(
+                    service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
+                    .logits[0, -1, list(prepared.row_labels[i])]
+                    .float(),
+                    -1,
+                ).tolist()
+                for i in range(2)
+            ]
     assert served["legend"] == {"0": "cold", "1": "warm", "2": "hot"}
     for level in range(3):
         assert abs(served["probabilities"][str(level)] - (want[0][level] + want[1][level]) / 2) <= 1e-5
@@ -134,8 +155,12 @@ async def test_a_span_under_cyclic_gets_the_same_answer_in_any_candidate_order_a
     candidates = ["steam comes out", "The kettle whistles", "its spout"]
 
     def body(order, mode):
-        return {"model": "jev-latest", "state": STATE, "x_coherence": mode, "questions": {
-            "s": {"type": "span", "instructions": "What shows the water boils?", "criteria": order}}}
+        return {
+            "model": "jev-latest",
+            "state": STATE,
+            "x_coherence": mode,
+            "questions": {"s": {"type": "span", "instructions": "What shows the water boils?", "criteria": order}},
+        }
 
     async with worker_client(worker_settings()) as (client, service):
         got = {}
@@ -146,12 +171,20 @@ async def test_a_span_under_cyclic_gets_the_same_answer_in_any_candidate_order_a
                 got[mode, name] = (await response.json())["answers"]["s"]
         model = service.model
         request = SystemOneRequest.model_validate(body(candidates, "cyclic"))
-        rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds,
-                              model.readout.name, "cyclic")
+        rows, plan = rows_for(
+            request.questions, request.state, model.builder, model.readout.kinds, model.readout.name, "cyclic"
+        )
         prepared = model.builder.prepare(STATE, rows, (), plan)
         with torch.inference_mode():  # each shift as a plain forward over its whole prompt
-            shifts = [torch.softmax(service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)])).logits[
-                0, -1, list(prepared.row_labels[i])].float(), -1).tolist() for i in range(len(rows))]
+            shifts = [
+                torch.softmax(
+                    service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
+                    .logits[0, -1, list(prepared.row_labels[i])]
+                    .float(),
+                    -1,
+                ).tolist()
+                for i in range(len(rows))
+            ]
         models = (await (await client.get("/v1/models")).json())["models"]
     ordered = sorted(candidates)  # by text, then shifted: row k lists ordered[k:] + ordered[:k]
     assert [r.content.split("Options:\n")[1].split("\nAnswer")[0].splitlines()[0][3:] for r in rows] == ordered
@@ -159,10 +192,16 @@ async def test_a_span_under_cyclic_gets_the_same_answer_in_any_candidate_order_a
         want = sum(shifts[k][(i - k) % 3] for k in range(3)) / 3  # where candidate i stood in shift k
         assert abs(got["cyclic", "sent"]["probabilities"][candidate] - want) <= 1e-5
         assert abs(got["cyclic", "reversed"]["probabilities"][candidate] - want) <= 1e-5
-    assert max(abs(got["off", "sent"]["probabilities"][c] - got["off", "reversed"]["probabilities"][c])
-               for c in candidates) > 1e-4
+    assert (
+        max(
+            abs(got["off", "sent"]["probabilities"][c] - got["off", "reversed"]["probabilities"][c]) for c in candidates
+        )
+        > 1e-4
+    )
     best = max(candidates, key=got["cyclic", "sent"]["probabilities"].__getitem__)
-    assert got["cyclic", "sent"]["span"]["text"] == best and STATE[got["cyclic", "sent"]["span"]["start"]:].startswith(best)
+    assert got["cyclic", "sent"]["span"]["text"] == best and STATE[got["cyclic", "sent"]["span"]["start"] :].startswith(
+        best
+    )
     assert all(m["x_coherence_types"]["span"]["modes"] == ["cyclic", "off"] for m in models)
 
 
@@ -196,8 +235,11 @@ def test_the_prior_is_pride_s_formula_on_a_hand_computed_case():
     assert [round(p, 5) for p in torch.softmax(debias, -1).tolist()] == [0.43893, 0.56107]
     # three options: the content term cancels because every option stands at every position once
     q3 = logs((0.5, 0.3, 0.2), (0.1, 0.6, 0.3), (0.2, 0.2, 0.6))
-    mean = [(math.log(0.5) + math.log(0.1) + math.log(0.2)) / 3, (math.log(0.3) + math.log(0.6) + math.log(0.2)) / 3,
-            (math.log(0.2) + math.log(0.3) + math.log(0.6)) / 3]
+    mean = [
+        (math.log(0.5) + math.log(0.1) + math.log(0.2)) / 3,
+        (math.log(0.3) + math.log(0.6) + math.log(0.2)) / 3,
+        (math.log(0.2) + math.log(0.3) + math.log(0.6)) / 3,
+    ]
     want = [math.exp(m) / sum(math.exp(x) for x in mean) for m in mean]
     assert max(abs(a - b) for a, b in zip(question_prior(q3), want)) <= 1e-12
 
@@ -207,9 +249,16 @@ def write_set(path, counts) -> None:
 
     lines = []
     for i, n in enumerate(counts):
-        lines.append(json.dumps({"id": f"q{i}", "state": f"Scene {i}: the kettle whistles and the cat sleeps.",
-                                 "instructions": "What fits best?",
-                                 "criteria": {f"option {k}": (None if k % 2 else f"described {k}") for k in range(n)}}))
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"q{i}",
+                    "state": f"Scene {i}: the kettle whistles and the cat sleeps.",
+                    "instructions": "What fits best?",
+                    "criteria": {f"option {k}": (None if k % 2 else f"described {k}") for k in range(n)},
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -228,20 +277,27 @@ def prior_checkpoint(tiny_text_dir, tiny_recipe, tmp_path_factory):
     shutil.copytree(tiny_text_dir, folder)
     calibration_set = folder.parent / "set.jsonl"
     write_set(calibration_set, [2, 3, 3, 2])
-    settings = WorkerSettings(recipe=tiny_recipe, model_path=str(folder), device="cpu",
-                              dtype="float32", redis_url="redis://127.0.0.1:1/0", asset_dir="/nonexistent",
-                              worker_id="test", cache=CacheSettings(True, 1024, 64 << 20, 64 << 20))
+    settings = WorkerSettings(
+        recipe=tiny_recipe,
+        model_path=str(folder),
+        device="cpu",
+        dtype="float32",
+        redis_url="redis://127.0.0.1:1/0",
+        asset_dir="/nonexistent",
+        worker_id="test",
+        cache=CacheSettings(True, 1024, 64 << 20, 64 << 20),
+    )
     result = asyncio.run(calibrate(settings, calibration_set))
     write(Path(folder) / "decision_config.json", result["prior"])
     return str(folder), result, calibration_set
 
 
 async def test_prior_answers_single_pass_debiased_and_refuses_an_option_count_it_has_no_prior_for(
-        worker_settings, prior_checkpoint):
+    worker_settings, prior_checkpoint
+):
     import hashlib
-    import math
-
     import json
+    import math
     from pathlib import Path
 
     folder, result, calibration_set = prior_checkpoint
@@ -267,8 +323,9 @@ async def test_prior_answers_single_pass_debiased_and_refuses_an_option_count_it
     observed = replies["off"]["answers"]["q"]["probabilities"]
     weights = {name: p / stored[i] for i, (name, p) in enumerate(observed.items())}
     for name, weight in weights.items():  # Eq. 6 on the single pass: p / prior, renormalised
-        assert math.isclose(replies["prior"]["answers"]["q"]["probabilities"][name],
-                            weight / sum(weights.values()), abs_tol=1e-5)
+        assert math.isclose(
+            replies["prior"]["answers"]["q"]["probabilities"][name], weight / sum(weights.values()), abs_tol=1e-5
+        )
     assert replies["prior"]["usage"]["input_tokens"] == replies["off"]["usage"]["input_tokens"]  # single pass
     assert refused.status == 422 and detail["loc"] == ["body", "questions", "q", "criteria"]
     assert "no position prior for a choice of 4 options" in detail["msg"] and "covers 2, 3" in detail["msg"]
@@ -279,7 +336,11 @@ async def test_a_model_without_a_prior_refuses_the_mode_and_does_not_list_it(wor
         response = await client.post("/v1/systemone", json=ask({"a": None, "b": None}, "prior"))
         detail = (await response.json())["detail"][0]
         models = (await (await client.get("/v1/models")).json())["models"]
-    assert response.status == 422 and "does not offer 'prior'" in detail["msg"] and detail["loc"] == ["body", "x_coherence"]
+    assert (
+        response.status == 422
+        and "does not offer 'prior'" in detail["msg"]
+        and detail["loc"] == ["body", "x_coherence"]
+    )
     assert models[0]["x_coherence"] == ["cyclic", "off"]
 
 
@@ -294,13 +355,16 @@ async def test_a_recipe_prior_estimated_on_another_checkpoint_is_not_applied(wor
     async with worker_client(worker_settings(recipe=tiny)) as (client, service):
         calibration = (await (await client.get("/health")).json())["detail"]["serving"]["calibration"]
         models = (await (await client.get("/v1/models")).json())["models"]
-    assert "not applied, it was estimated on 'HuggingFaceTB/SmolLM2-135M-Instruct" in \
-        calibration["position_prior"]["unused"]
+    assert (
+        "not applied, it was estimated on 'HuggingFaceTB/SmolLM2-135M-Instruct"
+        in calibration["position_prior"]["unused"]
+    )
     assert models[0]["x_coherence"] == ["cyclic", "off"]
 
 
 async def test_a_checkpoint_s_own_prior_is_used_before_a_recipe_s_prior_for_another_checkpoint(
-        worker_settings, prior_checkpoint):
+    worker_settings, prior_checkpoint
+):
     """The embedded recipe names its prior file; a checkpoint that carries its own prior (decision_config.json)
     served with that recipe answers with its own, and the recipe's is reported unused."""
     from jev_common.recipe import load_recipe

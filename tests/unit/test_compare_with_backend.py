@@ -1,4 +1,5 @@
 """tools/compare_with_backend against the fake worker and a real frontend (loopback)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -98,10 +99,21 @@ async def test_status_and_transport_mismatches_are_detected(stack):
 
 def test_diff_tolerance_and_ignored_fields():
     request = VALID[0]
-    base = {"request_id": "choice-1", "kind": "choice", "model": "m", "probabilities": [0.25, 0.75],
-            "choice_index": 1, "choice": "accelerate", "noul": None, "score": None, "span": None,
-            "yes_probabilities": None, "selected": None, "usage": {"prompt_tokens": 9, "cached_tokens": 9},
-            "elapsed_seconds": 0.5}
+    base = {
+        "request_id": "choice-1",
+        "kind": "choice",
+        "model": "m",
+        "probabilities": [0.25, 0.75],
+        "choice_index": 1,
+        "choice": "accelerate",
+        "noul": None,
+        "score": None,
+        "span": None,
+        "yes_probabilities": None,
+        "selected": None,
+        "usage": {"prompt_tokens": 9, "cached_tokens": 9},
+        "elapsed_seconds": 0.5,
+    }
     near = {**base, "probabilities": [0.25 + 1e-9, 0.75 - 1e-9], "elapsed_seconds": 7.0}
     far = {**base, "probabilities": [0.2501, 0.7499]}
     short = {**base, "probabilities": [0.25]}
@@ -109,7 +121,12 @@ def test_diff_tolerance_and_ignored_fields():
     assert [m.field for m in diff_answers(0, request, Answer(200, base), Answer(200, far))] == ["probabilities"]
     assert [m.field for m in diff_answers(0, request, Answer(200, base), Answer(200, short))] == ["probabilities"]
     err = {"detail": {"error_type": "overloaded", "message": "a"}}
-    assert diff_answers(0, request, Answer(429, err), Answer(429, {"detail": {"error_type": "overloaded", "message": "b"}})) == []
+    assert (
+        diff_answers(
+            0, request, Answer(429, err), Answer(429, {"detail": {"error_type": "overloaded", "message": "b"}})
+        )
+        == []
+    )
     other = {"detail": {"error_type": "queue_full", "message": "a"}}
     assert [m.field for m in diff_answers(0, request, Answer(429, err), Answer(429, other))] == ["error.type"]
 
@@ -140,5 +157,16 @@ def test_cli_bad_corpus_exits_2(tmp_path, capsys):
     bad.write_text('{"kind": "choice"}\n[1, 2]\n')
     assert main(["--worker", "http://127.0.0.1:1", "--frontend", "http://127.0.0.1:1", "--corpus", str(bad)]) == 2
     assert "bad.jsonl:2" in capsys.readouterr().err
-    assert main(["--worker", "http://127.0.0.1:1", "--frontend", "http://127.0.0.1:1",
-                 "--corpus", str(tmp_path / "missing.jsonl")]) == 2
+    assert (
+        main(
+            [
+                "--worker",
+                "http://127.0.0.1:1",
+                "--frontend",
+                "http://127.0.0.1:1",
+                "--corpus",
+                str(tmp_path / "missing.jsonl"),
+            ]
+        )
+        == 2
+    )

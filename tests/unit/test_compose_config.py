@@ -6,6 +6,7 @@ a one-shot job, on its successful completion), GPU reservations, the frontend on
 profile's backend, every JEV_RECIPE existing; and the security defaults: only the frontend published
 beyond loopback, Redis behind a password that every service gets, Prometheus scraping every service.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,16 +31,32 @@ ENV = {}  # interpolate with defaults only, as a fresh shell would
 PROMETHEUS = yaml.safe_load((ROOT / "images" / "prometheus.yml").read_text())
 
 REQUIRED_ENV = {
-    "jev_worker": ["JEV_WORKER_HOST", "JEV_WORKER_PORT", "JEV_RECIPE", "JEV_DEVICE", "JEV_REDIS_URL",
-                   "JEV_ASSET_DIR", "JEV_WORKER_ID"],
+    "jev_worker": [
+        "JEV_WORKER_HOST",
+        "JEV_WORKER_PORT",
+        "JEV_RECIPE",
+        "JEV_DEVICE",
+        "JEV_REDIS_URL",
+        "JEV_ASSET_DIR",
+        "JEV_WORKER_ID",
+    ],
     "jev_frontend": ["JEV_FRONTEND_HOST", "JEV_FRONTEND_PORT", "JEV_BACKEND_URL", "JEV_FRONTEND_TIMEOUT_S"],
-    "jev_preencoder": ["JEV_PREENCODER_HOST", "JEV_PREENCODER_PORT", "JEV_RECIPE", "JEV_DEVICE", "JEV_ASSET_DIR",
-                       "JEV_REDIS_URL"],
+    "jev_preencoder": [
+        "JEV_PREENCODER_HOST",
+        "JEV_PREENCODER_PORT",
+        "JEV_RECIPE",
+        "JEV_DEVICE",
+        "JEV_ASSET_DIR",
+        "JEV_REDIS_URL",
+    ],
 }
 # profiles that run a recipe in another shape than its own profile: profile -> the recipe's profile
 REPLICA_PROFILES = {"cpu-replicas": "cpu"}
-LISTEN_ENV = {"jev_worker": "JEV_WORKER_PORT", "jev_frontend": "JEV_FRONTEND_PORT",
-              "jev_preencoder": "JEV_PREENCODER_PORT"}
+LISTEN_ENV = {
+    "jev_worker": "JEV_WORKER_PORT",
+    "jev_frontend": "JEV_FRONTEND_PORT",
+    "jev_preencoder": "JEV_PREENCODER_PORT",
+}
 
 
 def _env(svc: dict) -> dict[str, str]:
@@ -73,8 +90,9 @@ def _waits_for(services: dict, name: str, target: str, seen: frozenset = frozens
 
 def _reserves_gpu(svc: dict) -> bool:
     devices = (((svc.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
-    return any(d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in (d.get("capabilities") or [])
-               for d in devices)
+    return any(
+        d.get("driver") == "nvidia" and d.get("count") == 1 and "gpu" in (d.get("capabilities") or []) for d in devices
+    )
 
 
 def test_contract_names_every_required_env_var():
@@ -116,8 +134,9 @@ def test_profile_structure(profile):
             dockerfile = ROOT / build.get("context", ".") / build["dockerfile"]
             assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
             if build.get("target"):
-                assert re.search(rf"^FROM .+ AS {re.escape(build['target'])}\s*$", dockerfile.read_text(),
-                                 re.M | re.I), f"{name}: no stage {build['target']} in {dockerfile.name}"
+                assert re.search(
+                    rf"^FROM .+ AS {re.escape(build['target'])}\s*$", dockerfile.read_text(), re.M | re.I
+                ), f"{name}: no stage {build['target']} in {dockerfile.name}"
             url = next(t for t in test if str(t).startswith("http"))
             assert url == f"http://127.0.0.1:{_listen_port(svc)}/health", f"{name}: healthcheck {url}"
         deps = svc.get("depends_on") or {}
@@ -136,8 +155,9 @@ def test_profile_structure(profile):
         if env.get("JEV_RECIPE"):
             recipe = load_recipe(env["JEV_RECIPE"])
             assert recipe.name == env["JEV_RECIPE"]
-            assert recipe.compose_profile == REPLICA_PROFILES.get(profile, profile), \
+            assert recipe.compose_profile == REPLICA_PROFILES.get(profile, profile), (
                 f"{name}: recipe {recipe.name} belongs to {recipe.compose_profile}"
+            )
         if env.get("JEV_DEVICE") == "cuda":
             assert _reserves_gpu(svc), f"{name}: JEV_DEVICE=cuda without a GPU reservation"
             assert "cuda.Dockerfile" in svc["build"]["dockerfile"], f"{name}: GPU service on the CPU image"
@@ -153,10 +173,12 @@ def test_profile_frontend_on_8080_points_at_its_backend(profile):
     services = profile_services(DATA, profile)
     frontends = {n: s for n, s in services.items() if _module(s) == "jev_frontend"}
     assert len(frontends) == 1, f"{profile}: frontends {sorted(frontends)}"
-    (name, frontend), = frontends.items()
+    ((name, frontend),) = frontends.items()
     ports = [interpolate(p, ENV) for p in frontend.get("ports") or []]
     assert ports == ["8080:8080"]
-    publishers = [n for n, s in services.items() if any(interpolate(p, ENV).startswith("8080:") for p in s.get("ports") or [])]
+    publishers = [
+        n for n, s in services.items() if any(interpolate(p, ENV).startswith("8080:") for p in s.get("ports") or [])
+    ]
     assert publishers == [name]
     backend = re.fullmatch(r"http://([a-z0-9-]+):(\d+)", _env(frontend)["JEV_BACKEND_URL"])
     assert backend, _env(frontend)["JEV_BACKEND_URL"]
@@ -175,8 +197,9 @@ def test_gpu_recipes_get_a_gpu_and_cpu_recipes_do_not(profile):
         recipe = load_recipe(recipe_name)
         assert _reserves_gpu(svc) == recipe.gpu, f"{name}: recipe gpu={recipe.gpu}"
         reads_images = recipe.model.modality == "vision-language"
-        has_preencoder = any(_module(s) == "jev_preencoder" and _env(s)["JEV_RECIPE"] == recipe_name
-                             for s in services.values())
+        has_preencoder = any(
+            _module(s) == "jev_preencoder" and _env(s)["JEV_RECIPE"] == recipe_name for s in services.values()
+        )
         assert has_preencoder == reads_images, f"{profile}: a preencoder iff the readout reads images"
 
 
@@ -190,16 +213,25 @@ def test_cpu_profile_is_the_embedded_default():
 
 def test_jev_vl_profile_shape():
     services = profile_services(DATA, "jev-vl")
-    assert set(services) == {"redis", "prometheus", "preencode-jev-vl", "worker-jev-vl", "preencoder-jev-vl",
-                             "frontend-jev-vl"}
+    assert set(services) == {
+        "redis",
+        "prometheus",
+        "preencode-jev-vl",
+        "worker-jev-vl",
+        "preencoder-jev-vl",
+        "frontend-jev-vl",
+    }
     for name in ("preencode-jev-vl", "worker-jev-vl", "preencoder-jev-vl"):
         assert _reserves_gpu(services[name]), name
     # the worker starts only once the one-shot preencode of the manifest has exited 0
-    assert services["worker-jev-vl"]["depends_on"]["preencode-jev-vl"] == {"condition": "service_completed_successfully"}
+    assert services["worker-jev-vl"]["depends_on"]["preencode-jev-vl"] == {
+        "condition": "service_completed_successfully"
+    }
     command = [interpolate(c, ENV) for c in services["preencode-jev-vl"]["command"]]
     assert command[:4] == ["python", "-m", "jev_preencoder", "encode"] and "--manifest" in command
-    assert _env(services["preencode-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""} == \
-        _env(services["preencoder-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""}
+    assert _env(services["preencode-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""} == _env(
+        services["preencoder-jev-vl"]
+    ) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""}
 
 
 def _published(svc: dict) -> list[tuple[str, str, str]]:
@@ -316,8 +348,13 @@ def test_docker_compose_config_accepts_profile(profile):
     cli = _compose_cli()
     if cli is None:
         pytest.skip("the docker compose CLI plugin is not installed here; structural checks above cover the file")
-    result = subprocess.run(cli + ["-f", str(COMPOSE), "--profile", profile, "config", "-q"],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT)
+    result = subprocess.run(
+        cli + ["-f", str(COMPOSE), "--profile", profile, "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
 
 

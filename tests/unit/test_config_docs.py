@@ -1,6 +1,7 @@
 """One config module per service owns every env name, alias, default and doc line; the upstream
 JEV-VL names are honoured with the upstream defaults; the doc tables are rendered from the modules;
 each default is written once (the settings dataclasses and from_env take it from the EnvVar)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,19 @@ from jev_preencoder import settings as preencoder_settings
 from jev_worker import settings as worker_settings
 from tools import env_tables
 
-UPSTREAM_WORKER = ("JEV_VL_HOST", "JEV_VL_PORT", "JEV_VL_MODEL", "JEV_VL_IMGCACHE", "JEV_VL_CACHE", "JEV_VL_L1",
-                   "JEV_VL_L2", "JEV_VL_L3", "JEV_VL_L1_MAX", "JEV_VL_L2_BYTES", "JEV_VL_L3_BYTES")
+UPSTREAM_WORKER = (
+    "JEV_VL_HOST",
+    "JEV_VL_PORT",
+    "JEV_VL_MODEL",
+    "JEV_VL_IMGCACHE",
+    "JEV_VL_CACHE",
+    "JEV_VL_L1",
+    "JEV_VL_L2",
+    "JEV_VL_L3",
+    "JEV_VL_L1_MAX",
+    "JEV_VL_L2_BYTES",
+    "JEV_VL_L3_BYTES",
+)
 
 
 @pytest.fixture
@@ -53,11 +65,14 @@ def _env_names(names: set[str]) -> set[str]:
     return {n for n in names if n.startswith(("JEV_", "OMNI_JEV_"))}
 
 
-@pytest.mark.parametrize("module, build", [
-    (worker_settings, lambda: worker_settings.WorkerSettings.from_env()),
-    (frontend_settings, lambda: frontend_settings.Settings.from_env()),
-    (preencoder_settings, lambda: preencoder_settings.PreencoderSettings.from_env()),
-])
+@pytest.mark.parametrize(
+    "module, build",
+    [
+        (worker_settings, lambda: worker_settings.WorkerSettings.from_env()),
+        (frontend_settings, lambda: frontend_settings.Settings.from_env()),
+        (preencoder_settings, lambda: preencoder_settings.PreencoderSettings.from_env()),
+    ],
+)
 def test_every_name_a_service_reads_is_in_its_table(clean_env, module, build):
     environ = Recording({k: v for k, v in os.environ.items()})
     clean_env.setattr(os, "environ", environ)
@@ -106,9 +121,16 @@ def test_worker_reads_the_upstream_names_with_upstream_defaults(clean_env, tmp_p
     assert s.cache.enabled is False and not (s.cache.l1_on or s.cache.l2_on or s.cache.l3_on)
     assert s.worker_url.endswith("://127.0.0.1:8001")
 
-    for key, value in {"JEV_VL_CACHE": "1", "JEV_VL_HOST": "127.0.0.2", "JEV_VL_PORT": "9001",
-                       "JEV_VL_IMGCACHE": str(tmp_path / "assets"), "JEV_VL_L1_MAX": "7",
-                       "JEV_VL_L2_BYTES": "1M", "JEV_VL_L3_BYTES": "3M", "JEV_VL_L2": "0"}.items():
+    for key, value in {
+        "JEV_VL_CACHE": "1",
+        "JEV_VL_HOST": "127.0.0.2",
+        "JEV_VL_PORT": "9001",
+        "JEV_VL_IMGCACHE": str(tmp_path / "assets"),
+        "JEV_VL_L1_MAX": "7",
+        "JEV_VL_L2_BYTES": "1M",
+        "JEV_VL_L3_BYTES": "3M",
+        "JEV_VL_L2": "0",
+    }.items():
         clean_env.setenv(key, value)
     s = worker_settings.WorkerSettings.from_env()
     assert (s.host, s.port, s.asset_dir) == ("127.0.0.2", 9001, str(tmp_path / "assets"))
@@ -155,21 +177,53 @@ def test_preencoder_asset_dir_alias(clean_env, tmp_path):
 
 SERVICES = {
     # service: (settings class, ENV, variables not bound to a field, fields whose default is not an ENV default)
-    "worker": (worker_settings.WorkerSettings, worker_settings.ENV,
-               {"JEV_RECIPE", "JEV_CACHE", "JEV_CACHE_L1", "JEV_CACHE_L2", "JEV_CACHE_L3", "JEV_CACHE_L1_MAX",
-                "JEV_CACHE_L2_BYTES", "JEV_CACHE_L3_BYTES", "JEV_WORKER_ID", "JEV_WORKER_URL", "JEV_LOG_LEVEL",
-                "JEV_RECIPES_DIR", "JEV_CODE_VERSION", "JEV_INTERNAL_TOKEN_FILE"},
-               {"cache", "worker_id", "worker_url", "code_version"}),  # cache: checked below; the others computed
-    "frontend": (frontend_settings.Settings, frontend_settings.ENV,
-                 {"OMNI_JEV_BIND", "JEV_LOG_LEVEL", "JEV_INTERNAL_TOKEN_FILE"}, set()),  # the file: read into tokens
-    "preencoder": (preencoder_settings.PreencoderSettings, preencoder_settings.ENV,
-                   {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR"}, set()),
+    "worker": (
+        worker_settings.WorkerSettings,
+        worker_settings.ENV,
+        {
+            "JEV_RECIPE",
+            "JEV_CACHE",
+            "JEV_CACHE_L1",
+            "JEV_CACHE_L2",
+            "JEV_CACHE_L3",
+            "JEV_CACHE_L1_MAX",
+            "JEV_CACHE_L2_BYTES",
+            "JEV_CACHE_L3_BYTES",
+            "JEV_WORKER_ID",
+            "JEV_WORKER_URL",
+            "JEV_LOG_LEVEL",
+            "JEV_RECIPES_DIR",
+            "JEV_CODE_VERSION",
+            "JEV_INTERNAL_TOKEN_FILE",
+        },
+        {"cache", "worker_id", "worker_url", "code_version"},
+    ),  # cache: checked below; the others computed
+    "frontend": (
+        frontend_settings.Settings,
+        frontend_settings.ENV,
+        {"OMNI_JEV_BIND", "JEV_LOG_LEVEL", "JEV_INTERNAL_TOKEN_FILE"},
+        set(),
+    ),  # the file: read into tokens
+    "preencoder": (
+        preencoder_settings.PreencoderSettings,
+        preencoder_settings.ENV,
+        {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR"},
+        set(),
+    ),
 }
 # defaults the docs show by a declared text, because they are not a constant (or, for "—" / "recipe",
 # to keep the table as written); adding one here is a deliberate choice
 SHOWN = {
-    "worker": {"JEV_MODEL_PATH", "JEV_CACHE_L1_MAX", "JEV_CACHE_L2_BYTES", "JEV_CACHE_L3_BYTES", "JEV_WORKER_ID",
-               "JEV_WORKER_URL", "JEV_RECIPES_DIR", "JEV_CODE_VERSION"},
+    "worker": {
+        "JEV_MODEL_PATH",
+        "JEV_CACHE_L1_MAX",
+        "JEV_CACHE_L2_BYTES",
+        "JEV_CACHE_L3_BYTES",
+        "JEV_WORKER_ID",
+        "JEV_WORKER_URL",
+        "JEV_RECIPES_DIR",
+        "JEV_CODE_VERSION",
+    },
     "frontend": {"OMNI_JEV_BIND", "JEV_DEFAULT_MODEL"},
     "preencoder": {"JEV_DTYPE", "JEV_LOG_LEVEL", "JEV_RECIPES_DIR"},
 }
@@ -194,16 +248,25 @@ def test_settings_field_defaults_are_the_env_defaults(service):
 def test_worker_cache_default_is_the_env_defaults_and_the_recipe_schema():
     env = worker_settings.ENV
     default = next(f.default for f in dataclasses.fields(worker_settings.WorkerSettings) if f.name == "cache")
-    assert default == worker_settings.CacheSettings(env["JEV_CACHE"].default, env["JEV_CACHE_L1_MAX"].default,
-                                                    env["JEV_CACHE_L2_BYTES"].default,
-                                                    env["JEV_CACHE_L3_BYTES"].default)
+    assert default == worker_settings.CacheSettings(
+        env["JEV_CACHE"].default,
+        env["JEV_CACHE_L1_MAX"].default,
+        env["JEV_CACHE_L2_BYTES"].default,
+        env["JEV_CACHE_L3_BYTES"].default,
+    )
     spec = CacheSpec()
     assert (default.l1_max, default.l2_bytes, default.l3_bytes) == (
-        spec.l1_max, config.parse_bytes(str(spec.l2_bytes)), config.parse_bytes(str(spec.l3_bytes)))
+        spec.l1_max,
+        config.parse_bytes(str(spec.l2_bytes)),
+        config.parse_bytes(str(spec.l3_bytes)),
+    )
     # what the docs call "recipe (`x`)" is the recipe schema's default
     assert env["JEV_DTYPE"].default == ModelSpec.model_fields["dtype"].default
     assert (env["JEV_BATCHING"].default, env["JEV_MAX_BATCH_ROWS"].default, env["JEV_MAX_WAIT_MS"].default) == (
-        BatchingSpec().enabled, BatchingSpec().max_batch_rows, BatchingSpec().max_wait_ms)
+        BatchingSpec().enabled,
+        BatchingSpec().max_batch_rows,
+        BatchingSpec().max_wait_ms,
+    )
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -221,10 +284,17 @@ def test_from_env_unset_gives_the_declared_defaults(clean_env, service):
     if service == "worker":
         assert recipe.name == table["JEV_RECIPE"].default
         assert (settings.dtype, settings.batching, settings.max_batch_rows, settings.max_wait_ms) == (
-            recipe.model.dtype, recipe.batching.enabled, recipe.batching.max_batch_rows, recipe.batching.max_wait_ms)
+            recipe.model.dtype,
+            recipe.batching.enabled,
+            recipe.batching.max_batch_rows,
+            recipe.batching.max_wait_ms,
+        )
         assert settings.cache == worker_settings.CacheSettings(
-            table["JEV_CACHE"].default, recipe.cache.l1_max, config.parse_bytes(str(recipe.cache.l2_bytes)),
-            config.parse_bytes(str(recipe.cache.l3_bytes)))
+            table["JEV_CACHE"].default,
+            recipe.cache.l1_max,
+            config.parse_bytes(str(recipe.cache.l2_bytes)),
+            config.parse_bytes(str(recipe.cache.l3_bytes)),
+        )
 
 
 def _readme_rows(service: str) -> dict[str, str]:

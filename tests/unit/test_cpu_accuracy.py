@@ -1,4 +1,5 @@
 """benchmarks.cpu_accuracy: the rows it scores are the worker's own, and its table compares like with like."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,8 @@ def builder():
 
 
 def test_every_corpus_request_becomes_rows_with_labels(builder):
-    from benchmarks.cpu_accuracy import corpus_requests, prepared_rows
     from benchmarks.corpora import BUILTIN
+    from benchmarks.cpu_accuracy import corpus_requests, prepared_rows
 
     requests = corpus_requests(with_255=True)
     assert len(requests) == sum(len(make()) for make in BUILTIN.values()) + 5 + 1

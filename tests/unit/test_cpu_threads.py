@@ -1,4 +1,5 @@
 """The worker computes with the CPUs it may use, and its idle OpenMP threads sleep (jev_common/cpu.py)."""
+
 from __future__ import annotations
 
 import os
@@ -27,12 +28,14 @@ def test_threads_follow_affinity_and_the_cgroup_quota(tmp_path):
 
 
 def test_python_m_jev_worker_sets_passive_waits_before_torch_loads():
-    code = ("import sys, runpy\n"
-            "sys.argv = ['jev_worker']\n"
-            "import jev_worker\n"
-            "assert 'torch' not in sys.modules, 'torch imported before the wait policy is set'\n"
-            "import jev_worker.__main__ as m\n"
-            "import os; print(os.environ['OMP_WAIT_POLICY'])\n")
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['jev_worker']\n"
+        "import jev_worker\n"
+        "assert 'torch' not in sys.modules, 'torch imported before the wait policy is set'\n"
+        "import jev_worker.__main__ as m\n"
+        "import os; print(os.environ['OMP_WAIT_POLICY'])\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env["PYTHONPATH"] = f"{ROOT / 'services'}:{ROOT}"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
 """tools/doc_examples.py finds tagged examples, reads curl lines, and reports each kind of drift."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import pytest
 
 from tools import doc_examples as d
 
-DOC = '''
+DOC = """
 text
 ```bash example=one
 curl -s -i localhost:8080/v1/systemone -H 'content-type: application/json' \\
@@ -24,13 +25,17 @@ Content-Type: application/json
 ```bash
 not an example
 ```
-'''
+"""
 
 
 def test_find_and_parse():
     [example] = d.find(DOC, "doc.md")
     request = d.parse_curl(example.command)
-    assert (request.method, request.url, request.include_headers) == ("POST", "http://localhost:8080/v1/systemone", True)
+    assert (request.method, request.url, request.include_headers) == (
+        "POST",
+        "http://localhost:8080/v1/systemone",
+        True,
+    )
     assert request.headers == {"content-type": "application/json"}
     assert json.loads(request.body) == {"kind": "choice", "options": ["a", "b"]}
     shown = d.shown_answer(example)
@@ -68,8 +73,13 @@ def _answer(**change):
 def test_check_accepts_other_numbers_and_strings_but_not_another_shape():
     shown = d.shown_answer(d.find(DOC, "doc.md")[0])
     assert d.check(shown, _answer()) == []
-    assert any("not in the answer: ['choice']" in p for p in d.check(shown, d.Answer(200, _answer().headers, {
-        "type": "choice", "probabilities": [0.3, 0.7], "usage": {"tokens": 9}})))
+    assert any(
+        "not in the answer: ['choice']" in p
+        for p in d.check(
+            shown,
+            d.Answer(200, _answer().headers, {"type": "choice", "probabilities": [0.3, 0.7], "usage": {"tokens": 9}}),
+        )
+    )
     assert any("do not show: ['extra']" in p for p in d.check(shown, _answer(extra=1)))
     assert any("shown 2 items, got 3" in p for p in d.check(shown, _answer(probabilities=[0.1, 0.2, 0.7])))
     assert any("$.type: shown 'choice', got 'noul'" in p for p in d.check(shown, _answer(type="noul")))

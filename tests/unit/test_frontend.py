@@ -1,4 +1,5 @@
 """The frontend against the fake worker (and a scripted backend) on loopback."""
+
 from __future__ import annotations
 
 import asyncio
@@ -86,18 +87,31 @@ class ScriptedBackend:
 
 # --- pass-through -----------------------------------------------------------------------------------
 
+
 async def test_forwards_original_bytes_and_passes_answer_through_unchanged():
     backend = ScriptedBackend(
         status=200,
         body=b'{"kind":"choice",   "weird": [1,2]}\n',
-        headers=[("Content-Type", "application/json"), ("x-jev-cache", "l1=hit,l3=miss"),
-                 ("X-Jev-Trace", "a"), ("X-Jev-Trace", "b"), ("x-other", "dropped")],
+        headers=[
+            ("Content-Type", "application/json"),
+            ("x-jev-cache", "l1=hit,l3=miss"),
+            ("X-Jev-Trace", "a"),
+            ("X-Jev-Trace", "b"),
+            ("x-other", "dropped"),
+        ],
     )
     raw = b'{ "options": ["stop", "go on"],\n "question": "What now?", "kind": "choice", "state": "The light is red." }'
     async with backend.serve() as url, frontend(url) as client:
-        resp = await client.post("/v1/systemone", data=raw,
-                                 headers={"Content-Type": "application/json", "x-jev-trace-id": "t1",
-                                          "x-jev-client": "spoofed", "X-TypeSafe-Retry-Count": "1"})
+        resp = await client.post(
+            "/v1/systemone",
+            data=raw,
+            headers={
+                "Content-Type": "application/json",
+                "x-jev-trace-id": "t1",
+                "x-jev-client": "spoofed",
+                "X-TypeSafe-Retry-Count": "1",
+            },
+        )
         body = await resp.read()
         assert resp.status == 200
         assert body == backend.body
@@ -157,8 +171,11 @@ async def test_worker_errors_pass_through(fake, status, type_):
 
 
 async def test_retry_after_passes_through():
-    backend = ScriptedBackend(status=429, body=b'{"detail": {"error_type": "overloaded", "message": "busy"}}',
-                              headers=[("Retry-After", "2"), ("x-jev-queue", "64")])
+    backend = ScriptedBackend(
+        status=429,
+        body=b'{"detail": {"error_type": "overloaded", "message": "busy"}}',
+        headers=[("Retry-After", "2"), ("x-jev-queue", "64")],
+    )
     async with backend.serve() as url, frontend(url) as client:
         resp = await client.post("/v1/systemone", json=CHOICE)
         assert resp.status == 429
@@ -167,6 +184,7 @@ async def test_retry_after_passes_through():
 
 
 # --- health -----------------------------------------------------------------------------------------
+
 
 async def test_health_healthy_passes_worker_body(fake):
     async with frontend(fake.url) as client:
@@ -208,6 +226,7 @@ async def test_health_slow_worker_is_504(fake):
 
 # --- routes -----------------------------------------------------------------------------------------
 
+
 async def test_unknown_route_is_404_envelope(fake):
     async with frontend(fake.url) as client:
         resp = await client.get("/no/such/thing")
@@ -215,10 +234,15 @@ async def test_unknown_route_is_404_envelope(fake):
     assert resp.status == 404 and error.type == "not_found"
 
 
-@pytest.mark.parametrize("method, path", [
-    ("POST", "/v1/chat/completions"), ("GET", "/v1/chat/completions"), ("POST", "/v1/completions"),
-    ("POST", "/generate"),
-])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/generate"),
+    ],
+)
 async def test_generation_routes_are_not_proxied(fake, method, path):
     async with frontend(fake.url) as client:
         resp = await client.request(method, path, json={"model": "x", "messages": [], "prompt": "hi"})
@@ -239,6 +263,7 @@ async def test_wrong_method_is_405_envelope(fake):
 
 
 # --- backend failures -------------------------------------------------------------------------------
+
 
 async def test_worker_down_is_502_naming_the_backend():
     with closed_port() as port:
@@ -293,6 +318,7 @@ async def test_client_session_closed_on_shutdown(fake):
 
 # --- validation at the edge -------------------------------------------------------------------------
 
+
 async def test_oversize_body_is_413(fake):
     big = json.dumps({**CHOICE, "question": "x" * 4096}).encode()
     async with frontend(fake.url, max_body_bytes=1024) as client:
@@ -301,7 +327,7 @@ async def test_oversize_body_is_413(fake):
 
         async def chunks():
             for start in range(0, len(big), 500):
-                yield big[start:start + 500]
+                yield big[start : start + 500]
 
         chunked = await client.post("/v1/systemone", data=chunks(), headers={"Content-Type": "application/json"})
         chunked_error = envelope(await chunked.read())
@@ -321,17 +347,29 @@ async def test_malformed_json_is_422_like_fastapi(fake, raw):
     assert fake.received == 0
 
 
-@pytest.mark.parametrize("payload", [
-    {**CHOICE, "options": "stop"},  # wrong type
-    {**CHOICE, "question": 7},  # wrong type
-    {**CHOICE, "deadline_s": "soon"},  # wrong type
-    {**CHOICE, "options": []},  # empty options
-    {**CHOICE, "options": ["stop", "stop"]},  # duplicate options
-    {**CHOICE, "kind": "generate"},  # unknown kind
-    {**CHOICE, "surprise": 1},  # unknown field
-    ["not", "an", "object"],
-], ids=["options-str", "question-int", "deadline-str", "empty-options", "duplicate-options", "unknown-kind",
-        "extra-field", "array"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {**CHOICE, "options": "stop"},  # wrong type
+        {**CHOICE, "question": 7},  # wrong type
+        {**CHOICE, "deadline_s": "soon"},  # wrong type
+        {**CHOICE, "options": []},  # empty options
+        {**CHOICE, "options": ["stop", "stop"]},  # duplicate options
+        {**CHOICE, "kind": "generate"},  # unknown kind
+        {**CHOICE, "surprise": 1},  # unknown field
+        ["not", "an", "object"],
+    ],
+    ids=[
+        "options-str",
+        "question-int",
+        "deadline-str",
+        "empty-options",
+        "duplicate-options",
+        "unknown-kind",
+        "extra-field",
+        "array",
+    ],
+)
 async def test_invalid_request_is_422_and_never_forwarded(fake, payload):
     async with frontend(fake.url) as client:
         resp = await client.post("/v1/systemone", json=payload)
@@ -341,6 +379,7 @@ async def test_invalid_request_is_422_and_never_forwarded(fake, payload):
 
 
 # --- metrics ----------------------------------------------------------------------------------------
+
 
 async def test_metrics_own_counters_and_worker_appended(fake):
     async with frontend(fake.url) as client:
@@ -374,10 +413,15 @@ async def test_metrics_without_worker_is_own_only_with_backend_down():
 
 # --- settings ---------------------------------------------------------------------------------------
 
+
 def test_settings_from_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(("JEV_FRONTEND_", "JEV_ROUTING")) or name in (
-                "JEV_BACKEND_URL", "JEV_BACKENDS", "JEV_DEFAULT_MODEL", "JEV_REDIS_URL"):
+            "JEV_BACKEND_URL",
+            "JEV_BACKENDS",
+            "JEV_DEFAULT_MODEL",
+            "JEV_REDIS_URL",
+        ):
             monkeypatch.delenv(name)
     assert Settings.from_env() == Settings()
     assert Settings().max_body_bytes == 16 << 20 and Settings().port == 8080
@@ -390,10 +434,15 @@ def test_settings_from_env(monkeypatch):
     assert Settings.from_env() == Settings("127.0.0.1", 9090, "http://worker:8000", 2.5, 1024, 3)
 
 
-@pytest.mark.parametrize("name, value", [
-    ("JEV_BACKEND_URL", "worker:8000"), ("JEV_FRONTEND_TIMEOUT_S", "0"), ("JEV_FRONTEND_MAX_CONNECTIONS", "0"),
-    ("JEV_FRONTEND_PORT", "eighty"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("JEV_BACKEND_URL", "worker:8000"),
+        ("JEV_FRONTEND_TIMEOUT_S", "0"),
+        ("JEV_FRONTEND_MAX_CONNECTIONS", "0"),
+        ("JEV_FRONTEND_PORT", "eighty"),
+    ],
+)
 def test_settings_reject_bad_values(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
@@ -401,6 +450,7 @@ def test_settings_reject_bad_values(monkeypatch, name, value):
 
 
 # --- as a process -----------------------------------------------------------------------------------
+
 
 async def _stop(proc: asyncio.subprocess.Process) -> int:
     if proc.returncode is None:
@@ -417,8 +467,15 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
 async def test_python_m_jev_frontend_serves_health(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'services'}{os.pathsep}{REPO}"}
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.fake_worker", "--port", "0", cwd=REPO, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "tests.fakes.fake_worker",
+        "--port",
+        "0",
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     frontend_proc = None
     log = tmp_path / "frontend.log"
@@ -428,9 +485,18 @@ async def test_python_m_jev_frontend_serves_health(tmp_path):
         port = free_port()
         with open(log, "wb") as log_file:
             frontend_proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "jev_frontend", cwd=REPO, stdout=log_file, stderr=log_file,
-                env={**env, "JEV_FRONTEND_HOST": "127.0.0.1", "JEV_FRONTEND_PORT": str(port),
-                     "JEV_BACKEND_URL": line.split("=", 1)[1]},
+                sys.executable,
+                "-m",
+                "jev_frontend",
+                cwd=REPO,
+                stdout=log_file,
+                stderr=log_file,
+                env={
+                    **env,
+                    "JEV_FRONTEND_HOST": "127.0.0.1",
+                    "JEV_FRONTEND_PORT": str(port),
+                    "JEV_BACKEND_URL": line.split("=", 1)[1],
+                },
             )
         base = f"http://127.0.0.1:{port}"
         status = None

@@ -1,5 +1,6 @@
 """What workers write to the index for the frontend's routing: their registrations (discovery) and the
 route keys of their resident prefixes (cache_index + jev_worker.registration), on a real Redis."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,13 @@ pytestmark = needs_redis
 
 @pytest.fixture
 async def index():
-    made = CacheIndex(f"redis://127.0.0.1:6379/{random.randint(1, 15)}", f"test/{uuid.uuid4().hex}@1",
-                      owner_id=f"w-{uuid.uuid4().hex[:8]}", owner_url="http://127.0.0.1:9", prefix_ttl_s=60)
+    made = CacheIndex(
+        f"redis://127.0.0.1:6379/{random.randint(1, 15)}",
+        f"test/{uuid.uuid4().hex}@1",
+        owner_id=f"w-{uuid.uuid4().hex[:8]}",
+        owner_url="http://127.0.0.1:9",
+        prefix_ttl_s=60,
+    )
     yield made
     await made.unregister_worker(made.owner_id)
     await made.purge_namespace()
@@ -32,8 +38,7 @@ def mine(records, worker_id):
 
 
 async def test_worker_registration_expires_with_its_ttl_and_leaves_on_stop(index):
-    record = {"worker_id": index.owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns,
-              "queue_depth": 3}
+    record = {"worker_id": index.owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns, "queue_depth": 3}
     await index.register_worker(record, ttl_s=1)
     [found] = mine(await index.list_workers(), index.owner_id)
     assert found["model"] == "m" and found["ns"] == index.ns and found["queue_depth"] == 3

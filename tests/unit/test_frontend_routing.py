@@ -1,6 +1,7 @@
 """The frontend in front of several backends (fake workers on loopback): routing by model, by warm
 state (the index's route keys, or this frontend's own affinity), by load; replicas taken out and put
 back; discovery through the index; per-backend metrics and health."""
+
 from __future__ import annotations
 
 import asyncio
@@ -80,9 +81,12 @@ async def until(predicate, timeout_s: float = 5.0) -> None:
 
 # --- by model ---------------------------------------------------------------------------------------
 
+
 async def test_routes_by_model_lists_the_union_and_refuses_unknown_models():
-    async with fakes({"model": "m-a", "worker_id": "a"}, {"model": "m-b", "worker_id": "b"}) as (a, b), \
-            frontend([("m-a", a.url), ("m-b", b.url)]) as client:
+    async with (
+        fakes({"model": "m-a", "worker_id": "a"}, {"model": "m-b", "worker_id": "b"}) as (a, b),
+        frontend([("m-a", a.url), ("m-b", b.url)]) as client,
+    ):
         assert (await post(client, ask("x", "m-a")))[:2] == (200, "a")
         assert (await post(client, ask("x", "m-b")))[:2] == (200, "b")
         assert (await post(client, ask("x", "jev-latest")))[:2] == (200, "a")  # the first backend's model
@@ -100,17 +104,22 @@ async def test_routes_by_model_lists_the_union_and_refuses_unknown_models():
 
 
 async def test_default_model_and_model_learned_from_the_backend():
-    async with fakes({"model": "m-a", "worker_id": "a"}, {"model": "m-b", "worker_id": "b"}) as (a, b), \
-            frontend([("", a.url), ("", b.url)], default_model="m-b") as client:
+    async with (
+        fakes({"model": "m-a", "worker_id": "a"}, {"model": "m-b", "worker_id": "b"}) as (a, b),
+        frontend([("", a.url), ("", b.url)], default_model="m-b") as client,
+    ):
         assert (await post(client, ask("x", "m-a")))[:2] == (200, "a")  # model read from its /v1/models
         assert (await post(client, ask("x")))[:2] == (200, "b")
 
 
 # --- among replicas ---------------------------------------------------------------------------------
 
+
 async def test_a_state_sticks_to_one_replica_and_cold_states_spread():
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)]) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)]) as client,
+    ):
         placed = {}
         for round_ in range(3):
             for i in range(12):
@@ -123,16 +132,22 @@ async def test_a_state_sticks_to_one_replica_and_cold_states_spread():
 
 
 async def test_round_robin_alternates():
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], routing="round_robin") as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], routing="round_robin") as client,
+    ):
         workers = [(await post(client, ask("same", "m")))[1] for _ in range(6)]
     assert sorted(workers) == ["a", "a", "a", "b", "b", "b"] and workers[0] != workers[1]
 
 
 async def test_overload_spreads_to_the_least_loaded_replica():
-    async with fakes({"model": "m", "worker_id": "a", "delay_s": 0.4},
-                     {"model": "m", "worker_id": "b", "delay_s": 0.4}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], max_imbalance=2) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a", "delay_s": 0.4}, {"model": "m", "worker_id": "b", "delay_s": 0.4}) as (
+            a,
+            b,
+        ),
+        frontend([("m", a.url), ("m", b.url)], max_imbalance=2) as client,
+    ):
         first = (await post(client, ask("hot", "m")))[1]
         answers = await asyncio.gather(*(post(client, ask("hot", "m")) for _ in range(12)))
         assert all(status == 200 for status, _, _ in answers)
@@ -170,9 +185,12 @@ def test_two_choices_and_imbalance_rule():
 
 # --- out and back in --------------------------------------------------------------------------------
 
+
 async def test_a_stopped_replica_is_skipped_at_once_and_comes_back():
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], health_interval_s=0.3) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], health_interval_s=0.3) as client,
+    ):
         port = int(b.url.rsplit(":", 1)[1])
         await b.stop()
         started = time.monotonic()
@@ -195,8 +213,10 @@ async def test_a_stopped_replica_is_skipped_at_once_and_comes_back():
 
 
 async def test_an_unhealthy_replica_is_taken_out_within_its_health_interval_and_put_back():
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], health_interval_s=0.2) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], health_interval_s=0.2) as client,
+    ):
         b.healthy = False
         await asyncio.sleep(0.5)
         before = b.received
@@ -210,8 +230,10 @@ async def test_an_unhealthy_replica_is_taken_out_within_its_health_interval_and_
 async def test_a_draining_replica_s_503_is_answered_by_another_replica():
     """A worker that drains (a rolling update) answers new decisions 503 `unavailable` without computing them; a
     decision is idempotent, so the frontend takes that replica out and asks another: the caller sees no error."""
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], health_interval_s=30) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], health_interval_s=30) as client,
+    ):
         await asyncio.sleep(0.2)
         b.error_status = 503
         answered = [await post(client, ask(f"s{i}", "m")) for i in range(8)]
@@ -230,8 +252,10 @@ async def test_a_draining_replica_s_503_is_answered_by_another_replica():
 async def test_requests_waiting_on_a_replica_that_stops_answering_are_answered_by_another():
     """A dead host or a cut link answers nothing, not even a reset: once the health probe finds the replica
     unreachable, the requests waiting on it go to another replica instead of waiting for the deadline."""
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b", "delay_s": 30}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], health_interval_s=0.2, timeout_s=20) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b", "delay_s": 30}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], health_interval_s=0.2, timeout_s=20) as client,
+    ):
         await asyncio.sleep(0.3)
         pending = [asyncio.ensure_future(post(client, ask(f"s{i}", "m"))) for i in range(6)]
         await until(lambda: asyncio.sleep(0, len(b.requests) >= 1))
@@ -243,8 +267,10 @@ async def test_requests_waiting_on_a_replica_that_stops_answering_are_answered_b
 
 
 async def test_in_flight_requests_to_a_dying_replica_get_502_not_a_hang():
-    async with fakes({"model": "m", "worker_id": "a", "delay_s": 30}) as (a,), \
-            frontend([("m", a.url)], timeout_s=20) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a", "delay_s": 30}) as (a,),
+        frontend([("m", a.url)], timeout_s=20) as client,
+    ):
         pending = [asyncio.ensure_future(post(client, ask(f"s{i}", "m"))) for i in range(3)]
         await until(lambda: asyncio.sleep(0, len(a.requests) == 3))
         started = time.monotonic()
@@ -257,18 +283,22 @@ async def test_in_flight_requests_to_a_dying_replica_get_502_not_a_hang():
 
 
 async def test_slow_replica_is_504_in_the_error_shape():
-    async with fakes({"model": "m", "worker_id": "a", "delay_s": 5}, {"model": "m", "worker_id": "b",
-                                                                       "delay_s": 5}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)], timeout_s=0.3) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a", "delay_s": 5}, {"model": "m", "worker_id": "b", "delay_s": 5}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)], timeout_s=0.3) as client,
+    ):
         status, _, body = await post(client, ask("s", "m"))
     assert status == 504 and ErrorEnvelope.model_validate(body).type == "backend_timeout"
 
 
 # --- health and metrics -----------------------------------------------------------------------------
 
+
 async def test_health_lists_backends_and_metrics_are_per_backend():
-    async with fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b), \
-            frontend([("m", a.url), ("m", b.url)]) as client:
+    async with (
+        fakes({"model": "m", "worker_id": "a"}, {"model": "m", "worker_id": "b"}) as (a, b),
+        frontend([("m", a.url), ("m", b.url)]) as client,
+    ):
         for i in range(4):
             assert (await post(client, ask(f"s{i}", "m")))[0] == 200
         health = await client.get("/health")
@@ -291,6 +321,7 @@ async def test_health_lists_backends_and_metrics_are_per_backend():
 
 # --- the index: warm states and discovery -----------------------------------------------------------
 
+
 @needs_redis
 async def test_discovery_and_warm_routing_from_the_index():
     redis_url = f"redis://127.0.0.1:6379/{random.randint(1, 15)}"
@@ -300,8 +331,10 @@ async def test_discovery_and_warm_routing_from_the_index():
     index_a = CacheIndex(redis_url, identity, owner_id=f"{model}-a", owner_url="http://unused")
     index_b = CacheIndex(redis_url, identity, owner_id=f"{model}-b", owner_url="http://unused")
     try:
-        async with fakes({"model": model, "worker_id": f"{model}-a"},
-                         {"model": model, "worker_id": f"{model}-b"}) as (a, b):
+        async with fakes({"model": model, "worker_id": f"{model}-a"}, {"model": model, "worker_id": f"{model}-b"}) as (
+            a,
+            b,
+        ):
             for index, fake in ((index_a, a), (index_b, b)):
                 await index.register_worker({"worker_id": fake.worker_id, "url": fake.url, "model": model, "ns": ns})
             async with frontend([], discovery=True, redis_url=redis_url, default_model=model) as client:
@@ -333,6 +366,7 @@ async def test_discovery_and_warm_routing_from_the_index():
 
 
 # --- settings and the route key ---------------------------------------------------------------------
+
 
 def test_backends_setting(monkeypatch):
     assert parse_backends(" m1=http://a:8000/, http://b:8000 ,") == (("m1", "http://a:8000"), ("", "http://b:8000"))

@@ -1,5 +1,6 @@
 """graphs.py: bucket choice, and the static-buffer path (run eagerly, without capture, on CPU) computing
 what the plain eager engine computes (FP32, 1e-5) on the tiny checkpoints."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,11 +9,18 @@ import copy
 import pytest
 import torch
 
+from jev_worker.engine.graphs import (
+    LENGTH_BUCKETS,
+    Bucket,
+    CudaGraphCapture,
+    Fallback,
+    NoCapture,
+    capture_for,
+    choose_bucket,
+    row_buckets,
+)
 from jev_worker.scheduling.prefix_cache import PrefixState
-from jev_worker.engine.graphs import (LENGTH_BUCKETS, Bucket, CudaGraphCapture, Fallback, NoCapture, capture_for,
-                                      choose_bucket, row_buckets)
-from jev_worker.settings import graph_mode
-from jev_worker.settings import CacheSettings
+from jev_worker.settings import CacheSettings, graph_mode
 
 from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
 
@@ -30,8 +38,9 @@ def test_rows_and_lengths_round_up_to_the_smallest_bucket():
 def test_what_fits_no_bucket_says_why():
     assert choose_bucket(33, 10, max_rows=32) == Fallback("rows")
     assert choose_bucket(1, LENGTH_BUCKETS[-1] + 1, max_rows=32) == Fallback("length")
-    assert choose_bucket(1, 10, LENGTH_BUCKETS[-1] + 1, True, max_rows=32, kv_capacity=1 << 30) \
-        == Fallback("prefix_length")
+    assert choose_bucket(1, 10, LENGTH_BUCKETS[-1] + 1, True, max_rows=32, kv_capacity=1 << 30) == Fallback(
+        "prefix_length"
+    )
     # the static KV pool holds one row of a shared state, but not four rows of separate states
     assert choose_bucket(4, 10, 100, True, max_rows=32, kv_capacity=128) == Bucket(4, 16, 128, True)
     assert choose_bucket(4, 10, 100, False, max_rows=32, kv_capacity=128) == Fallback("kv_budget")
@@ -72,7 +81,11 @@ async def test_hidden_states_equal_the_eager_engine(worker_settings):
         assert runner is not None and runner.capture.name == "eager"
         with torch.inference_mode():
             # whole sequences of different lengths, keeping each prefix's KV
-            sequences = [(_tokens(30, 0), _tokens(9, 1)), (_tokens(50, 2), _tokens(4, 3)), (_tokens(7, 4), _tokens(12, 5))]
+            sequences = [
+                (_tokens(30, 0), _tokens(9, 1)),
+                (_tokens(50, 2), _tokens(4, 3)),
+                (_tokens(7, 4), _tokens(12, 5)),
+            ]
             (h_graph, s_graph), (h_eager, s_eager) = _both(engine, lambda: engine.forwards.whole(sequences, True))
             torch.testing.assert_close(h_graph, h_eager, rtol=0, atol=1e-5)
             for a, b in zip(s_graph, s_eager):

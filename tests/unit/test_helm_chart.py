@@ -3,6 +3,7 @@ of values, every core object validated strictly against a pinned Kubernetes vers
 KEDA's ScaledObject and the ServiceMonitor structurally (no package ships their CRD schemas), and the policy
 asserted: selectors match pod labels, probes and resources set, the grace period longer than the drain, no
 `latest`, only the frontend exposed, secrets only through secretKeyRef. No cluster is needed."""
+
 from __future__ import annotations
 
 import base64
@@ -20,30 +21,79 @@ CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "jev"
 KUBERNETES = "1.33.0"  # the oldest Kubernetes the chart is validated against (Chart.yaml kubeVersion admits 1.27+)
 WORKLOADS = ("Deployment", "StatefulSet")
 
-GPU_WORKER = {"name": "jev-vl", "recipe": "jev-27b-vl", "replicas": 2, "image": "cuda", "device": "cuda", "gpus": 1,
-              "startupSeconds": 900, "drainSeconds": 60, "shmSize": "2Gi",
-              "modelVolume": {"persistentVolumeClaim": {"claimName": "hf-cache"}},
-              "nodeSelector": {"nvidia.com/gpu.present": "true"},
-              "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-              "resources": {"requests": {"cpu": "4", "memory": "64Gi"}, "limits": {"memory": "96Gi"}}}
+GPU_WORKER = {
+    "name": "jev-vl",
+    "recipe": "jev-27b-vl",
+    "replicas": 2,
+    "image": "cuda",
+    "device": "cuda",
+    "gpus": 1,
+    "startupSeconds": 900,
+    "drainSeconds": 60,
+    "shmSize": "2Gi",
+    "modelVolume": {"persistentVolumeClaim": {"claimName": "hf-cache"}},
+    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "resources": {"requests": {"cpu": "4", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
+}
 MATRIX = {
     "cpu-default": {},
-    "jev-vl-gpu": {"workers": [GPU_WORKER], "preencoder": {"enabled": True, "recipe": "jev-27b-vl",
-                                                            "modelVolume": {"persistentVolumeClaim": {"claimName": "hf-cache"}}}},
-    "two-recipes-x3": {"workers": [
-        {"name": "small", "recipe": "smollm2-135m-cpu", "replicas": 3, "image": "cpu", "device": "cpu", "gpus": 0,
-         "startupSeconds": 300, "drainSeconds": 30},
-        {**GPU_WORKER, "name": "decider", "recipe": "decider-2b-v11", "replicas": 3, "shmSize": ""}]},
+    "jev-vl-gpu": {
+        "workers": [GPU_WORKER],
+        "preencoder": {
+            "enabled": True,
+            "recipe": "jev-27b-vl",
+            "modelVolume": {"persistentVolumeClaim": {"claimName": "hf-cache"}},
+        },
+    },
+    "two-recipes-x3": {
+        "workers": [
+            {
+                "name": "small",
+                "recipe": "smollm2-135m-cpu",
+                "replicas": 3,
+                "image": "cpu",
+                "device": "cpu",
+                "gpus": 0,
+                "startupSeconds": 300,
+                "drainSeconds": 30,
+            },
+            {**GPU_WORKER, "name": "decider", "recipe": "decider-2b-v11", "replicas": 3, "shmSize": ""},
+        ]
+    },
     "external-redis-and-extras": {
-        "redis": {"enabled": False, "external": {"host": "redis.shared.svc", "port": 6380, "tls": True,
-                                                 "existingSecret": "shared-redis", "secretKey": "password"}},
+        "redis": {
+            "enabled": False,
+            "external": {
+                "host": "redis.shared.svc",
+                "port": 6380,
+                "tls": True,
+                "existingSecret": "shared-redis",
+                "secretKey": "password",
+            },
+        },
         "apiKeys": {"existingSecret": "jev-api-keys", "key": "keys"},
         "internalToken": {"existingSecret": "jev-internal", "key": "internal-token"},
-        "frontend": {"service": {"type": "LoadBalancer"}, "ingress": {"enabled": True, "className": "nginx"},
-                     "autoscaling": {"enabled": True}},
+        "frontend": {
+            "service": {"type": "LoadBalancer"},
+            "ingress": {"enabled": True, "className": "nginx"},
+            "autoscaling": {"enabled": True},
+        },
         "metrics": {"serviceMonitor": {"enabled": True}},
-        "workers": [{"name": "cpu", "recipe": "smollm2-135m-cpu", "replicas": 2, "image": "cpu", "device": "cpu",
-                     "gpus": 0, "startupSeconds": 300, "drainSeconds": 30, "autoscaling": {"enabled": True}}]},
+        "workers": [
+            {
+                "name": "cpu",
+                "recipe": "smollm2-135m-cpu",
+                "replicas": 2,
+                "image": "cpu",
+                "device": "cpu",
+                "gpus": 0,
+                "startupSeconds": 300,
+                "drainSeconds": 30,
+                "autoscaling": {"enabled": True},
+            }
+        ],
+    },
 }
 
 
@@ -55,8 +105,9 @@ def _no_duplicates(loader, node, deep=False):
     keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
     duplicated = {key for key in keys if keys.count(key) > 1}
     if duplicated:
-        raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {sorted(map(str, duplicated))}",
-                                                node.start_mark)
+        raise yaml.constructor.ConstructorError(
+            None, None, f"duplicate keys {sorted(map(str, duplicated))}", node.start_mark
+        )
     return loader.construct_mapping(node, deep)
 
 
@@ -67,8 +118,13 @@ def render(values: dict) -> list[dict]:
     with helm.Chart.load(str(CHART)) as chart:
         chart.validate_schema(values)
         manifests = chart.render(values, name="demo", namespace="jev")
-    return [doc for name, text in manifests.items() if name.endswith(".yaml")
-            for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc]
+    return [
+        doc
+        for name, text in manifests.items()
+        if name.endswith(".yaml")
+        for doc in yaml.load_all(text, Loader=UniqueKeyLoader)
+        if doc
+    ]
 
 
 @pytest.fixture(scope="module", params=sorted(MATRIX))
@@ -103,8 +159,12 @@ def test_lint_has_no_errors():
 
 def test_core_objects_validate_strictly(rendered):
     _, _, docs = rendered
-    core = [doc for doc in docs if "." not in doc["apiVersion"].split("/")[0] or doc["apiVersion"].split("/")[0]
-            in ("apps", "policy", "autoscaling", "networking.k8s.io")]
+    core = [
+        doc
+        for doc in docs
+        if "." not in doc["apiVersion"].split("/")[0]
+        or doc["apiVersion"].split("/")[0] in ("apps", "policy", "autoscaling", "networking.k8s.io")
+    ]
     assert core
     for doc in core:
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
@@ -119,15 +179,16 @@ def test_custom_resources_are_well_formed(rendered):
         spec = scaled["spec"]
         assert spec["scaleTargetRef"]["name"] in deployments
         assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
-        trigger, = spec["triggers"]
+        (trigger,) = spec["triggers"]
         assert trigger["type"] == "prometheus" and set(trigger["metadata"]) >= {"serverAddress", "query", "threshold"}
         assert "jev_worker_queue_depth" in trigger["metadata"]["query"]
         assert isinstance(trigger["metadata"]["threshold"], str)  # KEDA reads trigger metadata as strings
     for monitor in of_kind(docs, "ServiceMonitor"):
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         ports = {port["name"] for service in services for port in service["spec"]["ports"]}
-        assert all(endpoint["port"] in ports and endpoint["path"] == "/metrics"
-                   for endpoint in monitor["spec"]["endpoints"])
+        assert all(
+            endpoint["port"] in ports and endpoint["path"] == "/metrics" for endpoint in monitor["spec"]["endpoints"]
+        )
     if name == "external-redis-and-extras":
         assert of_kind(docs, "ScaledObject") and of_kind(docs, "ServiceMonitor")
         worker = next(doc for doc in of_kind(docs, "Deployment") if "worker" in doc["metadata"]["name"])
@@ -168,13 +229,15 @@ def test_gpu_workers_request_gpus_and_the_grace_period_outlasts_the_drain(render
     defaults = {"gpus": 0, "startupSeconds": 300, "drainSeconds": 30}
     for worker in ({**defaults, **w} for w in values.get("workers", [{"name": "cpu"}])):
         pod = by_name[f"demo-jev-worker-{worker['name']}"]["spec"]["template"]["spec"]
-        container, = pod["containers"]
+        (container,) = pod["containers"]
         env = env_of(container)
         drain = float(env["JEV_SHUTDOWN_GRACE_S"]["value"])
         pre_stop = float(container["lifecycle"]["preStop"]["exec"]["command"][-1])
         assert pod["terminationGracePeriodSeconds"] > pre_stop + drain
-        assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= \
-            worker["startupSeconds"]
+        assert (
+            container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"]
+            >= worker["startupSeconds"]
+        )
         gpus = container["resources"]["limits"].get("nvidia.com/gpu", 0)
         assert gpus == worker["gpus"] == container["resources"]["requests"].get("nvidia.com/gpu", 0)
         assert env["JEV_WORKER_URL"]["value"] == "http://$(POD_IP):8000"  # each pod announced by its own address
@@ -190,13 +253,15 @@ def test_only_the_frontend_is_exposed(rendered):
         if doc["spec"]["type"] != "ClusterIP":
             assert doc["metadata"]["name"] == "demo-jev-frontend"
     for ingress in of_kind(docs, "Ingress"):
-        backends = {path["backend"]["service"]["name"] for rule in ingress["spec"]["rules"]
-                    for path in rule["http"]["paths"]}
+        backends = {
+            path["backend"]["service"]["name"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]
+        }
         assert backends == {"demo-jev-frontend"}
     policies = of_kind(docs, "NetworkPolicy")
     internal = next(p for p in policies if p["metadata"]["name"] == "demo-jev-internal")
-    components = next(e for e in internal["spec"]["podSelector"]["matchExpressions"]
-                      if e["key"] == "app.kubernetes.io/component")["values"]
+    components = next(
+        e for e in internal["spec"]["podSelector"]["matchExpressions"] if e["key"] == "app.kubernetes.io/component"
+    )["values"]
     assert set(components) == {"worker", "preencoder", "redis"}
     assert all("podSelector" in source for rule in internal["spec"]["ingress"] for source in rule["from"])
 
@@ -207,7 +272,9 @@ def test_secrets_only_through_secret_key_refs(rendered):
         env = env_of(container)
         for item in env.values():
             value = item.get("value", "")
-            assert not re.search(r"(?i)(^|_)(password|token|secret|keys?)(_|$)", item["name"]) or "valueFrom" in item, item
+            assert not re.search(r"(?i)(^|_)(password|token|secret|keys?)(_|$)", item["name"]) or "valueFrom" in item, (
+                item
+            )
             assert not re.search(r"redis://[^$@]*:[^$@]+@", value), item  # no literal password in a URL
         if "JEV_REDIS_URL" in env:
             assert "$(JEV_REDIS_PASSWORD)" in env["JEV_REDIS_URL"]["value"]
@@ -218,8 +285,10 @@ def test_secrets_only_through_secret_key_refs(rendered):
             assert "JEV_API_KEYS" not in env
         if container["name"] in ("frontend", "worker"):
             token = env["JEV_INTERNAL_TOKENS"]["valueFrom"]["secretKeyRef"]
-            assert token == {"name": values.get("internalToken", {}).get("existingSecret") or "demo-jev-internal-token",
-                             "key": "internal-token"}
+            assert token == {
+                "name": values.get("internalToken", {}).get("existingSecret") or "demo-jev-internal-token",
+                "key": "internal-token",
+            }
     generated = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == "demo-jev-internal-token"]
     if values.get("internalToken", {}).get("existingSecret"):
         assert not generated
@@ -229,7 +298,10 @@ def test_secrets_only_through_secret_key_refs(rendered):
     if name == "external-redis-and-extras":
         assert not of_kind(docs, "StatefulSet") and not of_kind(docs, "Secret")
         frontend = next(c for d, c in containers(docs) if c["name"] == "frontend")
-        assert env_of(frontend)["JEV_REDIS_URL"]["value"] == "rediss://default:$(JEV_REDIS_PASSWORD)@redis.shared.svc:6380/0"
+        assert (
+            env_of(frontend)["JEV_REDIS_URL"]["value"]
+            == "rediss://default:$(JEV_REDIS_PASSWORD)@redis.shared.svc:6380/0"
+        )
 
 
 def test_the_frontend_knows_every_recipe_and_the_preencoder_shares_the_asset_volume(rendered):
@@ -240,7 +312,7 @@ def test_the_frontend_knows_every_recipe_and_the_preencoder_shares_the_asset_vol
     assert backends == [f"{w['recipe']}=http://demo-jev-worker-{w['name']}:8000" for w in workers]
     claims = of_kind(docs, "PersistentVolumeClaim")
     if values.get("preencoder", {}).get("enabled"):
-        claim, = claims
+        (claim,) = claims
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
         preencoder = next(c for d, c in containers(docs) if c["name"] == "preencoder")
         assert not any(m.get("readOnly") for m in preencoder["volumeMounts"] if m["name"] == "assets")
@@ -248,16 +320,56 @@ def test_the_frontend_knows_every_recipe_and_the_preencoder_shares_the_asset_vol
         assert not claims
 
 
-@pytest.mark.parametrize("values, why", [
-    ({"image": {"cpu": {"repository": "jev-cpu", "tag": "latest"}, "cuda": {"repository": "jev-cuda", "tag": "1"}}},
-     "latest"),
-    ({"workers": [{"name": "cpu", "recipe": "x", "replicas": 1, "image": "cpu", "device": "cpu", "gpus": 1,
-                   "startupSeconds": 60, "drainSeconds": 10}]}, "gpus on the cpu image"),
-    ({"redis": {"enabled": False}}, "no external Redis host"),
-    ({"workers": [{"name": "cpu", "recipe": "x", "replicas": 1, "image": "cpu", "device": "cpu", "gpus": 0,
-                   "startupSeconds": 60, "drainSeconds": 10, "extraEnv": {"JEV_REDIS_URL": "redis://:pw@h"}}]},
-     "a secret in extraEnv"),
-])
+@pytest.mark.parametrize(
+    "values, why",
+    [
+        (
+            {
+                "image": {
+                    "cpu": {"repository": "jev-cpu", "tag": "latest"},
+                    "cuda": {"repository": "jev-cuda", "tag": "1"},
+                }
+            },
+            "latest",
+        ),
+        (
+            {
+                "workers": [
+                    {
+                        "name": "cpu",
+                        "recipe": "x",
+                        "replicas": 1,
+                        "image": "cpu",
+                        "device": "cpu",
+                        "gpus": 1,
+                        "startupSeconds": 60,
+                        "drainSeconds": 10,
+                    }
+                ]
+            },
+            "gpus on the cpu image",
+        ),
+        ({"redis": {"enabled": False}}, "no external Redis host"),
+        (
+            {
+                "workers": [
+                    {
+                        "name": "cpu",
+                        "recipe": "x",
+                        "replicas": 1,
+                        "image": "cpu",
+                        "device": "cpu",
+                        "gpus": 0,
+                        "startupSeconds": 60,
+                        "drainSeconds": 10,
+                        "extraEnv": {"JEV_REDIS_URL": "redis://:pw@h"},
+                    }
+                ]
+            },
+            "a secret in extraEnv",
+        ),
+    ],
+)
 def test_the_schema_refuses(values, why):
     with pytest.raises(Exception):
         render(values)

@@ -2,6 +2,7 @@
 malformed HTTP framing, oversized request lines, paths and headers, broken chunked bodies, unknown
 content encodings. Checked on the frontend (in front of the fake worker) and on the fake worker itself,
 which share jev_common.http."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +24,17 @@ RAW = {
     "oversized path": b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "oversized header": b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n",
     "header without colon": b"GET /health HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n",
-    "broken chunked body": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            b"Transfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n0\r\n\r\n"),
-    "conflicting lengths": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
-                            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
-    "unknown content encoding": (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                 b"Content-Encoding: x-unknown\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(BODY), BODY.encode())),
+    "broken chunked body": (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n0\r\n\r\n"
+    ),
+    "conflicting lengths": (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
+    "unknown content encoding": (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: x-unknown\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY.encode())
+    ),
     "negative content length": b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
 }
 
@@ -74,8 +79,10 @@ async def test_malformed_http_gets_a_json_4xx(servers, name):
 
 
 async def test_well_formed_raw_request_still_answers(servers):
-    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BODY), BODY.encode()))
+    raw = (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BODY), BODY.encode())
+    )
     for port in servers.values():
         status, headers, body = await exchange(port, raw)
         assert status == 200, body
@@ -84,31 +91,48 @@ async def test_well_formed_raw_request_still_answers(servers):
 
 # --- duplicate keys and body types (jev_common.http.decode_json, check_body_type) -------------------
 
-DUPLICATE_QUESTION = (b'{"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "a?"},'
-                      b' "q": {"type": "noul", "instructions": "b?"}}}')
-DUPLICATE_OPTION = (b'{"model": "jev-latest", "state": "x", "questions": {"c": {"type": "choice", "instructions": "?",'
-                    b' "criteria": {"red": null, "blue": null, "red": "again"}}}}')
+DUPLICATE_QUESTION = (
+    b'{"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "a?"},'
+    b' "q": {"type": "noul", "instructions": "b?"}}}'
+)
+DUPLICATE_OPTION = (
+    b'{"model": "jev-latest", "state": "x", "questions": {"c": {"type": "choice", "instructions": "?",'
+    b' "criteria": {"red": null, "blue": null, "red": "again"}}}}'
+)
 
 
 @pytest.mark.parametrize("raw,key", [(DUPLICATE_QUESTION, "q"), (DUPLICATE_OPTION, "red")], ids=["question", "option"])
 async def test_a_duplicated_key_is_a_422_naming_it(servers, raw, key):
     """json.loads keeps the last of two equal keys: a question or option would vanish before the schema."""
-    status, _, body = await exchange(servers["frontend"], b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n"
-                                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    status, _, body = await exchange(
+        servers["frontend"],
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw),
+    )
     assert status == 422
     detail = json.loads(body)["detail"]
     assert detail[0]["type"] == "duplicate_key" and detail[0]["loc"] == ["body", key]
     assert f"duplicate key {key!r}" in detail[0]["msg"]
 
 
-@pytest.mark.parametrize("content_type,status", [("text/xml", 415), ("application/x-www-form-urlencoded", 415),
-                                                 ("text/plain; charset=utf-8", 415), (None, 200),
-                                                 ("application/json; charset=utf-8", 200),
-                                                 ("application/vnd.api+json", 200)])
+@pytest.mark.parametrize(
+    "content_type,status",
+    [
+        ("text/xml", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("text/plain; charset=utf-8", 415),
+        (None, 200),
+        ("application/json; charset=utf-8", 200),
+        ("application/vnd.api+json", 200),
+    ],
+)
 async def test_body_types_the_api_does_not_read_are_415(servers, content_type, status):
     header = b"" if content_type is None else b"Content-Type: %s\r\n" % content_type.encode()
-    got, _, body = await exchange(servers["frontend"], b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n%sContent-Length: "
-                                  b"%d\r\n\r\n%s" % (header, len(BODY), BODY.encode()))
+    got, _, body = await exchange(
+        servers["frontend"],
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\n%sContent-Length: "
+        b"%d\r\n\r\n%s" % (header, len(BODY), BODY.encode()),
+    )
     assert got == status, body
     if status == 415:
         assert json.loads(body)["detail"]["error_type"] == "unsupported_media_type"

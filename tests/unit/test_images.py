@@ -1,6 +1,7 @@
 """images/ besides the Dockerfiles (those are tests/unit/test_dockerfiles.py): the causal-conv1d patch computes
 the right flags, .dockerignore lets in what the Dockerfiles copy, and the Prometheus example names services that
 exist in docker-compose.yml."""
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,12 @@ def _flags(arch_list: str | None) -> list[str]:
 def test_causal_conv1d_patch_flags():
     assert _flags("9.0") == ["-gencode", "arch=compute_90,code=sm_90"]
     assert _flags("8.0;9.0a") == ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90a,code=sm_90a"]
-    assert _flags("9.0+PTX") == ["-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90,code=compute_90"]
+    assert _flags("9.0+PTX") == [
+        "-gencode",
+        "arch=compute_90,code=sm_90",
+        "-gencode",
+        "arch=compute_90,code=compute_90",
+    ]
     assert _flags(None) == ["-gencode", "arch=compute_75,code=sm_75"]  # unset: upstream's list stays
 
 

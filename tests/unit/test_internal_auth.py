@@ -1,5 +1,6 @@
 """The internal credential between the frontend and its backends (jev_common/internal_auth.py): which callers a
 backend serves, whose fairness key it honours, and the token file services share."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.http import client_key, error_middleware
-from jev_common.internal_auth import (INTERNAL_TOKEN_HEADER, backend_guard, backend_headers, load_internal_tokens,
-                                      matches)
+from jev_common.internal_auth import (
+    INTERNAL_TOKEN_HEADER,
+    backend_guard,
+    backend_headers,
+    load_internal_tokens,
+    matches,
+)
 
 TOKEN, OLD, KEY = "t-new", "t-old", "k-direct"
 
@@ -21,8 +27,9 @@ async def backend(tokens=(), api_keys=()):
     async def who(request: web.Request) -> web.Response:
         return web.json_response({"client": client_key(request)})
 
-    app = web.Application(middlewares=[error_middleware, backend_guard(tokens, api_keys,
-                                                                       internal_prefixes=("/v1/cache/",))])
+    app = web.Application(
+        middlewares=[error_middleware, backend_guard(tokens, api_keys, internal_prefixes=("/v1/cache/",))]
+    )
     app.router.add_post("/v1/systemone", who)
     app.router.add_post("/v1/cache/reset", who)
     app.router.add_get("/health", who)
@@ -73,8 +80,7 @@ async def test_without_a_token_every_caller_is_served_and_trusted():
 def test_the_token_file_is_generated_once_and_shared(tmp_path):
     path = tmp_path / "secrets" / "internal-token"
     results: list[tuple[str, ...]] = []
-    threads = [threading.Thread(target=lambda: results.append(load_internal_tokens((), str(path))))
-               for _ in range(8)]
+    threads = [threading.Thread(target=lambda: results.append(load_internal_tokens((), str(path)))) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:

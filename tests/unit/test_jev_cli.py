@@ -1,5 +1,6 @@
 """`python -m jev ask`: the System One envelope it sends, the bar chart it prints, the errors it names.
 The server here is a recording stand-in; tests/stack covers the CLI against the real stack."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,20 @@ from jev.client import envelope
 ROOT = Path(__file__).resolve().parents[2]
 
 ANSWERS = {
-    "choice": {"type": "choice", "choice": "umbrella", "probabilities": {"umbrella": 0.75, "sunglasses": 0.25},
-               "confidence": 0.5},
+    "choice": {
+        "type": "choice",
+        "choice": "umbrella",
+        "probabilities": {"umbrella": 0.75, "sunglasses": 0.25},
+        "confidence": 0.5,
+    },
     "noul": {"type": "noul", "noul": 0.2},
-    "score": {"type": "score", "score": 1.5, "legend": {"0": "cold", "1": "warm", "2": "hot"},
-              "probabilities": {"0": 0.1, "1": 0.3, "2": 0.6}, "confidence": 0.4},
+    "score": {
+        "type": "score",
+        "score": 1.5,
+        "legend": {"0": "cold", "1": "warm", "2": "hot"},
+        "probabilities": {"0": 0.1, "1": 0.3, "2": 0.6},
+        "confidence": 0.4,
+    },
 }
 
 
@@ -37,8 +47,11 @@ def server(status: int = 200, reply: dict | None = None):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
             kind = next(iter(body["questions"].values()))["type"]
-            payload = reply or {"model": "stand-in", "answers": {"q": ANSWERS[kind]},
-                                "usage": {"input_tokens": 12, "output_tokens": 1}}
+            payload = reply or {
+                "model": "stand-in",
+                "answers": {"q": ANSWERS[kind]},
+                "usage": {"input_tokens": 12, "output_tokens": 1},
+            }
             raw = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -61,12 +74,23 @@ def server(status: int = 200, reply: dict | None = None):
 
 def test_envelope_per_type():
     assert envelope("It rains.", "Take what?", ["umbrella", "hat"], "choice", "jev-latest") == {
-        "model": "jev-latest", "state": "It rains.",
-        "questions": {"q": {"type": "choice", "instructions": "Take what?", "criteria": {"umbrella": None, "hat": None}}}}
-    assert envelope("s", "Is it wet?", [], "noul", "m")["questions"]["q"] == {"type": "noul", "instructions": "Is it wet?"}
+        "model": "jev-latest",
+        "state": "It rains.",
+        "questions": {
+            "q": {"type": "choice", "instructions": "Take what?", "criteria": {"umbrella": None, "hat": None}}
+        },
+    }
+    assert envelope("s", "Is it wet?", [], "noul", "m")["questions"]["q"] == {
+        "type": "noul",
+        "instructions": "Is it wet?",
+    }
     assert envelope("s", "How hot?", ["cold", "hot"], "score", "m")["questions"]["q"]["criteria"] == ["cold", "hot"]
-    for args in (("s", "q", ["one"], "choice"), ("s", "q", ["a", "a"], "choice"), ("s", "q", ["x"], "noul"),
-                 ("s", "q", ["only"], "score")):
+    for args in (
+        ("s", "q", ["one"], "choice"),
+        ("s", "q", ["a", "a"], "choice"),
+        ("s", "q", ["x"], "noul"),
+        ("s", "q", ["only"], "score"),
+    ):
         with pytest.raises(ValueError):
             envelope(*args, "m")
 
@@ -79,11 +103,14 @@ def test_bars():
     assert lines == ["> yes  ██████    0.750", "  no   ██        0.250"]
 
 
-@pytest.mark.parametrize("kind, options, expect", [
-    ("choice", ["umbrella", "sunglasses"], ["choice: umbrella  (confidence 0.500)", "> umbrella", "  sunglasses"]),
-    ("noul", [], ["noul: P(yes) = 0.200", "  yes", "> no"]),
-    ("score", ["cold", "warm", "hot"], ["score: 1.500  (confidence 0.400)", "  0 cold", "  1 warm", "> 2 hot"]),
-])
+@pytest.mark.parametrize(
+    "kind, options, expect",
+    [
+        ("choice", ["umbrella", "sunglasses"], ["choice: umbrella  (confidence 0.500)", "> umbrella", "  sunglasses"]),
+        ("noul", [], ["noul: P(yes) = 0.200", "  yes", "> no"]),
+        ("score", ["cold", "warm", "hot"], ["score: 1.500  (confidence 0.400)", "  0 cold", "  1 warm", "> 2 hot"]),
+    ],
+)
 def test_ask_prints_a_chart(capsys, kind, options, expect):
     with server() as (url, seen):
         code = cli.main(["ask", "--url", url, "--type", kind, "--api-key", "k1", "It rains.", "What now?", *options])
@@ -92,7 +119,7 @@ def test_ask_prints_a_chart(capsys, kind, options, expect):
     assert seen[0]["path"] == "/v1/systemone" and seen[0]["auth"] == "Bearer k1"
     assert seen[0]["body"] == envelope("It rains.", "What now?", options, kind, "jev-latest")
     assert out[0] == expect[0]
-    assert [line[:len(e)] for line, e in zip(out[1:], expect[1:])] == expect[1:]
+    assert [line[: len(e)] for line, e in zip(out[1:], expect[1:])] == expect[1:]
     assert out[-1] == "  model stand-in · 12 input tokens"
     assert all(line.rstrip()[-5:].replace(".", "").isdigit() for line in out[1:-1])  # each row ends in its p
 
@@ -115,9 +142,13 @@ def test_errors_name_their_cause(capsys):
 
 def test_python_dash_m_jev(tmp_path):
     with server() as (url, _):
-        done = subprocess.run([sys.executable, "-m", "jev", "ask", "It rains.", "Take what?", "umbrella", "sunglasses"],
-                              capture_output=True, text=True, timeout=30, cwd=tmp_path,
-                              env=dict(os.environ, JEV_URL=url, PYTHONPATH=str(ROOT / "services"),
-                                       PYTHONIOENCODING="utf-8"))
+        done = subprocess.run(
+            [sys.executable, "-m", "jev", "ask", "It rains.", "Take what?", "umbrella", "sunglasses"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=tmp_path,
+            env=dict(os.environ, JEV_URL=url, PYTHONPATH=str(ROOT / "services"), PYTHONIOENCODING="utf-8"),
+        )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("choice: umbrella") and "█" in done.stdout

@@ -1,4 +1,5 @@
 """benchmarks/jevbench_gold.py: jevbench-240's gold answers regenerated from jevbench's own datagen."""
+
 from __future__ import annotations
 
 import pytest

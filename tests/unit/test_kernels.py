@@ -1,4 +1,5 @@
 """services/jev_worker/engine/kernels.py: which hybrid-layer kernels a model uses and whether they are installed."""
+
 from __future__ import annotations
 
 import logging
@@ -19,6 +20,7 @@ def _installed(monkeypatch, present: dict[str, str]):
         if distribution in present:
             return present[distribution]
         raise kernels.metadata.PackageNotFoundError(distribution)
+
     monkeypatch.setattr(kernels.metadata, "version", version)
 
 
@@ -33,14 +35,17 @@ def test_layer_types_name_the_kernels():
 def test_describe_reports_versions_and_the_missing(monkeypatch, caplog):
     _installed(monkeypatch, {"causal-conv1d": "1.7.0"})
     config = SimpleNamespace(text_config=SimpleNamespace(layer_types=["linear_attention"]))
-    assert kernels.describe(config) == {"kernels": {"causal-conv1d": {"version": "1.7.0", "used": True},
-                                                    "flash-linear-attention": {"version": None, "used": False}}}
+    assert kernels.describe(config) == {
+        "kernels": {
+            "causal-conv1d": {"version": "1.7.0", "used": True},
+            "flash-linear-attention": {"version": None, "used": False},
+        }
+    }
     with caplog.at_level(logging.WARNING, logger="jev_worker.engine.kernels"):
         assert kernels.warn_if_missing(config, torch.device("cpu")) == ["flash-linear-attention"]
         assert not caplog.records  # on CPU the fallback is the only path: nothing to warn about
         kernels.warn_if_missing(config, torch.device("cuda"))
     assert "flash-linear-attention" in caplog.text and "slow" in caplog.text
-
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,12 +84,16 @@ def test_on_cpu_an_installed_cuda_kernel_is_hidden_so_the_pytorch_path_runs(tmp_
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(textwrap.dedent(text))
     folder = make_tiny_lfm2(tmp_path / "lfm2", seed=3)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO / "services"), str(REPO)]),
-               TRANSFORMERS_VERBOSITY="error")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO / "services"), str(REPO)]),
+        TRANSFORMERS_VERBOSITY="error",
+    )
 
     def run(mode):
-        return subprocess.run([sys.executable, "-c", PROGRAM, mode, str(folder)], env=env, capture_output=True,
-                              text=True, timeout=240)
+        return subprocess.run(
+            [sys.executable, "-c", PROGRAM, mode, str(folder)], env=env, capture_output=True, text=True, timeout=240
+        )
 
     unhidden = run("keep")
     assert unhidden.returncode != 0 and "is_cuda" in unhidden.stderr  # what the worker hit before use_on

@@ -1,4 +1,5 @@
 """benchmarks.l3_replay: the L3 hit-rate replay used to check prompt-building changes."""
+
 from __future__ import annotations
 
 from benchmarks.corpora import BUILTIN

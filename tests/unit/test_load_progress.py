@@ -1,4 +1,5 @@
 """services/jev_worker/loading/load_progress.py: the loading step, its number among the steps and its age."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """tools/local_stack.py: compose -> local process translation (no model), and a real start/stop cycle."""
+
 from __future__ import annotations
 
 import json
@@ -47,10 +48,18 @@ def test_cpu_profile_plan(tmp_path):
 
 
 def test_env_paths_and_overrides(tmp_path):
-    environ = {"JEV_MODELS_DIR": str(tmp_path / "models"), "JEV_HF_HOME": "/srv/hf", "JEV_DEADLINE_S": "7",
-               "JEV_FRONTEND_PUBLISH": "9999"}
-    plan = {s.name: s for s in ls.plan_profile(
-        "jev-vl", {"worker-jev-vl": {"JEV_DEVICE": "cpu"}}, environ=environ, state_dir=tmp_path)}
+    environ = {
+        "JEV_MODELS_DIR": str(tmp_path / "models"),
+        "JEV_HF_HOME": "/srv/hf",
+        "JEV_DEADLINE_S": "7",
+        "JEV_FRONTEND_PUBLISH": "9999",
+    }
+    plan = {
+        s.name: s
+        for s in ls.plan_profile(
+            "jev-vl", {"worker-jev-vl": {"JEV_DEVICE": "cpu"}}, environ=environ, state_dir=tmp_path
+        )
+    }
     assert set(plan) == {"worker-jev-vl", "preencoder-jev-vl", "frontend-jev-vl"}
     assert list(plan).index("frontend-jev-vl") > list(plan).index("worker-jev-vl")
     worker = plan["worker-jev-vl"]
@@ -83,19 +92,38 @@ def test_every_profile_plans():
 
 
 def test_port_collisions_are_resolved_and_urls_follow(tmp_path):
-    compose = {"services": {
-        "a": {"build": ".", "profiles": ["p"], "command": ["python", "-m", "x"],
-              "environment": {"JEV_WORKER_PORT": "8000", "JEV_WORKER_HOST": "0.0.0.0"},
-              "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]}},
-        "b": {"build": ".", "profiles": ["p"], "command": ["srv", "--host", "0.0.0.0", "--port", "8000"],
-              "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]},
-              "depends_on": {"a": {"condition": "service_healthy"}}},
-        "c": {"build": ".", "profiles": ["p"], "command": ["python", "-m", "y"],
-              "environment": {"JEV_FRONTEND_PORT": "8080", "URL_A": "http://a:8000", "URL_B": "http://b:8000/x",
-                              "KEEP": "http://example.invalid:1/"},
-              "ports": ["8080:8080"], "depends_on": ["b"]},
-        "redis": {"image": "redis:7-alpine", "profiles": ["p"]},
-    }}
+    compose = {
+        "services": {
+            "a": {
+                "build": ".",
+                "profiles": ["p"],
+                "command": ["python", "-m", "x"],
+                "environment": {"JEV_WORKER_PORT": "8000", "JEV_WORKER_HOST": "0.0.0.0"},
+                "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]},
+            },
+            "b": {
+                "build": ".",
+                "profiles": ["p"],
+                "command": ["srv", "--host", "0.0.0.0", "--port", "8000"],
+                "healthcheck": {"test": ["CMD", "h", "http://127.0.0.1:8000/health"]},
+                "depends_on": {"a": {"condition": "service_healthy"}},
+            },
+            "c": {
+                "build": ".",
+                "profiles": ["p"],
+                "command": ["python", "-m", "y"],
+                "environment": {
+                    "JEV_FRONTEND_PORT": "8080",
+                    "URL_A": "http://a:8000",
+                    "URL_B": "http://b:8000/x",
+                    "KEEP": "http://example.invalid:1/",
+                },
+                "ports": ["8080:8080"],
+                "depends_on": ["b"],
+            },
+            "redis": {"image": "redis:7-alpine", "profiles": ["p"]},
+        }
+    }
     plan = {s.name: s for s in ls.plan_profile("p", compose=compose, environ={}, state_dir=tmp_path)}
     assert plan["a"].port == 8000 and plan["b"].port == 8001
     assert plan["b"].argv == ["srv", "--host", "127.0.0.1", "--port", "8001"]
@@ -107,15 +135,17 @@ def test_port_collisions_are_resolved_and_urls_follow(tmp_path):
 
 
 def test_dependency_cycle_is_an_error(tmp_path):
-    compose = {"services": {
-        "a": {"build": ".", "profiles": ["p"], "depends_on": ["b"]},
-        "b": {"build": ".", "profiles": ["p"], "depends_on": ["a"]},
-    }}
+    compose = {
+        "services": {
+            "a": {"build": ".", "profiles": ["p"], "depends_on": ["b"]},
+            "b": {"build": ".", "profiles": ["p"], "depends_on": ["a"]},
+        }
+    }
     with pytest.raises(ValueError, match="cycle"):
         ls.plan_profile("p", compose=compose, environ={}, state_dir=tmp_path)
 
 
-SERVER = textwrap.dedent('''
+SERVER = textwrap.dedent("""
     import json, os, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     class H(BaseHTTPRequestHandler):
@@ -128,7 +158,7 @@ SERVER = textwrap.dedent('''
         def log_message(self, *a):
             pass
     HTTPServer((os.environ["T_HOST"], int(os.environ["T_PORT"])), H).serve_forever()
-''')
+""")
 
 
 def _free_port() -> int:
@@ -141,17 +171,28 @@ def _free_port() -> int:
 
 def test_start_profile_starts_in_order_waits_for_health_and_stops(tmp_path):
     pa, pb = _free_port(), _free_port()
-    compose = {"services": {
-        "api": {"build": ".", "profiles": ["t"], "command": ["python", "-c", SERVER],
+    compose = {
+        "services": {
+            "api": {
+                "build": ".",
+                "profiles": ["t"],
+                "command": ["python", "-c", SERVER],
                 "environment": {"T_HOST": "0.0.0.0", "T_PORT": str(pa)},
-                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pa}/health"]}},
-        "edge": {"build": ".", "profiles": ["t"], "command": ["python", "-c", SERVER],
-                 "environment": {"T_HOST": "0.0.0.0", "T_PORT": str(pb), "T_BACKEND": f"http://api:{pa}"},
-                 "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pb}/health"]},
-                 "depends_on": {"api": {"condition": "service_healthy"}}},
-    }}
-    with ls.start_profile("t", {"edge": {"T_EXTRA": "1"}}, compose=compose, state_dir=tmp_path,
-                          startup_timeout_s=30, log=lambda *_: None) as urls:
+                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pa}/health"]},
+            },
+            "edge": {
+                "build": ".",
+                "profiles": ["t"],
+                "command": ["python", "-c", SERVER],
+                "environment": {"T_HOST": "0.0.0.0", "T_PORT": str(pb), "T_BACKEND": f"http://api:{pa}"},
+                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{pb}/health"]},
+                "depends_on": {"api": {"condition": "service_healthy"}},
+            },
+        }
+    }
+    with ls.start_profile(
+        "t", {"edge": {"T_EXTRA": "1"}}, compose=compose, state_dir=tmp_path, startup_timeout_s=30, log=lambda *_: None
+    ) as urls:
         assert urls == {"api": f"http://127.0.0.1:{pa}", "edge": f"http://127.0.0.1:{pb}"}
         with urllib.request.urlopen(urls["edge"] + "/env", timeout=5) as response:
             env = json.loads(response.read())["env"]
@@ -161,9 +202,16 @@ def test_start_profile_starts_in_order_waits_for_health_and_stops(tmp_path):
 
 
 def test_start_profile_reports_a_service_that_dies(tmp_path):
-    compose = {"services": {"bad": {
-        "build": ".", "profiles": ["t"], "command": ["python", "-c", "import sys; print('boom'); sys.exit(3)"],
-        "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{_free_port()}/health"]}}}}
+    compose = {
+        "services": {
+            "bad": {
+                "build": ".",
+                "profiles": ["t"],
+                "command": ["python", "-c", "import sys; print('boom'); sys.exit(3)"],
+                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{_free_port()}/health"]},
+            }
+        }
+    }
     with pytest.raises(RuntimeError, match="exited with 3") as info:
         with ls.start_profile("t", compose=compose, state_dir=tmp_path, startup_timeout_s=30, log=lambda *_: None):
             pass

@@ -1,5 +1,6 @@
 """Every line a service writes on stderr is one JSON object: its log records, what libraries print
 themselves (progress bars are off), warnings, and an uncaught exception's traceback."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import logging, sys, warnings
     from jev_common.logs import setup_logging
     log = setup_logging("jev.test")
@@ -25,7 +26,7 @@ PROGRAM = textwrap.dedent('''
     import threading
     t = threading.Thread(target=lambda: 1 / 0, name="worker-thread"); t.start(); t.join()
     raise RuntimeError("boom at the top")
-''')
+""")
 
 
 def _run(program: str, **env) -> subprocess.CompletedProcess:
@@ -52,6 +53,8 @@ def test_every_stderr_line_is_json():
 
 
 def test_the_encode_cli_keeps_its_human_output():
-    done = _run("from jev_common.logs import setup_logging\nimport sys\n"
-                "setup_logging('preencoder', capture_stderr=False)\nprint('FAILED x', file=sys.stderr)")
+    done = _run(
+        "from jev_common.logs import setup_logging\nimport sys\n"
+        "setup_logging('preencoder', capture_stderr=False)\nprint('FAILED x', file=sys.stderr)"
+    )
     assert done.stderr == "FAILED x\n"

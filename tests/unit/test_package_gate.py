@@ -2,6 +2,7 @@
 match the recipe's sha256 manifest, checked before any of it runs. The package here is the tiny Llama
 with a `modeling_gated.py` its config names in `auto_map` (as a remote-code package does); importing it
 leaves a mark, so a refused package is shown never to have run."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from jev_worker.loading.package_gate import manifest_of
 from jev_common.checkpoint_files import ServingError
+from jev_worker.loading.package_gate import manifest_of
 from jev_worker.serving import preflight
 
 from .family_helpers import ask, family_recipe, served
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-MODELING = '''import os
+MODELING = """import os
 
 from transformers import LlamaForCausalLM
 
@@ -27,7 +28,7 @@ with open(os.environ["JEV_TEST_REMOTE_CODE_MARK"], "a") as mark:
 
 class GatedForCausalLM(LlamaForCausalLM):
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -50,9 +51,13 @@ def mark(tmp_path, monkeypatch) -> Path:
 
 def gated(tiny_recipe, package: Path, revision: str = COMMIT, manifest: dict | None = None):
     recipe = family_recipe(tiny_recipe, "tiny-gated", family="label-tokens")
-    model = recipe.model.model_copy(update={"trust_remote_code": True, "revision": revision,
-                                            "remote_code_manifest": manifest_of(package) if manifest is None
-                                            else manifest})
+    model = recipe.model.model_copy(
+        update={
+            "trust_remote_code": True,
+            "revision": revision,
+            "remote_code_manifest": manifest_of(package) if manifest is None else manifest,
+        }
+    )
     return recipe.model_copy(update={"model": model})
 
 
@@ -80,8 +85,9 @@ async def test_a_tampered_file_is_refused_before_it_is_imported(worker_settings,
         handle.write("\nprint('tampered')\n")
     with pytest.raises(ServingError, match="modeling_gated.py has sha256 .*, the manifest pins"):
         preflight(recipe, str(package))
-    from jev_worker.app import SERVICE, create_app
     from aiohttp.test_utils import TestClient, TestServer
+
+    from jev_worker.app import SERVICE, create_app
 
     app = create_app(worker_settings(recipe=recipe, model_path=str(package)), wait_until_ready=True)
     async with TestClient(TestServer(app)) as client:

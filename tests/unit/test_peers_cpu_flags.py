@@ -1,4 +1,5 @@
 """llama.cpp's build flags for the peer benchmark follow the CPU (benchmarks/peers/cpu_flags.py)."""
+
 from __future__ import annotations
 
 import importlib.util

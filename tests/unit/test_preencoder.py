@@ -1,5 +1,6 @@
 """The preencoder CLI and service on the tiny Qwen2-VL: per-line outcomes, interrupted assets redone,
 complete ones skipped, exit codes, the HTTP endpoint."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,26 @@ def _manifest(tmp_path, lines: list) -> str:
 
 
 def _encode(tmp_path, capsys, lines, out, *extra):
-    code = main(["encode", "--manifest", _manifest(tmp_path, lines), "--out", str(out), "--model",
-                 tiny_vl_checkpoint(), "--redis", "none", "--device", "cpu", "--dtype", "float32", "--json",
-                 "--no-progress", *extra])
+    code = main(
+        [
+            "encode",
+            "--manifest",
+            _manifest(tmp_path, lines),
+            "--out",
+            str(out),
+            "--model",
+            tiny_vl_checkpoint(),
+            "--redis",
+            "none",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--json",
+            "--no-progress",
+            *extra,
+        ]
+    )
     captured = capsys.readouterr()
     report = json.loads(captured.out.strip().splitlines()[-1])
     return code, report, captured.err
@@ -56,8 +74,14 @@ def test_manifest_with_bad_lines_still_writes_the_good_ones(tmp_path, capsys):
     ]
     code, report, err = _encode(tmp_path, capsys, lines, out)
     assert code == 1
-    assert report["summary"] | {"seconds": 0} == {"done": 2, "skipped": 1, "failed": 5, "redone": 0,
-                                                  "index_errors": 0, "seconds": 0}
+    assert report["summary"] | {"seconds": 0} == {
+        "done": 2,
+        "skipped": 1,
+        "failed": 5,
+        "redone": 0,
+        "index_errors": 0,
+        "seconds": 0,
+    }
     by_line = {r["line"]: r for r in report["results"]}
     assert by_line[1]["status"] == "done" and by_line[5]["status"] == "done"
     assert by_line[2]["reason"] == "url" and "line 2" in by_line[2]["message"]
@@ -134,8 +158,11 @@ def test_embeddings_are_the_vision_tower_output(tmp_path, capsys):
     encoder = tiny_encoder()
     inputs = encoder.processor.image_processor(images=[pattern_image(31, (112, 112))], return_tensors="pt")
     with torch.inference_mode():
-        expected = torch.cat(encoder.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"],
-                                                              return_dict=True).pooler_output)
+        expected = torch.cat(
+            encoder.model.get_image_features(
+                inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True
+            ).pooler_output
+        )
     assert asset.grid_thw == (1, 8, 8) and torch.equal(asset.embeds, expected)
     assert asset.meta["width"] == 112 and asset.meta["mime"] == "image/png"
     assert asset.meta["processor_identity"] == encoder.processor_identity
@@ -145,30 +172,72 @@ def test_embeddings_are_the_vision_tower_output(tmp_path, capsys):
 def test_size_caps_from_env_and_exit_codes(tmp_path, capsys, monkeypatch):
     out = tmp_path / "assets"
     monkeypatch.setenv("JEV_PREENCODER_MAX_IMAGE_PIXELS", str(56 * 56))
-    code, report, _ = _encode(tmp_path, capsys, [request_line(png_uri(41, (56, 56))),
-                                                request_line(png_uri(42, (57, 56)))], out)
+    code, report, _ = _encode(
+        tmp_path, capsys, [request_line(png_uri(41, (56, 56))), request_line(png_uri(42, (57, 56)))], out
+    )
     assert code == 1
     assert [r["status"] for r in report["results"]] == ["done", "failed"]
     assert report["results"][1]["reason"] == "too_many_pixels"
-    code = main(["encode", "--manifest", str(tmp_path / "missing.jsonl"), "--out", str(out),
-                 "--model", tiny_vl_checkpoint(), "--redis", "none", "--no-progress"])
+    code = main(
+        [
+            "encode",
+            "--manifest",
+            str(tmp_path / "missing.jsonl"),
+            "--out",
+            str(out),
+            "--model",
+            tiny_vl_checkpoint(),
+            "--redis",
+            "none",
+            "--no-progress",
+        ]
+    )
     assert code == 2
-    code = main(["encode", "--manifest", _manifest(tmp_path, []), "--out", str(out),
-                 "--model", str(tmp_path / "no-such-model"), "--redis", "none", "--no-progress"])
+    code = main(
+        [
+            "encode",
+            "--manifest",
+            _manifest(tmp_path, []),
+            "--out",
+            str(out),
+            "--model",
+            str(tmp_path / "no-such-model"),
+            "--redis",
+            "none",
+            "--no-progress",
+        ]
+    )
     assert code == 2
     assert "cannot load the model" in capsys.readouterr().err
 
 
 def test_text_recipe_is_refused(tmp_path, capsys):
-    code = main(["encode", "--manifest", _manifest(tmp_path, []), "--out", str(tmp_path),
-                 "--recipe", "smollm2-135m-cpu", "--redis", "none", "--no-progress"])
+    code = main(
+        [
+            "encode",
+            "--manifest",
+            _manifest(tmp_path, []),
+            "--out",
+            str(tmp_path),
+            "--recipe",
+            "smollm2-135m-cpu",
+            "--redis",
+            "none",
+            "--no-progress",
+        ]
+    )
     assert code == 2 and "not vision-language" in capsys.readouterr().err
 
 
 async def test_service_endpoint(tmp_path):
     out = tmp_path / "assets"
-    settings = PreencoderSettings(model_path=tiny_vl_checkpoint(), device="cpu", dtype="float32",
-                                  asset_dir=str(out), redis_url="redis://127.0.0.1:1/0")
+    settings = PreencoderSettings(
+        model_path=tiny_vl_checkpoint(),
+        device="cpu",
+        dtype="float32",
+        asset_dir=str(out),
+        redis_url="redis://127.0.0.1:1/0",
+    )
     app = build_app(settings, encoder=tiny_encoder())
     async with TestClient(TestServer(app)) as client:
         for _ in range(100):  # the load task is immediate with a given encoder; let it finish
@@ -189,8 +258,10 @@ async def test_service_endpoint(tmp_path):
         jsonl = json.dumps(request_line(uri)) + "\n" + "not json\n"
         response = await client.post("/v1/preencode", data=jsonl, headers={"Content-Type": "application/x-ndjson"})
         data = await response.json()
-        assert [(r["status"], r.get("reason")) for r in data["results"]] == [("skipped", "exists"),
-                                                                          ("failed", "invalid_json")]
+        assert [(r["status"], r.get("reason")) for r in data["results"]] == [
+            ("skipped", "exists"),
+            ("failed", "invalid_json"),
+        ]
         empty = await client.post("/v1/preencode", data=b"  ")
         assert empty.status == 422 and (await empty.json())["detail"][0]["type"]
         metrics = await (await client.get("/metrics")).text()
@@ -200,8 +271,9 @@ async def test_service_endpoint(tmp_path):
 
 
 async def test_service_health_reports_a_failed_load(tmp_path):
-    settings = PreencoderSettings(model_path=str(tmp_path / "nothing"), device="cpu", asset_dir=str(tmp_path),
-                                  redis_url="none")
+    settings = PreencoderSettings(
+        model_path=str(tmp_path / "nothing"), device="cpu", asset_dir=str(tmp_path), redis_url="none"
+    )
     app = build_app(settings)
     async with TestClient(TestServer(app)) as client:
         for _ in range(200):
@@ -222,9 +294,12 @@ def test_manifest_lines_name_images_the_way_requests_send_them(tmp_path, capsys)
     out = tmp_path / "assets"
     uri = png_uri(11)
     b64 = uri.split(",", 1)[1]
-    envelope = {"model": "jev-latest", "state": ["A drawing:", "<img>"],
-                "questions": {"q": {"type": "noul", "instructions": "Striped?"}},
-                "assets": {"<img>": {"type": "image", "format": "png", "data_base64": b64}}}
+    envelope = {
+        "model": "jev-latest",
+        "state": ["A drawing:", "<img>"],
+        "questions": {"q": {"type": "noul", "instructions": "Striped?"}},
+        "assets": {"<img>": {"type": "image", "format": "png", "data_base64": b64}},
+    }
     two_assets = dict(envelope, assets={"<a>": envelope["assets"]["<img>"], "<b>": envelope["assets"]["<img>"]})
     lines = [{"image": uri}, envelope, request_line(uri), two_assets]
     code, report, _ = _encode(tmp_path, capsys, lines, out)

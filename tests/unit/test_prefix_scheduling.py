@@ -1,17 +1,18 @@
 """The scheduler forms batches by prefix (scheduler.py) over the prefix cache it owns (prefix_cache.py): same-prefix
 jobs together, then prefixes resident in L3, each in fair order; the fair queue's first job leads every batch, so
 a popular prefix cannot starve the rest; a shared prefix costs a batch its rows' tokens only."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from jev_worker.prompt.builder import PreparedRequest
+from jev_worker.protocols import Engine
 from jev_worker.scheduling.batch import EngineItem
 from jev_worker.scheduling.caches import BudgetLRU
 from jev_worker.scheduling.prefix_cache import L3PrefixCache, PrefixState
-from jev_worker.prompt.builder import PreparedRequest
-from jev_worker.protocols import Engine
 from jev_worker.scheduling.reuse import LinearCost, ReuseCosts, ReusePolicy
 from jev_worker.scheduling.scheduler import Scheduler
 
@@ -24,8 +25,13 @@ class NoEngine(Engine):
 
 
 def item(prefix: str, n: int, prefix_tokens: int = 100, row_tokens: int = 5) -> EngineItem:
-    prepared = PreparedRequest(prefix_ids=tuple(range(prefix_tokens)), rows=((n,) * row_tokens,), row_labels=((1, 2),),
-                               image_keys=(), prefix_key=prefix)
+    prepared = PreparedRequest(
+        prefix_ids=tuple(range(prefix_tokens)),
+        rows=((n,) * row_tokens,),
+        row_labels=((1, 2),),
+        image_keys=(),
+        prefix_key=prefix,
+    )
     return EngineItem(prepared=prepared)
 
 
@@ -34,8 +40,17 @@ def state(length: int = 4) -> PrefixState:
 
 
 def scheduler(prefix_aware: bool = True, cache: L3PrefixCache | None = None, rows: int = 3, tokens: int = 0):
-    return Scheduler(NoEngine(), ThreadPoolExecutor(1), max_queue=100, batching=True, max_batch_rows=rows,
-                     max_wait_ms=0, prefix_cache=cache, prefix_aware=prefix_aware, max_batch_tokens=tokens)
+    return Scheduler(
+        NoEngine(),
+        ThreadPoolExecutor(1),
+        max_queue=100,
+        batching=True,
+        max_batch_rows=rows,
+        max_wait_ms=0,
+        prefix_cache=cache,
+        prefix_aware=prefix_aware,
+        max_batch_tokens=tokens,
+    )
 
 
 def queue(s: Scheduler, names: list[str]) -> None:

@@ -4,6 +4,7 @@ chat template renders, and the served probabilities equal a plain forward on tho
 The reference here never uses the worker's prefix/row split: it renders the whole prompt with
 `tokenizer.apply_chat_template` (or the plain layout), tokenises it once and runs `model(input_ids)`.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,19 +13,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jev_common.schema import SystemOneRequest
-from jev_worker.request.envelope import render_state
-from jev_worker.questions.plan import question_rows
 from jev_worker.prompt.builder import ChatPromptBuilder
+from jev_worker.questions.plan import question_rows
+from jev_worker.request.envelope import render_state
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import worker_client
 
 STATE = "The kettle on the stove is whistling and steam is coming out of its spout.\n\n"
 QUESTIONS = {
-    "noul": {"type": "noul", "instructions": "Is the water boiling?",
-             "criteria": {"true": "It boils", "false": {"not": ["boiling"]}}},
-    "choice": {"type": "choice", "instructions": ["What", "is on the stove?"],
-               "criteria": {"a pan": None, "a kettle": "metal, with a spout", "nothing": None}},
+    "noul": {
+        "type": "noul",
+        "instructions": "Is the water boiling?",
+        "criteria": {"true": "It boils", "false": {"not": ["boiling"]}},
+    },
+    "choice": {
+        "type": "choice",
+        "instructions": ["What", "is on the stove?"],
+        "criteria": {"a pan": None, "a kettle": "metal, with a spout", "nothing": None},
+    },
     "score": {"type": "score", "instructions": "How hot is the water?", "criteria": ["cold", "warm", "hot", {"x": 1}]},
     "span": {"type": "span", "instructions": "Which object whistles?", "criteria": ["kettle", "stove", "steam"]},
     "set": {"type": "set", "criteria": {"steam is visible": None, "the stove is off": "it is cold"}},
@@ -38,9 +45,11 @@ def one_pass_ids(builder: ChatPromptBuilder, state_text: str, row_content: str) 
     tokenizer, prompt = builder.tokenizer, builder.recipe.prompt
     content = prompt.state_block.format(state=state_text) + row_content
     if builder.use_chat:
-        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else [])
+        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
         messages.append({"role": "user", "content": content})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prompt.answer_prefix
+        text = (
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prompt.answer_prefix
+        )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     text = (prompt.system + "\n\n" if prompt.system else "") + content + "\n" + prompt.answer_prefix
     return tokenizer(text, add_special_tokens=True)["input_ids"]
@@ -102,8 +111,10 @@ def test_split_tokenisation_would_differ(tiny_recipe):
     rows, _ = question_rows(request, builder)
     text = builder.reference_text("abc", rows[0])
     head_len = len(builder.layout.head + tiny_recipe.prompt.state_block.format(state="abc"))
-    glued = tokenizer(text[:head_len], add_special_tokens=False)["input_ids"] + \
-        tokenizer(text[head_len:], add_special_tokens=False)["input_ids"]
+    glued = (
+        tokenizer(text[:head_len], add_special_tokens=False)["input_ids"]
+        + tokenizer(text[head_len:], add_special_tokens=False)["input_ids"]
+    )
     prepared = builder.prepare("abc", rows)
     assert list(prepared.full_ids(0)) == one_pass_ids(builder, "abc", rows[0].content)
     assert glued != list(prepared.full_ids(0))
@@ -119,7 +130,8 @@ def test_chat_template_kwargs_reach_the_template(tiny_recipe):
         "{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endfor -%}"
         "{%- if add_generation_prompt -%}<|im_start|>assistant\n"
         "{%- if enable_thinking is defined and not enable_thinking -%}<think>\n\n</think>\n\n{%- endif -%}"
-        "{%- endif -%}")
+        "{%- endif -%}"
+    )
     tails = {}
     for kwargs in ({}, {"enable_thinking": False}):
         prompt = tiny_recipe.prompt.model_copy(update={"chat_template_kwargs": kwargs})
@@ -127,7 +139,10 @@ def test_chat_template_kwargs_reach_the_template(tiny_recipe):
         tails[bool(kwargs)] = builder.layout.tail
         want = tokenizer.apply_chat_template(
             [{"role": "system", "content": prompt.system}, {"role": "user", "content": "x"}],
-            tokenize=False, add_generation_prompt=True, **kwargs)
+            tokenize=False,
+            add_generation_prompt=True,
+            **kwargs,
+        )
         assert builder.layout.head + "x" + builder.layout.tail == want
     assert tails[True].endswith("</think>") and "</think>" not in tails[False]
 
@@ -144,21 +159,31 @@ def builders(tiny_recipe):
     return out
 
 
-_piece = st.sampled_from(list("ab Z\n\t\u00e9\u00fc\u4e2d\U0001f600\x00{}:.-") + ["\x00JEV-SPLIT\x00", "  ", "\n\n", "Question"])
+_piece = st.sampled_from(
+    list("ab Z\n\t\u00e9\u00fc\u4e2d\U0001f600\x00{}:.-") + ["\x00JEV-SPLIT\x00", "  ", "\n\n", "Question"]
+)
 _text = st.lists(_piece, min_size=1, max_size=20).map("".join).map(lambda s: s if s.strip() else s + "x")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state=_text, question=_text, options=st.lists(_text, min_size=2, max_size=5, unique=True),
-       layout=st.sampled_from(["chat", "plain"]))
+@given(
+    state=_text,
+    question=_text,
+    options=st.lists(_text, min_size=2, max_size=5, unique=True),
+    layout=st.sampled_from(["chat", "plain"]),
+)
 def test_property_served_ids_are_one_pass_ids(builders, state, question, options, layout):
     builder = builders[layout]
-    body = {"model": "m", "state": state, "questions": {
-        "n": {"type": "noul", "instructions": question},
-        "c": {"type": "choice", "instructions": question, "criteria": {o: None for o in options}},
-        "s": {"type": "score", "criteria": options},
-        "t": {"type": "set", "criteria": {o: question for o in options}},
-    }}
+    body = {
+        "model": "m",
+        "state": state,
+        "questions": {
+            "n": {"type": "noul", "instructions": question},
+            "c": {"type": "choice", "instructions": question, "criteria": {o: None for o in options}},
+            "s": {"type": "score", "criteria": options},
+            "t": {"type": "set", "criteria": {o: question for o in options}},
+        },
+    }
     request = SystemOneRequest.model_validate(body)
     rows, _ = question_rows(request, builder)
     prepared = builder.prepare(render_state(request), rows)
@@ -183,7 +208,11 @@ def test_prefix_is_shared_by_different_questions_about_one_state(builders):
 @pytest.mark.parametrize("where", ["state", "instructions", "option"])
 async def test_control_tokens_in_user_text_are_refused(worker_settings, where):
     text = "before <|im_end|> after"
-    body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "choice", "criteria": {"a": None, "b": None}}}}
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "questions": {"q": {"type": "choice", "criteria": {"a": None, "b": None}}},
+    }
     if where == "state":
         body["state"] = text
     elif where == "instructions":
@@ -205,7 +234,6 @@ def test_nul_bytes_and_the_old_marker_reach_the_model(builders):
     prepared = builder.prepare(render_state(request), rows)
     decoded = builder.tokenizer.decode(prepared.full_ids(0))
     assert state in decoded
-
 
 
 @pytest.mark.parametrize("kind", ["choice", "noul", "score", "span", "set"])
@@ -235,8 +263,9 @@ def test_image_placeholders_are_tokenised_in_the_same_pass(tiny_recipe):
     builder = ChatPromptBuilder(tokenizer, tiny_recipe, "test")
     placeholder = "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
     state = f'["A drawing:", "{placeholder}"]'
-    request = SystemOneRequest.model_validate({"model": "m", "state": "x", "questions": {
-        "q": QUESTIONS["choice"], "n": QUESTIONS["noul"]}})
+    request = SystemOneRequest.model_validate(
+        {"model": "m", "state": "x", "questions": {"q": QUESTIONS["choice"], "n": QUESTIONS["noul"]}}
+    )
     rows, _ = question_rows(request, builder)
     prepared = builder.prepare(state, rows)
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -255,7 +284,9 @@ def test_indexed_json_numbers_the_items_of_long_arrays():
     assert indexed_json({"items": [1, item] * 4}) == (
         '{"items": [{"_index": 0, "value": 1}, {"_index": 77, "text": "保留"}, {"_index": 2, "value": 1}, '
         '{"_index": 77, "text": "保留"}, {"_index": 4, "value": 1}, {"_index": 77, "text": "保留"}, '
-        '{"_index": 6, "value": 1}, {"_index": 77, "text": "保留"}]}')
-    assert indexed_json({"b": "é", "a": [-0.0, 1e-05, 1e+16, None]}) == '{"b": "é", "a": [-0.0, 1e-05, 1e+16, null]}'
+        '{"_index": 6, "value": 1}, {"_index": 77, "text": "保留"}]}'
+    )
+    assert indexed_json({"b": "é", "a": [-0.0, 1e-05, 1e16, None]}) == '{"b": "é", "a": [-0.0, 1e-05, 1e+16, null]}'
     assert indexed_json([[1] * 7, {"k": [True] * 8}]) == (
-        '[[1, 1, 1, 1, 1, 1, 1], {"k": [' + ", ".join(f'{{"_index": {i}, "value": true}}' for i in range(8)) + "]}]")
+        '[[1, 1, 1, 1, 1, 1, 1], {"k": [' + ", ".join(f'{{"_index": {i}, "value": true}}' for i in range(8)) + "]}]"
+    )

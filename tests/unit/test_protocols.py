@@ -2,6 +2,7 @@
 no module of services/jev_worker uses getattr / hasattr as a plug point on the worker's own objects, every
 registered family's readout subclasses protocols.Readout and names a Backend, and every class that is a
 backend, engine, head, prompt builder or question type by what it does subclasses that protocol."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,10 +25,13 @@ WORKER = Path(jev_worker.__file__).resolve().parent
 # getattr / hasattr whose object is one of ours: the worker itself, a readout, backend, builder, head, engine,
 # the serving, a recipe, a loaded model record, a question context or plan (third-party objects such as
 # tokenizers, processors and HF configs are read with getattr where their versions differ; that is fine)
-PLUG_POINT = re.compile(r"\b(?:getattr|hasattr)\(\s*(?:self|cls|readout|backend|builder|serving|head|engine|recipe|"
-                        r"loaded|ctx|plan|prepared|kind|service|settings)\b")
-MODULES = sorted(name for _, name, _ in pkgutil.walk_packages([str(WORKER)], "jev_worker.")
-                 if not name.endswith("__main__"))
+PLUG_POINT = re.compile(
+    r"\b(?:getattr|hasattr)\(\s*(?:self|cls|readout|backend|builder|serving|head|engine|recipe|"
+    r"loaded|ctx|plan|prepared|kind|service|settings)\b"
+)
+MODULES = sorted(
+    name for _, name, _ in pkgutil.walk_packages([str(WORKER)], "jev_worker.") if not name.endswith("__main__")
+)
 
 
 def test_no_module_uses_getattr_or_hasattr_as_a_plug_point():
@@ -91,17 +95,35 @@ def test_what_acts_as_a_protocol_declares_it():
             wanted.append(protocols.Readout)
         if _has(cls, "config", "tokenizer") and "needed" in dir(cls):
             wanted.append(EncoderFiles)
-        undeclared += [f"{cls.__module__}.{cls.__qualname__} is not a {p.__name__}" for p in wanted
-                       if not issubclass(cls, p)]
+        undeclared += [
+            f"{cls.__module__}.{cls.__qualname__} is not a {p.__name__}" for p in wanted if not issubclass(cls, p)
+        ]
     assert not undeclared, "\n".join(undeclared)
 
 
 def test_the_protocol_scan_sees_every_kind_of_piece():
     names = {cls.__qualname__ for cls in _classes()}
-    for piece in ("ChatPromptBuilder", "LayaSequenceBuilder", "ValenPromptBuilder", "VelaBuilder",
-                  "MarkerSequenceBuilder", "DecisionHead", "ClefJointHead", "ModelRunner", "EncoderEngine",
-                  "TextAdapter", "Lfm2Adapter", "L3PrefixCache",
-                  "ValenLora", "VelaDecoder", "Choice", "CuaChoice", "MarkerSet", "ClmCosine", "VelaEncoderFiles"):
+    for piece in (
+        "ChatPromptBuilder",
+        "LayaSequenceBuilder",
+        "ValenPromptBuilder",
+        "VelaBuilder",
+        "MarkerSequenceBuilder",
+        "DecisionHead",
+        "ClefJointHead",
+        "ModelRunner",
+        "EncoderEngine",
+        "TextAdapter",
+        "Lfm2Adapter",
+        "L3PrefixCache",
+        "ValenLora",
+        "VelaDecoder",
+        "Choice",
+        "CuaChoice",
+        "MarkerSet",
+        "ClmCosine",
+        "VelaEncoderFiles",
+    ):
         assert piece in names, piece
 
 
@@ -139,8 +161,11 @@ def test_every_family_declares_its_readout_builder_and_backend(family, code_dir)
 
 def test_every_family_folder_is_registered_and_the_backends_registry_is_generic():
     folders = {p.name for p in (WORKER / "families").iterdir() if (p / "__init__.py").is_file()}
-    registered = {FAMILIES[name].split(":")[0].split(".")[2] for name in FAMILIES
-                  if FAMILIES[name].startswith("jev_worker.families.")}
+    registered = {
+        FAMILIES[name].split(":")[0].split(".")[2]
+        for name in FAMILIES
+        if FAMILIES[name].startswith("jev_worker.families.")
+    }
     assert folders == registered, (sorted(folders), sorted(registered))
     for name, target in BACKENDS.items():
         assert target.startswith("jev_worker.backends."), (name, target)

@@ -1,5 +1,6 @@
 """Families from the registry: a recipe naming an unknown one, or a checkpoint without what its readout
 needs, stops the worker (exit status 2) with a message naming what is missing."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.recipe import REPO_ROOT, all_recipes
 from jev_worker.backends.registry import BACKENDS
 from jev_worker.families.registry import FAMILIES, build_readout, family_class
-from jev_common.checkpoint_files import ServingError
 from jev_worker.loading.checkpoint import load_exactly
 from jev_worker.readouts.calibration import Calibration
 from jev_worker.serving import build_serving, preflight
@@ -46,14 +47,29 @@ def test_worker_exits_naming_a_missing_checkpoint_file(tmp_path, tiny_recipe, co
     assert "needs readout.safetensors" in done.stderr
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: (d / "decision_config.json").write_text(json.dumps(
-        {k: v for k, v in json.loads((d / "decision_config.json").read_text()).items() if k != "temperature"})),
-     "decision_config.json has no 'temperature'"),
-    (lambda d: __import__("safetensors.torch").torch.save_file({"readout": torch.zeros(30, 32)},
-                                                              str(d / "readout.safetensors")),
-     "readout.safetensors has no 'weight'"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (
+            lambda d: (d / "decision_config.json").write_text(
+                json.dumps(
+                    {
+                        k: v
+                        for k, v in json.loads((d / "decision_config.json").read_text()).items()
+                        if k != "temperature"
+                    }
+                )
+            ),
+            "decision_config.json has no 'temperature'",
+        ),
+        (
+            lambda d: __import__("safetensors.torch").torch.save_file(
+                {"readout": torch.zeros(30, 32)}, str(d / "readout.safetensors")
+            ),
+            "readout.safetensors has no 'weight'",
+        ),
+    ],
+)
 def test_preflight_names_a_missing_key(tmp_path, tiny_recipe, code_dir, mutate, message):
     folder = copy_without(code_dir, tmp_path)
     mutate(folder)
@@ -98,8 +114,10 @@ async def test_in_process_worker_reports_the_missing_file_in_health(tmp_path, wo
 
     from jev_worker.app import create_app
 
-    settings = worker_settings(recipe=family_recipe(tiny_recipe, "tiny-d3", family="code-readout"),
-                               model_path=str(copy_without(code_dir, tmp_path, "decision_config.json")))
+    settings = worker_settings(
+        recipe=family_recipe(tiny_recipe, "tiny-d3", family="code-readout"),
+        model_path=str(copy_without(code_dir, tmp_path, "decision_config.json")),
+    )
     async with TestClient(TestServer(create_app(settings, wait_until_ready=True))) as client:
         response = await client.get("/health")
         assert response.status == 503
@@ -114,8 +132,9 @@ def test_calibration_values_are_checked():
     calibration = Calibration.from_config({"temperature": 2.0, "biases": {"noul": 1.0}}, "c.json")
     assert torch.allclose(calibration.apply("set", torch.tensor([1.0, 3.0])), torch.tensor([1.0, 1.5]))
     assert torch.allclose(calibration.apply("choice", torch.tensor([1.0, 3.0])), torch.tensor([0.5, 1.5]))
-    by_type = Calibration.from_config({"temperature_by_type": {"choice": 1.3872, "noul": 2.0}, "letter_token_ids": [32]},
-                                      "decision_config.json")  # StartLux's file: a missing type keeps T = 1
+    by_type = Calibration.from_config(
+        {"temperature_by_type": {"choice": 1.3872, "noul": 2.0}, "letter_token_ids": [32]}, "decision_config.json"
+    )  # StartLux's file: a missing type keeps T = 1
     assert by_type.temperatures == {"choice": 1.3872, "noul": 2.0}
     assert torch.allclose(by_type.apply("noul", torch.tensor([1.0, 3.0])), torch.tensor([0.5, 1.5]))
     assert torch.equal(by_type.apply("score", torch.tensor([1.0, 3.0])), torch.tensor([1.0, 3.0]))
@@ -156,8 +175,12 @@ def test_load_exactly_names_a_missing_or_extra_tensor():
     with pytest.raises(ServingError, match=r"heads.safetensors: the tensors do not fit the head .*missing \['bias'\]"):
         load_exactly(layer, {"weight": torch.ones(3, 2)}, source="heads.safetensors", fits="the head")
     with pytest.raises(ServingError, match=r"unexpected \['scale'\]"):
-        load_exactly(layer, {"weight": torch.ones(3, 2), "bias": torch.zeros(3), "scale": torch.ones(1)},
-                     source="heads.safetensors", fits="the head")
+        load_exactly(
+            layer,
+            {"weight": torch.ones(3, 2), "bias": torch.zeros(3), "scale": torch.ones(1)},
+            source="heads.safetensors",
+            fits="the head",
+        )
     load_exactly(layer, {"weight": torch.ones(3, 2), "bias": torch.zeros(3)}, source="h", fits="the head")
     assert torch.equal(layer.weight, torch.ones(3, 2))
 
@@ -168,8 +191,14 @@ async def test_a_one_option_choice_is_refused_by_a_family_that_needs_two(worker_
     from .worker_helpers import worker_client
 
     async with worker_client(worker_settings()) as (client, _):
-        response = await client.post("/v1/systemone", json={
-            "model": "jev-latest", "state": "s", "questions": {"q": {"type": "choice", "criteria": {"only": None}}}})
+        response = await client.post(
+            "/v1/systemone",
+            json={
+                "model": "jev-latest",
+                "state": "s",
+                "questions": {"q": {"type": "choice", "criteria": {"only": None}}},
+            },
+        )
         body = await response.json()
         assert response.status == 422 and body["detail"][0]["type"] == "too_short"
         assert "at least 2 options" in body["detail"][0]["msg"] and body["detail"][0]["loc"][-1] == "criteria"

@@ -1,4 +1,5 @@
 """Every recipe folder: recipe.yaml validates, example-request.json validates, README and profile exist."""
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,29 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
 UNVERIFIED = "unverified-pin-at-first-download"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-COMPOSE_PROFILES = {p for svc in yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"].values()
-                    for p in svc.get("profiles") or []}
-FAMILIES = ["JEV", "Laya", "Cua-S1", "Valen", "Decider", "Open-Jev", "StartLux", "JEMM", "OmniJev", "CLM",
-            "pplx-decider", "D3", "Vela", "Clef", "LFM2.5", "SmolLM2"]
+COMPOSE_PROFILES = {
+    p
+    for svc in yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"].values()
+    for p in svc.get("profiles") or []
+}
+FAMILIES = [
+    "JEV",
+    "Laya",
+    "Cua-S1",
+    "Valen",
+    "Decider",
+    "Open-Jev",
+    "StartLux",
+    "JEMM",
+    "OmniJev",
+    "CLM",
+    "pplx-decider",
+    "D3",
+    "Vela",
+    "Clef",
+    "LFM2.5",
+    "SmolLM2",
+]
 
 
 def test_there_are_recipes_for_every_family():
@@ -51,8 +71,9 @@ def test_recipe_validates_and_pins_honestly(folder):
     assert recipe.check.strip()
     assert len(set(recipe.verbalizer.labels)) == len(recipe.verbalizer.labels)
     if recipe.model.trust_remote_code:  # else the package gate refuses it at every start
-        assert COMMIT.match(revision) and recipe.model.remote_code_manifest, \
+        assert COMMIT.match(revision) and recipe.model.remote_code_manifest, (
             "trust_remote_code needs a pinned commit and a remote_code_manifest"
+        )
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
@@ -61,7 +82,9 @@ def test_example_request_validates(folder):
     payload = json.loads((folder / "example-request.json").read_text())
     request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
-    readout = family_class(recipe.serving.family) if recipe.serving.family in FAMILIES else None  # not served: README says so
+    readout = (
+        family_class(recipe.serving.family) if recipe.serving.family in FAMILIES else None
+    )  # not served: README says so
     if readout is not None:
         assert {q.type for q in request.questions.values()} <= readout.question_types
     if recipe.model.modality == "vision-language":
@@ -78,8 +101,14 @@ def test_example_request_validates(folder):
 def test_readme_documents_setup_launch_request_and_comparison(folder):
     text = (folder / "README.md").read_text()
     recipe = load_recipe(str(folder))
-    for heading in ("## Setup", "## Launch", "## Example request", "## What to compare against", "## Revision",
-                    "## Verified on a tiny checkpoint"):
+    for heading in (
+        "## Setup",
+        "## Launch",
+        "## Example request",
+        "## What to compare against",
+        "## Revision",
+        "## Verified on a tiny checkpoint",
+    ):
         assert heading in text, f"{folder.name}: README lacks {heading}"
     verified = text.split("## Verified on a tiny checkpoint", 1)[1].split("\n## ", 1)[0]
     assert re.search(r"tests/unit/(families/)?test_\w+\.py", verified), f"{folder.name}: which test verifies it?"
@@ -100,8 +129,11 @@ def test_export_wrappers_run(wrapper):
 
 def test_deploy_doc_profile_table_matches_the_recipes():
     """docs/deploy.md's profile table gives each recipe's profile and pinned revision as recipe.yaml has them."""
-    rows = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|[^|]*\|[^|]*\| `([^`]+)`[^|]*\|", (ROOT / "docs/deploy.md").read_text(),
-                      re.MULTILINE)
+    rows = re.findall(
+        r"^\| `([^`]+)` \| `([^`]+)` \|[^|]*\|[^|]*\| `([^`]+)`[^|]*\|",
+        (ROOT / "docs/deploy.md").read_text(),
+        re.MULTILINE,
+    )
     names = {folder.name for folder in FOLDERS}
     rows = [row for row in rows if row[1] in names]  # the file's other tables (build args) have this shape too
     assert {row[1] for row in rows} == names

@@ -1,5 +1,6 @@
 """reuse.py: an L3 hit is used only where the measured cost of continuing the cached state is no higher
 than recomputing the prefix; the engine honours the decision and says so (header, /health, metrics)."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,8 @@ NEVER = ReuseCosts(recompute=LinearCost(0.001, 0.0), reuse=LinearCost(0.002, 1e-
 
 def test_reuse_pays_where_it_costs_no_more_than_recomputing():
     assert reuse_pays(100, None)  # nothing measured: every hit is used
-    assert not reuse_pays(100, GPU_LIKE)   # 8.1 ms vs 6.0 ms
-    assert reuse_pays(1000, GPU_LIKE)      # 9.0 ms vs 15.0 ms
+    assert not reuse_pays(100, GPU_LIKE)  # 8.1 ms vs 6.0 ms
+    assert reuse_pays(1000, GPU_LIKE)  # 9.0 ms vs 15.0 ms
     assert reuse_pays(334, GPU_LIKE) and not reuse_pays(333, GPU_LIKE)  # break-even at 333.3 tokens
 
 

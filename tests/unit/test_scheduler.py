@@ -1,6 +1,7 @@
 """One request cannot hurt the others (jev_worker/scheduling/scheduler.py, watchdog.py): work stops when its caller
 leaves, identical work is computed once (single flight, SDK retries joined), one client cannot starve the
 others, the caller owns its deadline, and health says when the worker makes no progress."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,16 +20,21 @@ from .worker_helpers import worker_client
 
 
 def ask(i: int = 0, state: str = "The lamp is on and the room is bright.") -> dict:
-    return {"model": "jev-latest", "state": state,
-            "questions": {"q": {"type": "choice", "instructions": f"Which is it? ({i})",
-                                "criteria": {"bright": None, "dark": None}}}}
+    return {
+        "model": "jev-latest",
+        "state": state,
+        "questions": {
+            "q": {"type": "choice", "instructions": f"Which is it? ({i})", "criteria": {"bright": None, "dark": None}}
+        },
+    }
 
 
 @contextlib.contextmanager
 def slow_layers(service, seconds: float):
     """Every decoder layer sleeps `seconds` first (after the abandon check, which is registered before)."""
-    handles = [block.register_forward_pre_hook(lambda *_: time.sleep(seconds))
-               for block in layer_stack(service.loaded.model)]
+    handles = [
+        block.register_forward_pre_hook(lambda *_: time.sleep(seconds)) for block in layer_stack(service.loaded.model)
+    ]
     try:
         yield
     finally:
@@ -114,8 +120,9 @@ async def test_an_sdk_retry_joins_the_work_its_first_attempt_left(worker_setting
         with slow_layers(service, 0.3):
             await leave_after(client, ask(), 0.2, {SDK_HEADER: "python/0.7.5"})
             await asyncio.sleep(0.5)  # the SDK's backoff
-            retry = await client.post("/v1/systemone", json=ask(),
-                                      headers={SDK_HEADER: "python/0.7.5", RETRY_COUNT_HEADER: "1"})
+            retry = await client.post(
+                "/v1/systemone", json=ask(), headers={SDK_HEADER: "python/0.7.5", RETRY_COUNT_HEADER: "1"}
+            )
         assert retry.status == 200
         assert flight(service, "computed") - computed == 1
         assert abandoned(service) == 0
@@ -148,8 +155,9 @@ async def test_one_client_flooding_cannot_starve_another(worker_settings):
         order: list[str] = []
 
         async def post(who: str, i: int):
-            response = await client.post("/v1/systemone", json=ask(i, state=f"{who} state {i}"),
-                                         headers={"x-jev-client": who})
+            response = await client.post(
+                "/v1/systemone", json=ask(i, state=f"{who} state {i}"), headers={"x-jev-client": who}
+            )
             if response.status == 200:
                 order.append(who)
             return response

@@ -1,4 +1,5 @@
 """The shared API schema accepts what it should and rejects what it should."""
+
 from __future__ import annotations
 
 import json
@@ -22,21 +23,44 @@ def test_image_only_state_is_allowed():
     assert request.state.image.startswith("data:image/png")
 
 
-@pytest.mark.parametrize("change", [
-    {"kind": "rank"}, {"options": []}, {"options": ["red"]}, {"options": ["red", "red"]},
-    {"options": ["red", ""]}, {"question": ""}, {"state": {}}, {"state": {"text": "  "}},
-    {"state": {"image": "http://x/y.png"}}, {"deadline_s": 0}, {"deadline_s": 1e9}, {"extra": 1},
-    {"kind": "score"}, {"kind": "score", "options": ["1", "nan"]}, {"kind": "span", "options": ["red", "green"]},
-    {"options": [f"o{i}" for i in range(256)]}, {"question": 5}, {"options": "red,blue"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kind": "rank"},
+        {"options": []},
+        {"options": ["red"]},
+        {"options": ["red", "red"]},
+        {"options": ["red", ""]},
+        {"question": ""},
+        {"state": {}},
+        {"state": {"text": "  "}},
+        {"state": {"image": "http://x/y.png"}},
+        {"deadline_s": 0},
+        {"deadline_s": 1e9},
+        {"extra": 1},
+        {"kind": "score"},
+        {"kind": "score", "options": ["1", "nan"]},
+        {"kind": "span", "options": ["red", "green"]},
+        {"options": [f"o{i}" for i in range(256)]},
+        {"question": 5},
+        {"options": "red,blue"},
+    ],
+)
 def test_rejections(change):
     with pytest.raises(ValidationError):
         DecisionRequest.model_validate(dict(BASE, **change))
 
 
 def response(**fields):
-    base = dict(kind="choice", model="m", probabilities=[0.25, 0.75], choice_index=1, choice="blue",
-                usage={"prompt_tokens": 10, "cached_tokens": 0}, elapsed_seconds=0.01)
+    base = dict(
+        kind="choice",
+        model="m",
+        probabilities=[0.25, 0.75],
+        choice_index=1,
+        choice="blue",
+        usage={"prompt_tokens": 10, "cached_tokens": 0},
+        elapsed_seconds=0.01,
+    )
     base.update(fields)
     return DecisionResponse.model_validate(base)
 

@@ -4,6 +4,7 @@ Docker. Each ends within 10 s, says why, exits non-zero (but `down`) and leaves 
 
 The services are tiny HTTP servers from a compose file written per test (fast, no model); each
 carries a marker in its argv, so "no process behind" is checked by scanning /proc for it."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ from tools import stack_run
 ROOT = Path(__file__).resolve().parents[2]
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # `docker info` fails: the local path
 
-SERVER = textwrap.dedent('''
+SERVER = textwrap.dedent("""
     import json, os, sys, time
     from http.server import BaseHTTPRequestHandler, HTTPServer
     time.sleep(float(os.environ.get("T_DELAY", "0")))
@@ -43,7 +44,7 @@ SERVER = textwrap.dedent('''
             pass
     print(json.dumps({"msg": "serving"}), flush=True)
     HTTPServer(("127.0.0.1", int(os.environ["T_PORT"])), H).serve_forever()
-''')
+""")
 
 
 class Fake:
@@ -57,7 +58,9 @@ class Fake:
         for name, env in envs.items():
             port = self.ports[name]
             services[name] = {
-                "build": ".", "profiles": ["t"], "command": ["python", "-c", SERVER, self.marker],
+                "build": ".",
+                "profiles": ["t"],
+                "command": ["python", "-c", SERVER, self.marker],
                 "environment": {"T_PORT": str(port), **env},
                 "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{port}/health"]},
                 **({"depends_on": [previous]} if previous else {}),
@@ -116,8 +119,9 @@ def _out(proc: subprocess.Popen) -> str:
 
 def _run(argv, timeout=10, **kw) -> tuple[int, str, float]:
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout, text=True, **kw)
+    done = subprocess.run(
+        argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, text=True, **kw
+    )
     return done.returncode, done.stdout, time.monotonic() - started
 
 
@@ -129,8 +133,9 @@ def _assert_gone(fake: Fake, within: float = 10) -> None:
 
 
 def _start(argv, **kw) -> subprocess.Popen:
-    return subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, **kw)
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kw
+    )
 
 
 @pytest.fixture
@@ -216,8 +221,14 @@ def test_make_down_is_a_clean_stop_of_make_up(tmp_path, cleanup):
     make = _start(["make", "--no-print-directory", "up", *fake.make_args()])
     cleanup.append(make)
     fake.wait_up(make, timeout=60)
-    down = subprocess.run(["make", "--no-print-directory", "down", *fake.make_args()], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    down = subprocess.run(
+        ["make", "--no-print-directory", "down", *fake.make_args()],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     out = _out(make)
     assert down.returncode == 0, down.stdout + down.stderr
     assert make.returncode == 0, out
@@ -250,8 +261,9 @@ def test_progress_lines_while_a_service_starts(tmp_path):
     fake = Fake(tmp_path, slow={"T_DELAY": "1.5"})
     lines: list[str] = []
     compose = yaml.safe_load(fake.compose.read_text())
-    with ls.start_profile("t", compose=compose, state_dir=fake.state, log=lines.append, progress_s=0.5,
-                          startup_timeout_s=30):
+    with ls.start_profile(
+        "t", compose=compose, state_dir=fake.state, log=lines.append, progress_s=0.5, startup_timeout_s=30
+    ):
         pass
     waiting = [line for line in lines if line.startswith("local_stack: waiting for slow: not answering yet")]
     assert len(waiting) >= 2, lines
@@ -293,8 +305,9 @@ def test_redis_started_for_the_stack_is_stopped_with_it(tmp_path):
     compose = yaml.safe_load(fake.compose.read_text())
     compose["services"]["redis"] = {"image": "redis:7-alpine", "profiles": ["t"]}
     lines: list[str] = []
-    with ls.start_profile("t", compose=compose, state_dir=fake.state, log=lines.append, start_redis=True,
-                          redis_port=port) as stack:
+    with ls.start_profile(
+        "t", compose=compose, state_dir=fake.state, log=lines.append, start_redis=True, redis_port=port
+    ) as stack:
         assert stack_run.reachable(port)
         redis_dir = stack.run_dir / "redis"
         assert redis_dir.is_dir() and redis_dir.is_relative_to(fake.state / "runs")
@@ -308,10 +321,18 @@ def test_redis_started_for_the_stack_is_stopped_with_it(tmp_path):
 def test_ensure_redis_runs_a_command_with_a_redis_it_then_stops(tmp_path):
     port = free_port()
     env = _env(JEV_REDIS_URL=f"redis://127.0.0.1:{port}/0")
-    check = (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
-             f"s.sendall(b'PING\\r\\n'); print(s.recv(7))\"; exit 7")
-    done = subprocess.run(["bash", "tools/ensure_redis.sh", "--", "bash", "-c", check], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=30)
+    check = (
+        f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
+        f"s.sendall(b'PING\\r\\n'); print(s.recv(7))\"; exit 7"
+    )
+    done = subprocess.run(
+        ["bash", "tools/ensure_redis.sh", "--", "bash", "-c", check],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 7, done.stdout + done.stderr
     assert "+PONG" in done.stdout
     folder = done.stdout.split(" in ", 1)[1].split()[0]
@@ -322,9 +343,22 @@ def test_ensure_redis_runs_a_command_with_a_redis_it_then_stops(tmp_path):
 def test_missing_checkpoint_stops_make_up_at_once(tmp_path):
     """The real cpu profile, with a checkpoint folder that does not exist: the worker gives up at
     load and the launch stops with its reason, instead of waiting for a health that never comes."""
-    argv = [sys.executable, "-m", "tools.local_stack", "up", "--profile", "cpu", "--state-dir", str(tmp_path),
-            "--set", "worker-cpu.JEV_MODEL_PATH=/nonexistent/checkpoint",
-            "--set", f"worker-cpu.JEV_WORKER_PORT={free_port()}", "--set", f"frontend-cpu.JEV_FRONTEND_PORT={free_port()}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tools.local_stack",
+        "up",
+        "--profile",
+        "cpu",
+        "--state-dir",
+        str(tmp_path),
+        "--set",
+        "worker-cpu.JEV_MODEL_PATH=/nonexistent/checkpoint",
+        "--set",
+        f"worker-cpu.JEV_WORKER_PORT={free_port()}",
+        "--set",
+        f"frontend-cpu.JEV_FRONTEND_PORT={free_port()}",
+    ]
     code, out, elapsed = _run(argv, timeout=30)
     assert code == 1 and elapsed < 10, (elapsed, out)
     assert "worker-cpu failed to start" in out and "/nonexistent/checkpoint" in out, out

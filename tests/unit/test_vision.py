@@ -1,5 +1,6 @@
 """The worker's image path on the tiny Qwen2-VL: stored embeddings spliced into the prompt give the
 model's own end-to-end answer on the raw image; M-RoPE positions split cleanly at a cached prefix."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,17 +21,22 @@ def encoder():
 
 
 def _messages(question: str = PROMPT_TEXT) -> list[dict]:
-    return [{"role": "system", "content": "You look at pictures."},
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "State: a picture.\n"
-                                                                                   f"Question: {question}"}]}]
+    return [
+        {"role": "system", "content": "You look at pictures."},
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": f"State: a picture.\nQuestion: {question}"}],
+        },
+    ]
 
 
 async def _prepared_asset(encoder, tmp_path, seed: int = 0, size=(56, 56)) -> tuple[ImageAsset, object]:
     uri = png_uri(seed, size)
     summary = await encoder.encode_lines([request_line(uri)], str(tmp_path), None)
     assert summary.done == 1, summary.results
-    asset = read_asset(tmp_path, asset_key(uri), identity=encoder.identity,
-                       processor_identity=encoder.processor_identity)
+    asset = read_asset(
+        tmp_path, asset_key(uri), identity=encoder.identity, processor_identity=encoder.processor_identity
+    )
     return asset, pattern_image(seed, size)
 
 

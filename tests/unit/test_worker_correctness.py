@@ -1,4 +1,5 @@
 """The served path equals a plain transformers forward; caching and batching change nothing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -7,14 +8,27 @@ import copy
 import pytest
 import torch
 
-from jev_worker.settings import CacheSettings
 from jev_worker.request.legacy import prepare_legacy
+from jev_worker.settings import CacheSettings
 
-from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import (
+    REQUESTS,
+    assert_close,
+    post_as_one_batch,
+    prefixes_in_one_forward,
+    record_forwards,
+    reference_row_probs,
+    served_row_probs,
+    worker_client,
+)
 
 CACHE_OFF = CacheSettings(False, 1024, 64 << 20, 64 << 20)
-PILOT = {"kind": "choice", "state": {"text": "A pilot request about another state."}, "question": "q?",
-         "options": ["a", "b"]}
+PILOT = {
+    "kind": "choice",
+    "state": {"text": "A pilot request about another state."},
+    "question": "q?",
+    "options": ["a", "b"],
+}
 
 
 @pytest.mark.parametrize("kind", list(REQUESTS))
@@ -111,8 +125,7 @@ async def test_prompt_carries_state_question_and_options(worker_settings):
         assert row.rstrip().endswith("assistant")
 
 
-async def test_exported_bf16_checkpoint_uses_the_unrounded_fp32_head_rows(worker_settings, tiny_text_dir,
-                                                                         tmp_path):
+async def test_exported_bf16_checkpoint_uses_the_unrounded_fp32_head_rows(worker_settings, tiny_text_dir, tmp_path):
     """A BF16 export keeps the label rows from the FP32 head in decision_head.safetensors; the worker
     scores with those, not with the rounded BF16 LM head."""
     from transformers import AutoModelForCausalLM
@@ -138,8 +151,10 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
     right-padded), and a miss still fills L3 from that same forward (cut per sequence), so the next
     ask is a hit with equal answers."""
     cache = CacheSettings(True, 1024, 64 << 20, 64 << 20 if l3 else 0)
-    bodies = [dict(copy.deepcopy(REQUESTS["choice"]), state={"text": f"State {i}: " + "the kettle is hot. " * i})
-              for i in range(1, 6)]
+    bodies = [
+        dict(copy.deepcopy(REQUESTS["choice"]), state={"text": f"State {i}: " + "the kettle is hot. " * i})
+        for i in range(1, 6)
+    ]
     async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=250.0)) as (client, service):
@@ -148,8 +163,11 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
         batched = [await r.json() for r in responses]
         assert prefixes_in_one_forward(forwards) > 1, "different-prefix requests were not batched into one forward"
         assert service.engine.forwards.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
-            kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4
-            and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1] for kw in forwards)
+            kw.get("attention_mask") is not None
+            and kw["attention_mask"].dim() == 4
+            and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1]
+            for kw in forwards
+        )
         again = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     for body, a, b, c in zip(bodies, single, batched, again):
         assert_close(served_row_probs(body, a), served_row_probs(body, b))
@@ -160,8 +178,10 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
 async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(worker_settings):
     """Concurrent hits on different cached states run in one forward (packed: each row attends to its
     own state's KV; or padded and masked); answers equal the one-by-one ones."""
-    bodies = [dict(copy.deepcopy(REQUESTS[kind]), state={"text": f"State {i}: " + "the kettle is hot. " * (i + 1)})
-              for i, kind in enumerate(["choice", "set", "noul", "choice", "score"])]
+    bodies = [
+        dict(copy.deepcopy(REQUESTS[kind]), state={"text": f"State {i}: " + "the kettle is hot. " * (i + 1)})
+        for i, kind in enumerate(["choice", "set", "noul", "choice", "score"])
+    ]
     bodies[4]["options"] = ["1", "2", "3"]
     async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
@@ -205,8 +225,7 @@ async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settin
         assert service.cache_stats().levels["l3"].resident_bytes > 0
 
 
-async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_off(worker_settings,
-                                                                                   tiny_hybrid_dir):
+async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_off(worker_settings, tiny_hybrid_dir):
     from jev_common.schema import DecisionRequest
     from jev_worker.scheduling.batch import EngineItem
 
@@ -218,19 +237,27 @@ async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_
         assert engine.compute_prefix(item) is None and engine.kv_branching is False
         response = await client.post("/v1/systemone", json=REQUESTS["set"])
         assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
-        assert_close(served_row_probs(REQUESTS["set"], await response.json()),
-                     reference_row_probs(service, REQUESTS["set"]))
+        assert_close(
+            served_row_probs(REQUESTS["set"], await response.json()), reference_row_probs(service, REQUESTS["set"])
+        )
 
 
 async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings):
     """A request's rows run end to end in one sequence (no padding), each seeing only the prefix and
     itself; the answers equal the padded batch's, which the engine checked once at the start."""
-    body = {"model": "jev-latest", "state": "The kettle on the stove is whistling.", "questions": {
-        "n": {"type": "noul", "instructions": "Is the water boiling?"},
-        "c": {"type": "choice", "criteria": {"a kettle": None, "a pan": "flat, no spout", "a pot": None}},
-        "s": {"type": "score", "criteria": ["cold", "warm", "hot", "boiling"]}}}
+    body = {
+        "model": "jev-latest",
+        "state": "The kettle on the stove is whistling.",
+        "questions": {
+            "n": {"type": "noul", "instructions": "Is the water boiling?"},
+            "c": {"type": "choice", "criteria": {"a kettle": None, "a pan": "flat, no spout", "a pot": None}},
+            "s": {"type": "score", "criteria": ["cold", "warm", "hot", "boiling"]},
+        },
+    }
     async with worker_client(worker_settings()) as (client, service):
-        assert service.engine.forwards.packing and "rows" in service.engine.forwards.packing_verified  # the warmup checked it
+        assert (
+            service.engine.forwards.packing and "rows" in service.engine.forwards.packing_verified
+        )  # the warmup checked it
         forwards = record_forwards(service.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
         rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]

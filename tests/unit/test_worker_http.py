@@ -1,18 +1,18 @@
 """The worker's HTTP contract: health, errors as envelopes, capacity, deadlines, caches, metrics."""
-from __future__ import annotations
 
-import re
+from __future__ import annotations
 
 import asyncio
 import copy
+import re
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import SERVICE, create_app
-from jev_worker.settings import CacheSettings
 from jev_worker.request.legacy import prepare_legacy
+from jev_worker.settings import CacheSettings
 
 from .worker_helpers import REQUESTS, slow_engine, worker_client
 
@@ -23,8 +23,11 @@ def envelope(body: dict) -> ErrorEnvelope:
     return ErrorEnvelope.model_validate(body)
 
 
-ENVELOPE = {"model": "jev-latest", "state": "The kettle whistles.",
-            "questions": {"q": {"type": "noul", "instructions": "Is the water boiling?"}}}
+ENVELOPE = {
+    "model": "jev-latest",
+    "state": "The kettle whistles.",
+    "questions": {"q": {"type": "noul", "instructions": "Is the water boiling?"}},
+}
 
 
 def _nested(depth: int) -> object:
@@ -36,30 +39,67 @@ def _nested(depth: int) -> object:
 
 BAD_BODIES = [
     ("not json", b"{kind: choice", 422, "validation_error"),
-    ("huge integer", b'{"model": "jev-latest", "state": ' + b"9" * 5000 + b', "questions": {}}', 422, "validation_error"),
+    (
+        "huge integer",
+        b'{"model": "jev-latest", "state": ' + b"9" * 5000 + b', "questions": {}}',
+        422,
+        "validation_error",
+    ),
     ("deeply nested", b'{"model": "jev-latest", "state": ' + b"[" * 5000 + b"]" * 5000 + b"}", 422, "validation_error"),
     ("nested state", dict(ENVELOPE, state=_nested(40)), 422, "validation_error"),
-    ("nested set description", dict(ENVELOPE, questions={"q": {"type": "set", "criteria": {"a": _nested(40)}}}),
-     422, "validation_error"),
+    (
+        "nested set description",
+        dict(ENVELOPE, questions={"q": {"type": "set", "criteria": {"a": _nested(40)}}}),
+        422,
+        "validation_error",
+    ),
     ("envelope: null state", dict(ENVELOPE, state=None), 422, "validation_error"),
     ("envelope: no questions", dict(ENVELOPE, questions={}), 422, "validation_error"),
     ("envelope: missing type", dict(ENVELOPE, questions={"q": {"instructions": "x"}}), 422, "validation_error"),
-    ("envelope: unknown type", dict(ENVELOPE, questions={"q": {"type": "boolean", "instructions": "x"}}),
-     422, "validation_error"),
-    ("envelope: one option", dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {"a": None}}}),
-     422, "validation_error"),
-    ("envelope: 256 options", dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {
-        f"o{i}": None for i in range(256)}}}), 422, "validation_error"),
-    ("envelope: 11 levels", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": list("abcdefghijk")}}),
-     422, "validation_error"),
-    ("envelope: map score", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": {"0": "a", "1": "b"}}}),
-     422, "validation_error"),
-    ("envelope: null level", dict(ENVELOPE, questions={"q": {"type": "score", "criteria": ["a", None]}}),
-     422, "validation_error"),
+    (
+        "envelope: unknown type",
+        dict(ENVELOPE, questions={"q": {"type": "boolean", "instructions": "x"}}),
+        422,
+        "validation_error",
+    ),
+    (
+        "envelope: one option",
+        dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {"a": None}}}),
+        422,
+        "validation_error",
+    ),
+    (
+        "envelope: 256 options",
+        dict(ENVELOPE, questions={"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(256)}}}),
+        422,
+        "validation_error",
+    ),
+    (
+        "envelope: 11 levels",
+        dict(ENVELOPE, questions={"q": {"type": "score", "criteria": list("abcdefghijk")}}),
+        422,
+        "validation_error",
+    ),
+    (
+        "envelope: map score",
+        dict(ENVELOPE, questions={"q": {"type": "score", "criteria": {"0": "a", "1": "b"}}}),
+        422,
+        "validation_error",
+    ),
+    (
+        "envelope: null level",
+        dict(ENVELOPE, questions={"q": {"type": "score", "criteria": ["a", None]}}),
+        422,
+        "validation_error",
+    ),
     ("envelope: empty noul", dict(ENVELOPE, questions={"q": {"type": "noul"}}), 422, "validation_error"),
     ("envelope: unknown model", dict(ENVELOPE, model="no-such-model"), 400, "api_usage_error"),
-    ("envelope: image on a text recipe", dict(ENVELOPE, state="see <img>", assets={"<img>": {
-        "type": "image", "data_base64": "iVBORw0KGgo="}}), 422, "image_not_supported"),
+    (
+        "envelope: image on a text recipe",
+        dict(ENVELOPE, state="see <img>", assets={"<img>": {"type": "image", "data_base64": "iVBORw0KGgo="}}),
+        422,
+        "image_not_supported",
+    ),
     ("not an object", b"[1, 2]", 422, "validation_error"),
     ("unknown kind", dict(GOOD, kind="rank"), 422, "validation_error"),
     ("empty options", dict(GOOD, options=[]), 422, "validation_error"),
@@ -76,13 +116,21 @@ BAD_BODIES = [
     ("score non-numeric", dict(GOOD, kind="score"), 422, "validation_error"),
     ("span not in state", dict(GOOD, kind="span", options=["kettle", "teapot"]), 422, "validation_error"),
     ("negative deadline", dict(GOOD, deadline_s=-1), 422, "validation_error"),
-    ("image on a text recipe", dict(GOOD, state={"image": "data:image/png;base64,iVBORw0KGgo="}),
-     422, "image_not_supported"),
+    (
+        "image on a text recipe",
+        dict(GOOD, state={"image": "data:image/png;base64,iVBORw0KGgo="}),
+        422,
+        "image_not_supported",
+    ),
     # JEV-VL's own single-question forms, which a label-token recipe does not read (legacy.QuestionForm)
     ("list state", dict(GOOD, state=["The kettle ", "whistles."]), 422, "validation_error"),
     ("object state", dict(GOOD, state={"kettle": "whistles"}), 422, "validation_error"),
-    ("noul without options", {k: v for k, v in dict(GOOD, kind="noul").items() if k != "options"},
-     422, "validation_error"),
+    (
+        "noul without options",
+        {k: v for k, v in dict(GOOD, kind="noul").items() if k != "options"},
+        422,
+        "validation_error",
+    ),
     ("choice without options", {k: v for k, v in GOOD.items() if k != "options"}, 422, "validation_error"),
 ]
 
@@ -204,11 +252,14 @@ async def test_cache_stats_and_reset_counters_only(worker_settings):
         assert response.headers["x-jev-cache"] == "l1=hit,l3=hit"
 
 
-@pytest.mark.parametrize("cache, header", [
-    (CacheSettings(False, 1024, 1 << 20, 1 << 20), "l1=off,l3=off"),
-    (CacheSettings(True, 0, 1 << 20, 1 << 20), "l1=off,l3=miss"),
-    (CacheSettings(True, 1024, 1 << 20, 0), "l1=miss,l3=off"),
-])
+@pytest.mark.parametrize(
+    "cache, header",
+    [
+        (CacheSettings(False, 1024, 1 << 20, 1 << 20), "l1=off,l3=off"),
+        (CacheSettings(True, 0, 1 << 20, 1 << 20), "l1=off,l3=miss"),
+        (CacheSettings(True, 1024, 1 << 20, 0), "l1=miss,l3=off"),
+    ],
+)
 async def test_cache_switches(worker_settings, cache, header):
     async with worker_client(worker_settings(cache=cache)) as (client, _):
         response = await client.post("/v1/systemone", json=dict(GOOD, question="A fresh question?"))
@@ -229,9 +280,14 @@ async def test_metrics_exposition(worker_settings):
     async with worker_client(worker_settings()) as (client, _):
         await client.post("/v1/systemone", json=GOOD)
         text = await (await client.get("/metrics")).text()
-        for name in ("jev_worker_decision_seconds_bucket", "jev_worker_forward_seconds_count",
-                     "jev_worker_queue_depth", "jev_worker_cache_hits_total", "jev_worker_tokens_total",
-                     'jev_worker_http_requests_total{route="/v1/systemone",status="200"}'):
+        for name in (
+            "jev_worker_decision_seconds_bucket",
+            "jev_worker_forward_seconds_count",
+            "jev_worker_queue_depth",
+            "jev_worker_cache_hits_total",
+            "jev_worker_tokens_total",
+            'jev_worker_http_requests_total{route="/v1/systemone",status="200"}',
+        ):
             assert name in text, name
 
 
@@ -267,7 +323,8 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
     """A loading worker's health names its stage (local_stack prints it), not just 'loading'."""
     import asyncio as _asyncio
 
-    from aiohttp.test_utils import TestClient as _Client, TestServer as _Server
+    from aiohttp.test_utils import TestClient as _Client
+    from aiohttp.test_utils import TestServer as _Server
 
     from jev_worker.app import create_app as _create
 
@@ -284,6 +341,10 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
         from jev_worker.loading.load_progress import STEPS
 
         # "step k/n: <step> [detail] (t s in this step)", each a known step (or "starting")
-        assert stages and all(s == "starting" or re.fullmatch(
-            rf"step (\d)/{len(STEPS)}: ({'|'.join(map(re.escape, STEPS))})( from \S+)? \(\d+ s in this step\)", s)
-            for s in stages), stages
+        assert stages and all(
+            s == "starting"
+            or re.fullmatch(
+                rf"step (\d)/{len(STEPS)}: ({'|'.join(map(re.escape, STEPS))})( from \S+)? \(\d+ s in this step\)", s
+            )
+            for s in stages
+        ), stages

@@ -5,6 +5,7 @@ preencoded asset equals upstream's System 1 on the raw image (serve_decide.py's 
 tests/unit/families/test_jev_vl.py -> processor(text, images) -> the model's own forward -> s1_pass's
 formula); the prefix state is a whole-cache snapshot (recurrent + conv state beside the KV) that L3 keeps
 and branches per row."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,16 +54,28 @@ async def asset_dir(tmp_path, encoder):
 def _settings(checkpoint, asset_dir, cache=CACHE_ON, **overrides) -> WorkerSettings:
     """The flagship recipe (its family, batching and caches), pointed at the tiny checkpoint in FP32."""
     assert jev_recipe().model.architecture == "Qwen3_5ForConditionalGeneration"
-    base = dict(recipe=jev_recipe(), model_path=checkpoint, device="cpu", dtype="float32",
-                redis_url="redis://127.0.0.1:1/0", asset_dir=asset_dir, worker_id="test-qwen3_5-vl", cache=cache)
+    base = dict(
+        recipe=jev_recipe(),
+        model_path=checkpoint,
+        device="cpu",
+        dtype="float32",
+        redis_url="redis://127.0.0.1:1/0",
+        asset_dir=asset_dir,
+        worker_id="test-qwen3_5-vl",
+        cache=cache,
+    )
     base.update(overrides)
     return WorkerSettings(**base)
 
 
 def _body(uri: str, question: str = "Which shape is drawn?", text: str = "A drawing: ") -> dict:
     """Upstream's own request: the image inline after the text."""
-    return {"kind": "choice", "state": [text, {"image": uri}], "question": question,
-            "options": ["a square", "a circle", "a triangle"]}
+    return {
+        "kind": "choice",
+        "state": [text, {"image": uri}],
+        "question": question,
+        "options": ["a square", "a circle", "a triangle"],
+    }
 
 
 async def _answer(client, body: dict) -> list[float]:
@@ -123,10 +136,16 @@ async def test_rows_of_one_kind_branch_from_one_snapshot(checkpoint, asset_dir, 
     three rows after copies of its snapshot in one forward."""
     uri = png_uri(SEEDS[1], (56, 56))
     asset = {"type": "image", "format": "png", "data_base64": uri.split(",", 1)[1]}
-    questions = {q: {"type": "choice", "instructions": q, "criteria": {"yes": None, "no": None, "unsure": None}}
-                 for q in ("Is it striped?", "Is it dark?", "Is it a photo?")}
-    body = {"model": "jev-latest", "state": ["A drawing: ", "<image:a>"], "questions": questions,
-            "assets": {"<image:a>": asset}}
+    questions = {
+        q: {"type": "choice", "instructions": q, "criteria": {"yes": None, "no": None, "unsure": None}}
+        for q in ("Is it striped?", "Is it dark?", "Is it a photo?")
+    }
+    body = {
+        "model": "jev-latest",
+        "state": ["A drawing: ", "<image:a>"],
+        "questions": questions,
+        "assets": {"<image:a>": asset},
+    }
     async with worker_client(_settings(checkpoint, asset_dir)) as (client, service):
         engine = service.engine
         forwards = record_forwards(engine)
@@ -138,6 +157,11 @@ async def test_rows_of_one_kind_branch_from_one_snapshot(checkpoint, asset_dir, 
         want = upstream.decide(as_decide(question, ["A drawing: ", {"image": uri}]))[1]
         assert_close([list(answers[qid]["probabilities"].values())], [want])
     cache_kw = engine.forwards.cache_kwarg
-    branched = [kw for kw in forwards if kw.get("input_ids") is not None and kw.get(cache_kw) is not None
-                and kw["input_ids"].shape[0] == len(questions)]
+    branched = [
+        kw
+        for kw in forwards
+        if kw.get("input_ids") is not None
+        and kw.get(cache_kw) is not None
+        and kw["input_ids"].shape[0] == len(questions)
+    ]
     assert branched, [(tuple(kw.get("input_ids", kw.get("inputs_embeds")).shape)) for kw in forwards]

@@ -6,6 +6,7 @@
   running decision is answered 503 when the grace period ends, its forward stops at its next layer, and the
   process exits 0 within the grace period plus about one layer.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,11 @@ def deep_tiny_dir(tmp_path_factory) -> str:
 
 
 def envelope(state: str) -> dict:
-    return {"model": "jev-latest", "state": state,
-            "questions": {"q": {"type": "choice", "criteria": {"north": None, "south": None}}}}
+    return {
+        "model": "jev-latest",
+        "state": state,
+        "questions": {"q": {"type": "choice", "criteria": {"north": None, "south": None}}},
+    }
 
 
 def metric(text: str, name: str) -> float:
@@ -54,10 +58,12 @@ async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_t
         blocks = list(layer_stack(service.loaded.model))
         assert len(blocks) == LAYERS
         for block in blocks:
+
             def slowed(*args, _forward=block.forward, **kwargs):
                 starts.append(time.monotonic())
                 time.sleep(layer_s)
                 return _forward(*args, **kwargs)
+
             block.forward = slowed
         sent = time.monotonic()
         response = await client.post("/v1/systemone", json=envelope("Which way does the compass needle point?"))
@@ -77,8 +83,11 @@ async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_t
 
 
 def _post(port: int, body: dict, out: dict) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/systemone",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
             out.update(status=answer.status, body=json.loads(answer.read()), at=time.monotonic())
@@ -99,12 +108,27 @@ def test_sigterm_with_a_long_decision_in_flight_exits_0_within_the_grace_period(
     layer_s, grace_s = 1.5, 1.0
     port, flag = free_port(), tmp_path / "slow"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JEV_")}
-    env.update(PYTHONPATH=f"{ROOT / 'services'}:{ROOT}", JEV_RECIPE="smollm2-135m-cpu", JEV_MODEL_PATH=deep_tiny_dir,
-               JEV_DEVICE="cpu", JEV_DTYPE="float32", JEV_WORKER_HOST="127.0.0.1", JEV_WORKER_PORT=str(port),
-               JEV_REDIS_URL="redis://127.0.0.1:1/0", JEV_WORKER_REGISTER_TTL_S="0",
-               JEV_SHUTDOWN_GRACE_S=str(grace_s), JEV_TEST_LAYER_S=str(layer_s), JEV_TEST_SLOW_FLAG=str(flag))
-    worker = subprocess.Popen([sys.executable, "-m", "tests.fakes.slow_layers_worker"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env.update(
+        PYTHONPATH=f"{ROOT / 'services'}:{ROOT}",
+        JEV_RECIPE="smollm2-135m-cpu",
+        JEV_MODEL_PATH=deep_tiny_dir,
+        JEV_DEVICE="cpu",
+        JEV_DTYPE="float32",
+        JEV_WORKER_HOST="127.0.0.1",
+        JEV_WORKER_PORT=str(port),
+        JEV_REDIS_URL="redis://127.0.0.1:1/0",
+        JEV_WORKER_REGISTER_TTL_S="0",
+        JEV_SHUTDOWN_GRACE_S=str(grace_s),
+        JEV_TEST_LAYER_S=str(layer_s),
+        JEV_TEST_SLOW_FLAG=str(flag),
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.slow_layers_worker"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _healthy(port):

@@ -1,6 +1,7 @@
 """The worker's shape, checked: no import cycle among its modules (imports at any depth: module level, inside
 functions, under TYPE_CHECKING), and protocols.py imports nothing of the worker (it declares, it does not
 implement)."""
+
 from __future__ import annotations
 
 import ast
@@ -81,7 +82,8 @@ def test_no_import_cycle_in_the_worker():
     found = cycles(graph)
     assert not found, "import cycles in services/jev_worker:\n" + "\n".join(
         f"{component}: " + "; ".join(f"{m} -> {sorted(graph[m] & set(component))}" for m in component)
-        for component in found)
+        for component in found
+    )
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -96,8 +98,11 @@ def test_protocols_import_nothing_of_the_worker():
 def test_no_override_detection_and_a_small_runner():
     """What a forward may do is declared by its adapter (protocols.ForwardAdapter), never detected from which
     methods a subclass overrides; the runner only runs batches."""
-    found = [f"{path.relative_to(WORKER)}" for path in WORKER.rglob("*.py")
-             if "getattr(type(self)" in path.read_text(encoding="utf-8")]
+    found = [
+        f"{path.relative_to(WORKER)}"
+        for path in WORKER.rglob("*.py")
+        if "getattr(type(self)" in path.read_text(encoding="utf-8")
+    ]
     assert not found, found
     assert len((WORKER / "engine" / "runner.py").read_text(encoding="utf-8").splitlines()) <= 300
 
@@ -113,8 +118,9 @@ def test_no_family_names_outside_the_worker_families():
     names = {name for name in FAMILIES if name not in generic}
     names |= {folder.name for folder in (WORKER / "families").iterdir() if (folder / "__init__.py").exists()}
     spelled = {form for name in names for form in (name, name.replace("-", "_"), name.replace("_", "-"))}
-    pattern = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, spelled), key=len, reverse=True)) + r")(?![\w-])",
-                         re.IGNORECASE)
+    pattern = re.compile(
+        r"(?<![\w-])(" + "|".join(sorted(map(re.escape, spelled), key=len, reverse=True)) + r")(?![\w-])", re.IGNORECASE
+    )
     found = []
     for package in ("jev_common", "jev_preencoder"):
         for path in sorted((WORKER.parent / package).rglob("*.py")):

@@ -1,6 +1,7 @@
 """The worker on a vision-language recipe (tiny Qwen2-VL): a request with state.image is served from
 the preencoded asset and equals the model's own forward on the raw image; L2/L3 caching (keyed by the
 image hash too) and JEV_VL_CACHE=0 change nothing but the work done."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,11 +10,19 @@ import torch
 from jev_common.assets import asset_key
 from jev_common.recipe import load_recipe
 from jev_common.schema import DecisionRequest
-from jev_worker.settings import CacheSettings, WorkerSettings
 from jev_worker.request.legacy import prepare_legacy
+from jev_worker.settings import CacheSettings, WorkerSettings
 
 from .vl_helpers import pattern_image, png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
-from .worker_helpers import post_as_one_batch, prefixes_in_one_forward, record_forwards, assert_close, reference_row_probs, served_row_probs, worker_client
+from .worker_helpers import (
+    assert_close,
+    post_as_one_batch,
+    prefixes_in_one_forward,
+    record_forwards,
+    reference_row_probs,
+    served_row_probs,
+    worker_client,
+)
 
 SEEDS = (81, 82)
 
@@ -21,10 +30,17 @@ SEEDS = (81, 82)
 @pytest.fixture(scope="module")
 def vl_recipe():
     recipe = load_recipe()
-    model = recipe.model.model_copy(update={
-        "hub_repo": "test/tiny-qwen2-vl", "revision": "local", "source": "hub", "gguf_file": None,
-        "architecture": "Qwen2VLForConditionalGeneration", "modality": "vision-language", "dtype": "float32",
-    })
+    model = recipe.model.model_copy(
+        update={
+            "hub_repo": "test/tiny-qwen2-vl",
+            "revision": "local",
+            "source": "hub",
+            "gguf_file": None,
+            "architecture": "Qwen2VLForConditionalGeneration",
+            "modality": "vision-language",
+            "dtype": "float32",
+        }
+    )
     return recipe.model_copy(update={"name": "tiny-qwen2-vl", "model": model})
 
 
@@ -37,18 +53,34 @@ async def asset_dir(tmp_path):
 
 
 def _settings(vl_recipe, asset_dir, cache=CacheSettings(True, 1024, 64 << 20, 64 << 20), **overrides):
-    base = dict(recipe=vl_recipe, model_path=tiny_vl_checkpoint(), device="cpu", dtype="float32",
-                redis_url="redis://127.0.0.1:1/0", asset_dir=asset_dir, worker_id="test-vl", cache=cache)
+    base = dict(
+        recipe=vl_recipe,
+        model_path=tiny_vl_checkpoint(),
+        device="cpu",
+        dtype="float32",
+        redis_url="redis://127.0.0.1:1/0",
+        asset_dir=asset_dir,
+        worker_id="test-vl",
+        cache=cache,
+    )
     base.update(overrides)
     return WorkerSettings(**base)
 
 
 def _body(seed: int, kind: str = "choice", question: str = "Which shape is drawn?") -> dict:
     if kind == "set":
-        return {"kind": "set", "state": {"image": png_uri(seed), "text": "A drawing."}, "question": question,
-                "options": ["it has stripes", "it is dark", "it is a photo"]}
-    return {"kind": "choice", "state": {"image": png_uri(seed), "text": "A drawing."}, "question": question,
-            "options": ["a square", "a circle", "a triangle"]}
+        return {
+            "kind": "set",
+            "state": {"image": png_uri(seed), "text": "A drawing."},
+            "question": question,
+            "options": ["it has stripes", "it is dark", "it is a photo"],
+        }
+    return {
+        "kind": "choice",
+        "state": {"image": png_uri(seed), "text": "A drawing."},
+        "question": question,
+        "options": ["a square", "a circle", "a triangle"],
+    }
 
 
 @torch.inference_mode()
@@ -65,8 +97,16 @@ def _reference(service, body: dict) -> list[list[float]]:
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):
         ids = torch.tensor([prepared.prefix_ids + row])
-        logits = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
-                       mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0, -1].float()
+        logits = (
+            model(
+                input_ids=ids,
+                pixel_values=pixels["pixel_values"],
+                image_grid_thw=pixels["image_grid_thw"],
+                mm_token_type_ids=(ids == model.config.image_token_id).int(),
+            )
+            .logits[0, -1]
+            .float()
+        )
         out.append(torch.softmax(logits[list(labels)], dim=-1).tolist())
     return out
 
@@ -113,8 +153,10 @@ async def test_multi_row_kind_with_image(vl_recipe, asset_dir):
 
 async def test_cache_off_rereads_assets_and_gives_the_same_answer(vl_recipe, asset_dir):
     body = _body(SEEDS[0])
-    async with worker_client(_settings(vl_recipe, asset_dir, cache=CacheSettings(False, 1024, 64 << 20, 64 << 20))) \
-            as (client, service):
+    async with worker_client(_settings(vl_recipe, asset_dir, cache=CacheSettings(False, 1024, 64 << 20, 64 << 20))) as (
+        client,
+        service,
+    ):
         reference = _reference(service, body)
         for expected_reads in (1, 2):
             response = await client.post("/v1/systemone", json=body)
@@ -133,8 +175,12 @@ async def test_missing_asset_and_text_only_requests(vl_recipe, asset_dir):
         assert response.status == 422
         error = (await response.json())["detail"]
         assert error["error_type"] == "asset_not_prepared" and asset_key(unknown) in error["message"]
-        text_only = {"kind": "choice", "state": {"text": "The door is open."}, "question": "Is the door open?",
-                     "options": ["yes", "no"]}
+        text_only = {
+            "kind": "choice",
+            "state": {"text": "The door is open."},
+            "question": "Is the door open?",
+            "options": ["yes", "no"],
+        }
         response = await client.post("/v1/systemone", json=text_only)
         assert response.status == 200, await response.text()
         assert_close(served_row_probs(text_only, await response.json()), reference_row_probs(_service, text_only))
@@ -147,9 +193,16 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
     one masked forward with each row's own M-RoPE positions; answers equal the one-by-one ones."""
     import asyncio
 
-    bodies = [_body(SEEDS[0]), _body(SEEDS[1], kind="set"),
-              {"kind": "choice", "state": {"text": "No image here, only a longer text state. " * 3},
-               "question": "Is there an image?", "options": ["yes", "no"]}]
+    bodies = [
+        _body(SEEDS[0]),
+        _body(SEEDS[1], kind="set"),
+        {
+            "kind": "choice",
+            "state": {"text": "No image here, only a longer text state. " * 3},
+            "question": "Is there an image?",
+            "options": ["yes", "no"],
+        },
+    ]
     async with worker_client(_settings(vl_recipe, asset_dir, batching=False)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=250.0)) as (client, service):
@@ -173,20 +226,36 @@ async def test_envelope_images_are_placed_where_the_state_names_them(vl_recipe, 
     question = {"q": {"type": "choice", "instructions": "Which shape?", "criteria": {"square": None, "circle": None}}}
     ref = 'img "one"'
     async with worker_client(_settings(vl_recipe, asset_dir)) as (client, service):
-        text_state = await client.post("/v1/systemone", json={
-            "model": "jev-latest", "state": f"A drawing: {ref}", "questions": question, "assets": {ref: asset}})
+        text_state = await client.post(
+            "/v1/systemone",
+            json={"model": "jev-latest", "state": f"A drawing: {ref}", "questions": question, "assets": {ref: asset}},
+        )
         assert text_state.status == 200, await text_state.text()
-        object_state = await client.post("/v1/systemone", json={
-            "model": "jev-latest", "state": {"caption": "A drawing", "image": ref}, "questions": question,
-            "assets": {ref: asset}})
+        object_state = await client.post(
+            "/v1/systemone",
+            json={
+                "model": "jev-latest",
+                "state": {"caption": "A drawing", "image": ref},
+                "questions": question,
+                "assets": {ref: asset},
+            },
+        )
         assert object_state.status == 200, await object_state.text()
         assert service.assets.stats().hits >= 1  # the second request found the same asset in L2
-        unused = await client.post("/v1/systemone", json={
-            "model": "jev-latest", "state": "A drawing.", "questions": question, "assets": {ref: asset}})
+        unused = await client.post(
+            "/v1/systemone",
+            json={"model": "jev-latest", "state": "A drawing.", "questions": question, "assets": {ref: asset}},
+        )
         assert unused.status == 422 and "not placed in the state" in (await unused.json())["detail"][0]["msg"]
-        in_question = await client.post("/v1/systemone", json={
-            "model": "jev-latest", "state": f"A drawing: {ref}", "assets": {ref: asset},
-            "questions": {"q": {"type": "noul", "instructions": f"Is {ref} striped?"}}})
+        in_question = await client.post(
+            "/v1/systemone",
+            json={
+                "model": "jev-latest",
+                "state": f"A drawing: {ref}",
+                "assets": {ref: asset},
+                "questions": {"q": {"type": "noul", "instructions": f"Is {ref} striped?"}},
+            },
+        )
         assert in_question.status == 422 and "state only" in (await in_question.json())["detail"][0]["msg"]
 
 
@@ -197,12 +266,23 @@ async def test_several_images_in_one_state_equal_the_models_own_forward(vl_recip
     from jev_common.schema import SystemOneRequest
     from jev_worker.questions.plan import question_rows
 
-    images = {f"<img{i}>": {"type": "image", "format": "png", "data_base64": png_uri(seed).split(",", 1)[1]}
-              for i, seed in enumerate(SEEDS)}
-    body = {"model": "jev-latest", "state": ["Before:", "<img0>", "After:", "<img1>"], "assets": images,
-            "questions": {"same": {"type": "noul", "instructions": "Do the two pictures show the same pattern?"},
-                          "which": {"type": "choice", "instructions": "Which picture is darker?",
-                                    "criteria": {"the first": None, "the second": None}}}}
+    images = {
+        f"<img{i}>": {"type": "image", "format": "png", "data_base64": png_uri(seed).split(",", 1)[1]}
+        for i, seed in enumerate(SEEDS)
+    }
+    body = {
+        "model": "jev-latest",
+        "state": ["Before:", "<img0>", "After:", "<img1>"],
+        "assets": images,
+        "questions": {
+            "same": {"type": "noul", "instructions": "Do the two pictures show the same pattern?"},
+            "which": {
+                "type": "choice",
+                "instructions": "Which picture is darker?",
+                "criteria": {"the first": None, "the second": None},
+            },
+        },
+    }
     async with worker_client(_settings(vl_recipe, asset_dir)) as (client, service):
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
@@ -218,8 +298,16 @@ async def test_several_images_in_one_state_equal_the_models_own_forward(vl_recip
         for qid, row_index in (("same", 0), ("which", 1)):
             ids = torch.tensor([prepared.full_ids(row_index)])
             with torch.inference_mode():
-                logits = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
-                               mm_token_type_ids=(ids == model.config.image_token_id).int()).logits[0, -1].float()
+                logits = (
+                    model(
+                        input_ids=ids,
+                        pixel_values=pixels["pixel_values"],
+                        image_grid_thw=pixels["image_grid_thw"],
+                        mm_token_type_ids=(ids == model.config.image_token_id).int(),
+                    )
+                    .logits[0, -1]
+                    .float()
+                )
             reference = torch.softmax(logits[list(rows[row_index].labels)], dim=-1).tolist()
             answer = answers[qid]
             served = [answer["noul"], 1 - answer["noul"]] if qid == "same" else list(answer["probabilities"].values())

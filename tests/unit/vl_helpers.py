@@ -1,5 +1,6 @@
 """Shared by the image tests: the tiny Qwen2-VL checkpoint (built once per process), PNG data URIs,
 manifest lines and a loaded preencoder."""
+
 from __future__ import annotations
 
 import atexit
@@ -56,8 +57,12 @@ def png_uri(seed: int = 0, size: tuple[int, int] = (56, 56)) -> str:
 
 
 def request_line(uri: str, question: str = "What is shown?") -> dict:
-    return {"kind": "choice", "state": {"image": uri, "text": "A picture."}, "question": question,
-            "options": ["a square", "a circle"]}
+    return {
+        "kind": "choice",
+        "state": {"image": uri, "text": "A picture."},
+        "question": question,
+        "options": ["a square", "a circle"],
+    }
 
 
 @functools.lru_cache(maxsize=None)

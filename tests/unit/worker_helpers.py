@@ -1,4 +1,5 @@
 """Run a worker in-process on the tiny model and compute reference answers with a plain forward."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,7 @@ from jev_common.schema import DecisionRequest
 from jev_worker.app import SERVICE, create_app
 from jev_worker.request.legacy import legacy_rows, legacy_state_text
 from tools.example_requests import REQUESTS, STATE  # noqa: F401 - re-exported for the tests
+
 
 def record_forwards(engine) -> list[dict]:
     """Wrap the engine's backbone call; every forward's keyword arguments are appended to the list."""

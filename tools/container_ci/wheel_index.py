@@ -6,6 +6,7 @@ Used by tools/container_ci.sh to serve the CPU torch wheel (and the wheels it de
 builds where the PyTorch CPU index is not reachable; `python3 -m http.server` serves OUT_DIR and its
 directory listings are the index pages pip reads.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,10 +1,11 @@
 """causal-lm: a causal language model with prefix KV (L3), batching and shared-prefix branching (runner.py)."""
+
 from __future__ import annotations
 
 from ..engine.adapters import TextAdapter, VisionAdapter
+from ..engine.runner import ModelRunner
 from ..loading.loader import LoadedModel, load_model
 from ..protocols import Backend, ForwardAdapter
-from ..engine.runner import ModelRunner
 
 
 class CausalLM(Backend):
@@ -19,5 +20,6 @@ class CausalLM(Backend):
         return VisionAdapter(vision) if vision is not None else TextAdapter()
 
     def build(self, loaded, *, head, vision=None, **kwargs) -> ModelRunner:
-        return ModelRunner(loaded.model, loaded.device, self.adapter(vision), head=head, checkpoint_dir=loaded.folder,
-                           **kwargs)
+        return ModelRunner(
+            loaded.model, loaded.device, self.adapter(vision), head=head, checkpoint_dir=loaded.folder, **kwargs
+        )

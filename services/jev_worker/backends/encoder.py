@@ -12,6 +12,7 @@ families/vela/encoder_files.py); either way the encoder's weights under the `enc
 dict: no checkpoint code is executed. A head may read several questions from one sequence: it then
 returns one logits tensor per question, in the order its readout's sequence builder planned.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,11 +20,12 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..scheduling.batch import BatchOutput, EngineResult
+from jev_common.checkpoint_files import ServingError
+
+from ..loading.checkpoint import load_exactly, require_files
 from ..loading.loader import LoadedModel, pick_device, pick_dtype, placed
 from ..protocols import Backend, Engine
-from jev_common.checkpoint_files import ServingError
-from ..loading.checkpoint import load_exactly, require_files
+from ..scheduling.batch import BatchOutput, EngineResult
 
 ENCODER_CONFIG = "encoder"
 TOKENIZER = "tokenizer"
@@ -35,7 +37,7 @@ class EncoderFiles(ABC):
     """Where a checkpoint keeps its encoder's configuration and tokenizer."""
 
     needed: tuple[str, ...]  # files the folder must hold (beside model.safetensors)
-    config_source: str       # where the configuration comes from, for messages
+    config_source: str  # where the configuration comes from, for messages
 
     @abstractmethod
     def config(self, folder: str): ...
@@ -83,8 +85,11 @@ class EncoderEngine(Engine):
 
     @torch.inference_mode()
     def run(self, items, groups=()) -> BatchOutput:
-        rows = [(i, row, labels) for i, item in enumerate(items)
-                for row, labels in zip(item.prepared.rows, item.prepared.row_labels)]
+        rows = [
+            (i, row, labels)
+            for i, item in enumerate(items)
+            for row, labels in zip(item.prepared.rows, item.prepared.row_labels)
+        ]
         logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(items))}
         for start in range(0, len(rows), self.max_batch_rows):
             chunk = rows[start : start + self.max_batch_rows]
@@ -99,15 +104,19 @@ class EncoderEngine(Engine):
 
 class Encoder(Backend):
     name = "encoder"
-    prefix_reuse = ("none: an encoder's every position attends to the whole sequence, so each question's "
-                    "sequence runs whole (L3 off)")
+    prefix_reuse = (
+        "none: an encoder's every position attends to the whole sequence, so each question's "
+        "sequence runs whole (L3 off)"
+    )
 
     def __init__(self, files: EncoderFiles | None = None):
         self.files = files if files is not None else SplitFolders()
 
     def check(self, recipe) -> None:
         if recipe.model.modality != "text":
-            raise ServingError(f"backend {self.name!r} serves text recipes only; {recipe.name} is {recipe.model.modality}")
+            raise ServingError(
+                f"backend {self.name!r} serves text recipes only; {recipe.name} is {recipe.model.modality}"
+            )
 
     def l3_bytes(self, configured: int) -> int:
         return 0
@@ -122,7 +131,7 @@ class Encoder(Backend):
         torch_dtype = pick_dtype(dtype, dev)
         model = AutoModel.from_config(files.config(folder), attn_implementation="sdpa")
         weights = load_file(os.path.join(folder, WEIGHTS))
-        state = {key[len(PREFIX):]: value for key, value in weights.items() if key.startswith(PREFIX)}
+        state = {key[len(PREFIX) :]: value for key, value in weights.items() if key.startswith(PREFIX)}
         load_exactly(model, state, source=f"{WEIGHTS} ({PREFIX!r})", fits=files.config_source)
         return LoadedModel(placed(model, dev, torch_dtype), files.tokenizer(folder), None, dev, torch_dtype, folder)
 

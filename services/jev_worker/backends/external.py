@@ -10,16 +10,17 @@ API's errors, never waiting past the deadline:
 Where: the recipe's `serving.options.endpoint` (the server's base URL, http or https); without it the
 worker does not start (status 2). No model is loaded here, so there is no prefix state to reuse.
 """
+
 from __future__ import annotations
 
 import asyncio
 
 import aiohttp
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import ExternalServerFailed, ExternalServerTimeout
 
 from ..protocols import ExternalBackend
-from jev_common.checkpoint_files import ServingError
 
 HEALTH_TIMEOUT_S = 2.0
 
@@ -37,8 +38,10 @@ class ExternalHTTP(ExternalBackend):
     def check(self, recipe) -> None:
         endpoint = (recipe.serving.options or {}).get("endpoint")
         if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-            raise ServingError(f"backend {self.name!r} needs serving.options.endpoint, the external server's "
-                               f"http(s) base URL; recipe {recipe.name} has {endpoint!r}")
+            raise ServingError(
+                f"backend {self.name!r} needs serving.options.endpoint, the external server's "
+                f"http(s) base URL; recipe {recipe.name} has {endpoint!r}"
+            )
         self.endpoint = endpoint.rstrip("/")
 
     def l3_bytes(self, configured: int) -> int:
@@ -60,11 +63,12 @@ class ExternalHTTP(ExternalBackend):
         """The server's JSON answer to `body`, or ExternalServerFailed / ExternalServerTimeout (502 / 504)."""
         url = self.endpoint + path
         try:
-            async with self._client().post(url, json=body,
-                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            async with self._client().post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 text = await response.text()
                 if response.status != 200:
-                    raise ExternalServerFailed(f"the external server {url} answered HTTP {response.status}: {text[:300]}")
+                    raise ExternalServerFailed(
+                        f"the external server {url} answered HTTP {response.status}: {text[:300]}"
+                    )
                 try:
                     return await response.json(content_type=None)
                 except ValueError:
@@ -72,7 +76,9 @@ class ExternalHTTP(ExternalBackend):
         except asyncio.TimeoutError:
             raise ExternalServerTimeout(f"the external server {url} gave no answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
-            raise ExternalServerFailed(f"the external server {url} cannot be reached: {type(exc).__name__}: {exc}") from None
+            raise ExternalServerFailed(
+                f"the external server {url} cannot be reached: {type(exc).__name__}: {exc}"
+            ) from None
 
     async def health(self, path: str = "/health") -> tuple[bool, object]:
         """(reachable with 200, its JSON body or the reason it is not), within HEALTH_TIMEOUT_S."""

@@ -7,6 +7,7 @@ of every position, with the prepared request, to `head.request_logits(hidden, pr
 one logit tensor per question (the envelope's answer rows). Nothing is reused between requests: the head
 reads every position, the state's included, after the questions have been seen (L3 off, said in stats).
 """
+
 from __future__ import annotations
 
 from ..engine.adapters import SequenceAdapter, VisionSequenceAdapter
@@ -15,8 +16,10 @@ from .causal_lm import CausalLM
 
 class CausalJoint(CausalLM):
     name = "causal-lm-joint"
-    prefix_reuse = ("off: the readout's head reads every position of each request's one sequence (all questions "
-                    "jointly), so each request runs whole and alone; no prefix state is reused (L3 off)")
+    prefix_reuse = (
+        "off: the readout's head reads every position of each request's one sequence (all questions "
+        "jointly), so each request runs whole and alone; no prefix state is reused (L3 off)"
+    )
 
     def adapter(self, vision) -> SequenceAdapter:
         return VisionSequenceAdapter(vision) if vision is not None else SequenceAdapter()

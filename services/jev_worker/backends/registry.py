@@ -1,6 +1,7 @@
 """The generic backends by name: what a readout may run on without a backend of its own. A family's own
 backend (Valen's, Vela's decoder) lives in its folder (families/<family>/backend.py) and is built by its
 readout (`Readout.make_backend`), never named here."""
+
 from __future__ import annotations
 
 from ..loading.named import named_class

@@ -1,6 +1,7 @@
 """Forward adapters (protocols.ForwardAdapter): what differs by architecture in a forward, declared where the
 backend chooses it, so the runner (runner.py) never detects a subclass's overrides. A family with another
 architecture adds an adapter here or in its folder and names it from its backend."""
+
 from __future__ import annotations
 
 import torch

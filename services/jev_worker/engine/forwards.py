@@ -6,6 +6,7 @@ Rows are right-padded and need no attention mask in a causal model: a real token
 it, and each row's hidden state is read at its own last real position. Packing is checked once per path against
 the padded batch, and turned off when the model's attention does not honour a custom mask.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,9 +18,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ..protocols import ForwardAdapter
 from ..scheduling.abandon import ForwardAbandoned
 from ..scheduling.prefix_cache import PrefixState, layer_tensors
-from ..protocols import ForwardAdapter
 
 log = logging.getLogger("jev.worker.forwards")
 
@@ -148,8 +149,15 @@ def _causal_block(n: int, device) -> torch.Tensor:
 
 
 class Forwards:
-    def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, pad_id: int = 0,
-                 prefill_chunk: int = 0, pack_tokens: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        adapter: ForwardAdapter,
+        pad_id: int = 0,
+        prefill_chunk: int = 0,
+        pack_tokens: int = 0,
+    ):
         self.model = model
         self.device = device
         self.adapter = adapter
@@ -187,8 +195,13 @@ class Forwards:
     def forward(self, **kwargs) -> torch.Tensor:
         """The backbone's last hidden states; a sequence longer than `prefill_chunk` tokens is prefilled in
         chunks (chunked_forward) so that no layer step is long and a forward nobody waits for stops soon."""
-        return chunked_forward(self.backbone_forward, kwargs, self.prefill_chunk if self.adapter.causal else 0,
-                               self.cache_kwarg, self.new_cache)
+        return chunked_forward(
+            self.backbone_forward,
+            kwargs,
+            self.prefill_chunk if self.adapter.causal else 0,
+            self.cache_kwarg,
+            self.new_cache,
+        )
 
     def backbone_forward(self, **kwargs) -> torch.Tensor:
         return self.backbone(**kwargs).last_hidden_state
@@ -215,8 +228,10 @@ class Forwards:
             self.prefix_mode = "kv"
             return layers
         if self.prefix_mode != "snapshot":
-            log.info("model cache layers are %s: prefix states are cache snapshots",
-                     sorted({type(x).__name__ for x in layers}))
+            log.info(
+                "model cache layers are %s: prefix states are cache snapshots",
+                sorted({type(x).__name__ for x in layers}),
+            )
         self.prefix_mode = "snapshot"
         return None
 
@@ -239,8 +254,9 @@ class Forwards:
         self.forward(**inputs, use_cache=True, **{self.cache_kwarg: cache})
         layers = self.branchable(cache)
         if layers is not None:
-            return PrefixState(kv=[(layer.keys, layer.values) for layer in layers], length=len(prefix_ids),
-                               rope_delta=rope_delta)
+            return PrefixState(
+                kv=[(layer.keys, layer.values) for layer in layers], length=len(prefix_ids), rope_delta=rope_delta
+            )
         return PrefixState(kv=[], length=len(prefix_ids), rope_delta=rope_delta, snapshot=cache)
 
     def states_of_padded(self, cache, sequences) -> list[PrefixState | None]:
@@ -248,9 +264,16 @@ class Forwards:
         layers = self.branchable(cache)
         if layers is None:
             return [None] * len(sequences)
-        return [PrefixState(kv=[(layer.keys[i : i + 1, :, : len(prefix)].clone(),
-                                 layer.values[i : i + 1, :, : len(prefix)].clone()) for layer in layers],
-                            length=len(prefix)) for i, (prefix, _) in enumerate(sequences)]
+        return [
+            PrefixState(
+                kv=[
+                    (layer.keys[i : i + 1, :, : len(prefix)].clone(), layer.values[i : i + 1, :, : len(prefix)].clone())
+                    for layer in layers
+                ],
+                length=len(prefix),
+            )
+            for i, (prefix, _) in enumerate(sequences)
+        ]
 
     # ----- whole sequences ----------------------------------------------------------------------
     def whole_graphed(self, sequences, capture: bool):
@@ -296,15 +319,23 @@ class Forwards:
             ends.append(start - 1)
         cache = self.new_cache() if capture else None
         extra = {self.cache_kwarg: cache} if capture else {}
-        hidden = self.forward(input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask,
-                              use_cache=capture, **extra)
+        hidden = self.forward(
+            input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask, use_cache=capture, **extra
+        )
         states: list[PrefixState | None] = [None] * len(sequences)
         layers = self.branchable(cache) if capture else None
         if layers is not None:
             for i, ((prefix, _), begin) in enumerate(zip(sequences, starts)):
-                states[i] = PrefixState(kv=[(layer.keys[:, :, begin : begin + len(prefix)].clone(),
-                                             layer.values[:, :, begin : begin + len(prefix)].clone())
-                                            for layer in layers], length=len(prefix))
+                states[i] = PrefixState(
+                    kv=[
+                        (
+                            layer.keys[:, :, begin : begin + len(prefix)].clone(),
+                            layer.values[:, :, begin : begin + len(prefix)].clone(),
+                        )
+                        for layer in layers
+                    ],
+                    length=len(prefix),
+                )
         return hidden[0, torch.tensor(ends, device=hidden.device)], states
 
     def _whole_padded(self, sequences, capture: bool):
@@ -316,8 +347,9 @@ class Forwards:
             hidden = self.forward(input_ids=ids, position_ids=positions, use_cache=False, **extra)
             return self.read(hidden, lengths), [None] * len(sequences)
         cache = self.new_cache()
-        hidden = self.forward(input_ids=ids, position_ids=positions, use_cache=True, **{self.cache_kwarg: cache},
-                              **extra)
+        hidden = self.forward(
+            input_ids=ids, position_ids=positions, use_cache=True, **{self.cache_kwarg: cache}, **extra
+        )
         return self.read(hidden, lengths), self.states_of_padded(cache, sequences)
 
     def with_images(self, prefix_ids, assets: list, rows: list[tuple[int, ...]]):
@@ -348,8 +380,12 @@ class Forwards:
             if self.graphs is not None:
                 self.graphs.refuse("snapshot_cache", "prefix state is a cache snapshot, not plain attention KV")
             positions = self.positions(first.length, width, batch, first.rope_delta)
-            hidden = self.forward(input_ids=ids, position_ids=positions, use_cache=True,
-                                  **{self.cache_kwarg: self.branch_snapshot(first, batch)})
+            hidden = self.forward(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_kwarg: self.branch_snapshot(first, batch)},
+            )
             return self.read(hidden, lengths)
         if self.graphs is not None:
             graphed = self.graphs.after(pairs)
@@ -381,8 +417,9 @@ class Forwards:
         states = [state for state, _ in pairs]
         first = states[0]
         if all(state is first for state in states):
-            cache = DynamicCache(ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-                                                 for k, v in first.kv])
+            cache = DynamicCache(
+                ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in first.kv]
+            )
             positions = self.positions(first.length, width, batch, first.rope_delta)
             hidden = self.forward(input_ids=ids, position_ids=positions, use_cache=True, **{self.cache_kwarg: cache})
             return self.read(hidden, lengths)
@@ -398,10 +435,15 @@ class Forwards:
             padded.append((torch.cat(keys), torch.cat(values)))
         mask = torch.ones(batch, longest + width, dtype=torch.long, device=self.device)
         for i, state in enumerate(states):
-            mask[i, state.length:longest] = 0
+            mask[i, state.length : longest] = 0
         positions = torch.cat([self.positions(state.length, width, 1, state.rope_delta) for state in states], dim=-2)
-        hidden = self.forward(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                              **{self.cache_kwarg: DynamicCache(ddp_cache_data=padded)})
+        hidden = self.forward(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            use_cache=True,
+            **{self.cache_kwarg: DynamicCache(ddp_cache_data=padded)},
+        )
         return self.read(hidden, lengths)
 
     def _after_packed(self, pairs, segments: list["Segment"]) -> torch.Tensor:
@@ -444,8 +486,17 @@ class Forwards:
             start += n
             if read:
                 ends.append(start - 1)
-        kv = [(torch.cat([s.kv[layer][0] for s in states], dim=2), torch.cat([s.kv[layer][1] for s in states], dim=2))
-              if len(states) > 1 else states[0].kv[layer] for layer in range(len(states[0].kv))]
-        hidden = self.forward(input_ids=ids, position_ids=torch.cat(positions, dim=-1), attention_mask=mask,
-                              use_cache=True, **{self.cache_kwarg: DynamicCache(ddp_cache_data=kv)})
+        kv = [
+            (torch.cat([s.kv[layer][0] for s in states], dim=2), torch.cat([s.kv[layer][1] for s in states], dim=2))
+            if len(states) > 1
+            else states[0].kv[layer]
+            for layer in range(len(states[0].kv))
+        ]
+        hidden = self.forward(
+            input_ids=ids,
+            position_ids=torch.cat(positions, dim=-1),
+            attention_mask=mask,
+            use_cache=True,
+            **{self.cache_kwarg: DynamicCache(ddp_cache_data=kv)},
+        )
         return hidden[0, torch.tensor(ends, device=hidden.device)]

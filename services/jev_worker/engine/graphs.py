@@ -15,6 +15,7 @@ How a program is captured is injected: `CudaGraphCapture` records it in a torch.
 on a side stream, as the PyTorch docs prescribe); `NoCapture` runs the same static-buffer program eagerly
 on every call, so on CPU everything but the capture itself is exercised and tested.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
-
 
 log = logging.getLogger("jev.worker.graphs")
 
@@ -35,8 +35,8 @@ MAX_PROGRAMS = 64
 @dataclass(frozen=True)
 class Bucket:
     rows: int
-    width: int        # padded tokens per row
-    prefix: int = 0   # padded prefix KV length; 0: whole sequences, no prefix state read
+    width: int  # padded tokens per row
+    prefix: int = 0  # padded prefix KV length; 0: whole sequences, no prefix state read
     shared: bool = False  # every row continues one prefix state: its KV is held once and expanded
 
 
@@ -54,8 +54,9 @@ def round_up(value: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in buckets if b >= value), None)
 
 
-def choose_bucket(rows: int, width: int, prefix: int = 0, shared: bool = False, *, max_rows: int,
-                  kv_capacity: int = 0) -> Bucket | Fallback:
+def choose_bucket(
+    rows: int, width: int, prefix: int = 0, shared: bool = False, *, max_rows: int, kv_capacity: int = 0
+) -> Bucket | Fallback:
     """The smallest bucket that holds `rows` rows of up to `width` tokens after prefix states of up to
     `prefix` tokens (0: none), or why none does. `kv_capacity` is the static KV pool in tokens x rows."""
     padded_rows = round_up(rows, row_buckets(max_rows))
@@ -116,8 +117,6 @@ class CudaGraphCapture:
         return graph.replay
 
 
-
-
 def capture_for(mode: str, device: torch.device) -> Capture | None:
     """The capture JEV_CUDA_GRAPHS asks for on `device`: `auto` captures on CUDA and keeps the plain eager
     engine elsewhere; `on` also runs the static-buffer path on CPU (without capture); `off` never."""
@@ -139,8 +138,11 @@ class Program:
         self.ids = torch.full((rows, width), pad_id, dtype=torch.long, device=device)
         self.positions = torch.arange(width, device=device).repeat(rows, 1)
         self.last = torch.zeros(rows, dtype=torch.long, device=device)
-        self.mask = (torch.zeros(rows, 1, width, bucket.prefix + width, dtype=torch.bool, device=device)
-                     if bucket.prefix else None)
+        self.mask = (
+            torch.zeros(rows, 1, width, bucket.prefix + width, dtype=torch.bool, device=device)
+            if bucket.prefix
+            else None
+        )
         self.kv = kv  # [(keys, values)] per layer: views of the static pool, [kv rows, heads, prefix, dim]
         self.keep_kv = keep_kv
         self.out: torch.Tensor | None = None  # [rows, hidden] after a replay
@@ -168,26 +170,41 @@ class KVPool:
     def __init__(self, like: list[tuple[torch.Tensor, torch.Tensor]], budget_bytes: int, max_tokens: int):
         per_token = sum((k.shape[1] * k.shape[3] + v.shape[1] * v.shape[3]) * k.element_size() for k, v in like)
         self.capacity = max(0, min(budget_bytes // max(1, per_token), max_tokens))  # tokens x rows
-        self.keys = [torch.zeros(self.capacity * k.shape[1] * k.shape[3], dtype=k.dtype, device=k.device)
-                     for k, _ in like]
-        self.values = [torch.zeros(self.capacity * v.shape[1] * v.shape[3], dtype=v.dtype, device=v.device)
-                       for _, v in like]
+        self.keys = [
+            torch.zeros(self.capacity * k.shape[1] * k.shape[3], dtype=k.dtype, device=k.device) for k, _ in like
+        ]
+        self.values = [
+            torch.zeros(self.capacity * v.shape[1] * v.shape[3], dtype=v.dtype, device=v.device) for _, v in like
+        ]
         self.shapes = [(k.shape[1], k.shape[3], v.shape[1], v.shape[3]) for k, v in like]
         self.nbytes = self.capacity * per_token
 
     def views(self, rows: int, prefix: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(keys[: rows * hk * prefix * dk].view(rows, hk, prefix, dk),
-                 values[: rows * hv * prefix * dv].view(rows, hv, prefix, dv))
-                for keys, values, (hk, dk, hv, dv) in zip(self.keys, self.values, self.shapes)]
+        return [
+            (
+                keys[: rows * hk * prefix * dk].view(rows, hk, prefix, dk),
+                values[: rows * hv * prefix * dv].view(rows, hv, prefix, dv),
+            )
+            for keys, values, (hk, dk, hv, dv) in zip(self.keys, self.values, self.shapes)
+        ]
 
 
 class GraphRunner:
     """The engine's forwards through bucketed static-buffer programs. `whole` and `after` return None
     when the batch fits no bucket (the engine then runs it eagerly); `fallbacks` counts why."""
 
-    def __init__(self, forward: Forward, new_cache: Callable[[], object], device: torch.device, *,
-                 capture: Capture, max_rows: int, kv_budget_bytes: int, pad_id: int = 0,
-                 max_programs: int = MAX_PROGRAMS):
+    def __init__(
+        self,
+        forward: Forward,
+        new_cache: Callable[[], object],
+        device: torch.device,
+        *,
+        capture: Capture,
+        max_rows: int,
+        kv_budget_bytes: int,
+        pad_id: int = 0,
+        max_programs: int = MAX_PROGRAMS,
+    ):
         self.forward = forward
         self.new_cache = new_cache
         self.device = device
@@ -207,13 +224,19 @@ class GraphRunner:
         """Count an eager fallback; the first of each reason is logged at info, later ones at debug."""
         first = reason not in self.fallbacks
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
-        (log.info if first else log.debug)("graph fallback (%s): running eagerly%s", reason,
-                                           f" ({detail})" if detail else "")
+        (log.info if first else log.debug)(
+            "graph fallback (%s): running eagerly%s", reason, f" ({detail})" if detail else ""
+        )
 
     def describe(self) -> dict:
-        return {"capture": self.capture.name, "programs": len(self.programs), "replays": self.replays,
-                "fallbacks": dict(self.fallbacks), "capture_seconds": round(self.capture_seconds, 3),
-                "kv_pool_bytes": self.pool.nbytes if self.pool else 0}
+        return {
+            "capture": self.capture.name,
+            "programs": len(self.programs),
+            "replays": self.replays,
+            "fallbacks": dict(self.fallbacks),
+            "capture_seconds": round(self.capture_seconds, 3),
+            "kv_pool_bytes": self.pool.nbytes if self.pool else 0,
+        }
 
     # ----- programs -----------------------------------------------------------------------------
     def _program(self, bucket: Bucket, keep_kv: bool) -> Program | None:
@@ -242,8 +265,9 @@ class GraphRunner:
         self.replays += 1
 
     # ----- entry points -------------------------------------------------------------------------
-    def whole(self, sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], keep_cache: bool
-              ) -> tuple[torch.Tensor, object] | None:
+    def whole(
+        self, sequences: list[tuple[tuple[int, ...], tuple[int, ...]]], keep_cache: bool
+    ) -> tuple[torch.Tensor, object] | None:
         """Whole (prefix + row) sequences from position 0: each row's last hidden state, and with keep_cache
         the cache the forward filled (rows in order; the caller cuts each prefix's KV from it, valid until
         the next replay)."""
@@ -274,9 +298,10 @@ class GraphRunner:
         width = max(len(row) for _, row in pairs)
         if self.pool is None:
             self.pool = KVPool(first.kv, self.kv_budget_bytes, self.max_rows * LENGTH_BUCKETS[-1])
-            log.info("static prefix KV pool: %d token rows, %.1f MiB", self.pool.capacity, self.pool.nbytes / 2 ** 20)
-        bucket = choose_bucket(len(pairs), width, longest, shared, max_rows=self.max_rows,
-                               kv_capacity=self.pool.capacity)
+            log.info("static prefix KV pool: %d token rows, %.1f MiB", self.pool.capacity, self.pool.nbytes / 2**20)
+        bucket = choose_bucket(
+            len(pairs), width, longest, shared, max_rows=self.max_rows, kv_capacity=self.pool.capacity
+        )
         if isinstance(bucket, Fallback):
             self.refuse(bucket.reason, f"{len(pairs)} rows, {width} tokens after {longest}")
             return None

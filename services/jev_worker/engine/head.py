@@ -1,4 +1,5 @@
 """The decision head: LM-head rows of the label tokens, copied once and kept in FP32."""
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,10 @@ class DecisionHead(Head):
             tensors = load_file(path)
             weight, token_ids = tensors["weight"].to(torch.float32), tensors["token_ids"].tolist()
             if weight.shape != (len(token_ids), self._weight.shape[1]):
-                raise ValueError(f"{path}: weight {tuple(weight.shape)} does not fit {len(token_ids)} tokens x "
-                                 f"hidden {self._weight.shape[1]}")
+                raise ValueError(
+                    f"{path}: weight {tuple(weight.shape)} does not fit {len(token_ids)} tokens x "
+                    f"hidden {self._weight.shape[1]}"
+                )
             self._exported = {int(t): weight[i].to(self._weight.device) for i, t in enumerate(token_ids)}
             log.info("decision head: %d exported FP32 rows from %s", len(token_ids), path)
 

@@ -5,6 +5,7 @@ transformers picks a package's kernel when the model's module is imported, whate
 then fails (`Expected x.is_cuda() to be true`). So on any device but CUDA the worker hides the packages before
 loading (`use_on`), and transformers takes its PyTorch paths; on CUDA without them it takes those paths too,
 silently and far slower, so the worker warns. /health says, for a hybrid model, which are installed and used."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,8 +47,9 @@ def use_on(device) -> list[str]:
     for module in MODULES.values():
         if module in sys.modules:
             if sys.modules[module] is not None:
-                log.warning("%s was imported before the model loaded on %s: its CUDA kernels may be picked", module,
-                            device)
+                log.warning(
+                    "%s was imported before the model loaded on %s: its CUDA kernels may be picked", module, device
+                )
             continue
         if importlib.util.find_spec(module) is not None:
             sys.modules[module] = None  # `import` now raises ImportError
@@ -69,6 +71,9 @@ def warn_if_missing(config, device) -> list[str]:
     """Log (and return) the kernels a hybrid model on CUDA lacks."""
     missing = [d for d in needed(config) if version(d) is None]
     if missing and on_cuda(device):
-        log.warning("hybrid layers on CUDA without %s: transformers falls back to PyTorch code (slow); "
-                    "the CUDA image (images/cuda.Dockerfile) has them", ", ".join(missing))
+        log.warning(
+            "hybrid layers on CUDA without %s: transformers falls back to PyTorch code (slow); "
+            "the CUDA image (images/cuda.Dockerfile) has them",
+            ", ".join(missing),
+        )
     return missing

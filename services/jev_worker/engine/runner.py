@@ -11,6 +11,7 @@ How a group runs: after its cached state (a hit); after a state computed now whe
 or when several rows can branch from one prefix; else whole. Single-row text groups without a state, whatever
 their prefixes, share whole forwards, and a miss's KV is cut from that same forward.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,30 +21,44 @@ import torch
 
 from jev_common.checkpoint_files import ServingError
 
+from ..protocols import Engine, ForwardAdapter, RequestHead
 from ..scheduling.batch import BatchOutput, EngineItem, EngineResult, PrefixGroup
+from ..scheduling.prefix_cache import PrefixState
+from ..scheduling.reuse import LinearCost, ReuseCosts
 from .forwards import Forwards, relative_error
 from .graphs import Capture, GraphRunner
 from .head import DecisionHead
-from ..scheduling.prefix_cache import PrefixState
-from ..protocols import Engine, ForwardAdapter, RequestHead
-from ..scheduling.reuse import LinearCost, ReuseCosts
 
 log = logging.getLogger("jev.worker.runner")
 
 
 class ModelRunner(Engine):
-    def __init__(self, model: torch.nn.Module, device: torch.device, adapter: ForwardAdapter, *, batching: bool,
-                 max_batch_rows: int, pad_id: int = 0, checkpoint_dir: str | None = None, head=None,
-                 graph_capture: Capture | None = None, kv_budget_bytes: int = 0, prefill_chunk: int = 0,
-                 pack_tokens: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        adapter: ForwardAdapter,
+        *,
+        batching: bool,
+        max_batch_rows: int,
+        pad_id: int = 0,
+        checkpoint_dir: str | None = None,
+        head=None,
+        graph_capture: Capture | None = None,
+        kv_budget_bytes: int = 0,
+        prefill_chunk: int = 0,
+        pack_tokens: int = 0,
+    ):
         self.adapter = adapter
         self.device = device
         self.forwards = Forwards(model, device, adapter, pad_id, prefill_chunk, pack_tokens)
         # the readout's projection of a row's hidden state (FP32 logits); LM-head label rows by default
         self.head = head if head is not None else DecisionHead(model, checkpoint_dir)
         if adapter.reads == "sequence" and not isinstance(self.head, RequestHead):
-            raise ServingError("a forward adapter that reads whole sequences needs a readout whose head answers "
-                               "whole requests (a protocols.RequestHead)")
+            raise ServingError(
+                "a forward adapter that reads whole sequences needs a readout whose head answers "
+                "whole requests (a protocols.RequestHead)"
+            )
         self.max_rows = max(1, max_batch_rows) if batching else 1  # rows per forward (memory), not batch policy
         # can prefix state be reused? False when the adapter says never; known after the first prefix forward
         self.kv_branching: bool | None = None if adapter.reuses_prefix else False
@@ -51,9 +66,15 @@ class ModelRunner(Engine):
             if not adapter.graph_capturable:
                 log.info("graph path off: the %s forward adapter is not graph-capturable", type(adapter).__name__)
             else:
-                self.forwards.graphs = GraphRunner(self.forwards.graph_forward, self.forwards.new_cache, device,
-                                                   capture=graph_capture, max_rows=self.max_rows,
-                                                   kv_budget_bytes=kv_budget_bytes, pad_id=pad_id)
+                self.forwards.graphs = GraphRunner(
+                    self.forwards.graph_forward,
+                    self.forwards.new_cache,
+                    device,
+                    capture=graph_capture,
+                    max_rows=self.max_rows,
+                    kv_budget_bytes=kv_budget_bytes,
+                    pad_id=pad_id,
+                )
 
     @property
     def reuses_prefix(self) -> bool:
@@ -87,12 +108,15 @@ class ModelRunner(Engine):
         state this runner does not know how to branch, and whole forwards are used."""
         prepared, row = item.prepared, item.prepared.rows[0]
         branched = self.forwards.after([(state, row), (state, row)])
-        whole = (self.forwards.with_images(prepared.prefix_ids, item.assets, [row]) if item.assets
-                 else self.forwards.whole([(prepared.prefix_ids, row)], False)[0])
+        whole = (
+            self.forwards.with_images(prepared.prefix_ids, item.assets, [row])
+            if item.assets
+            else self.forwards.whole([(prepared.prefix_ids, row)], False)[0]
+        )
         if self.adapter.reads == "last":
             error = relative_error(branched, whole)
         else:  # every position of the row: compare the row's own positions
-            error = max(relative_error(h, whole[0][-len(row):]) for h in branched)
+            error = max(relative_error(h, whole[0][-len(row) :]) for h in branched)
         if error > 1e-3:
             log.warning("prefix snapshot branching differs from a whole forward (relative %.2e): disabled", error)
             return False
@@ -108,9 +132,14 @@ class ModelRunner(Engine):
         chunks: list[list] = []
         for pair in pairs:
             current = chunks[-1] if chunks else None
-            if (current is None or len(current) >= self.max_rows
-                    or ((pair[0].snapshot is not None or current[0][0].snapshot is not None)
-                        and pair[0] is not current[0][0])):
+            if (
+                current is None
+                or len(current) >= self.max_rows
+                or (
+                    (pair[0].snapshot is not None or current[0][0].snapshot is not None)
+                    and pair[0] is not current[0][0]
+                )
+            ):
                 chunks.append([pair])
             else:
                 current.append(pair)
@@ -130,12 +159,20 @@ class ModelRunner(Engine):
             lead = items[group.indices[0]]
             rows = [(row, i) for i in group.indices for row in items[i].prepared.rows]
             state = group.state
-            if state is None and len(rows) == 1 and not lead.assets and (
-                    forwards.prefix_mode != "snapshot" or not group.match.store):
+            if (
+                state is None
+                and len(rows) == 1
+                and not lead.assets
+                and (forwards.prefix_mode != "snapshot" or not group.match.store)
+            ):
                 whole.append(group)  # a KV miss is cut from the whole forward itself
                 continue
-            if (state is None and group.match.outcome != "bypass" and self.kv_branching is not False
-                    and (group.match.store or (self.max_rows > 1 and len(rows) > 1))):
+            if (
+                state is None
+                and group.match.outcome != "bypass"
+                and self.kv_branching is not False
+                and (group.match.store or (self.max_rows > 1 and len(rows) > 1))
+            ):
                 state = self.compute_prefix(lead)
                 if group.match.store and state is not None:
                     computed[group.key] = state
@@ -145,8 +182,11 @@ class ModelRunner(Engine):
                 continue
             for chunk in self._chunks(rows):  # no branchable state: this group's rows run whole
                 chunk_rows = [row for row, _ in chunk]
-                out = (forwards.with_images(lead.prepared.prefix_ids, lead.assets, chunk_rows) if lead.assets else
-                       forwards.whole([(lead.prepared.prefix_ids, row) for row in chunk_rows], False)[0])
+                out = (
+                    forwards.with_images(lead.prepared.prefix_ids, lead.assets, chunk_rows)
+                    if lead.assets
+                    else forwards.whole([(lead.prepared.prefix_ids, row) for row in chunk_rows], False)[0]
+                )
                 for h, (_, i) in zip(out, chunk):
                     hidden[i].append(h)
         for chunk in self._state_chunks(after):
@@ -155,8 +195,10 @@ class ModelRunner(Engine):
                 hidden[i].append(h)
         for chunk in self._chunks(whole):
             capture = any(group.match.store for group in chunk)
-            out, states = forwards.whole([(items[g.indices[0]].prepared.prefix_ids, items[g.indices[0]].prepared.rows[0])
-                                          for g in chunk], capture)
+            out, states = forwards.whole(
+                [(items[g.indices[0]].prepared.prefix_ids, items[g.indices[0]].prepared.rows[0]) for g in chunk],
+                capture,
+            )
             for group, h, state in zip(chunk, out, states):
                 hidden[group.indices[0]].append(h)
                 if group.match.store and state is not None:
@@ -174,8 +216,9 @@ class ModelRunner(Engine):
             reused = l3 == "hit" or (prepared.prefix_key in shared and i not in first_of_group)
             if l3 == "miss" and reused:
                 l3 = "hit"  # a later item of the group reused the state its first item computed
-            results.append(EngineResult(row_logits=logits, cached_tokens=len(prepared.prefix_ids) if reused else 0,
-                                        l3=l3))
+            results.append(
+                EngineResult(row_logits=logits, cached_tokens=len(prepared.prefix_ids) if reused else 0, l3=l3)
+            )
         return results
 
     def _sequence(self, item: EngineItem) -> EngineResult:
@@ -185,8 +228,9 @@ class ModelRunner(Engine):
         return EngineResult(row_logits=self.head.request_logits(hidden, prepared), cached_tokens=0, l3="off")
 
     # ----- start-up -----------------------------------------------------------------------------
-    def measure_reuse(self, lengths: tuple[int, int] = (32, 512), row_tokens: int = 16,
-                      repeats: int = 3) -> ReuseCosts | None:
+    def measure_reuse(
+        self, lengths: tuple[int, int] = (32, 512), row_tokens: int = 16, repeats: int = 3
+    ) -> ReuseCosts | None:
         """Time a row's forward with its prefix recomputed against the same row after the cached prefix state,
         at a short and a long prefix (synthetic ids): what the measured reuse policy decides with."""
         if not self.reuses_prefix:
@@ -202,8 +246,9 @@ class ModelRunner(Engine):
                     log.info("L3 reuse not measured: prefix states are cache snapshots")
                     return None
                 state = states[0]
-                points["recompute"].append((length, self._best_time(
-                    lambda: self.forwards.whole([(prefix, row)], False), repeats)))
+                points["recompute"].append(
+                    (length, self._best_time(lambda: self.forwards.whole([(prefix, row)], False), repeats))
+                )
                 points["reuse"].append((length, self._best_time(lambda: self.forwards.after([(state, row)]), repeats)))
         return ReuseCosts(LinearCost.through(*points["recompute"]), LinearCost.through(*points["reuse"]))
 

@@ -7,6 +7,7 @@ prompt; D3 and pplx-decider are families of their own on the same readout, each 
 readout says which backend runs it
 (`Readout.make_backend`), so a recipe never pairs a readout with a backend it cannot run on.
 """
+
 from __future__ import annotations
 
 from ..loading.named import named_class

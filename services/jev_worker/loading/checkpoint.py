@@ -4,6 +4,7 @@ A readout declares its checkpoint requirements (`requirements`, a list of Requir
 them before the model is loaded, so a checkpoint that lacks a file or tensor stops the worker with a message
 naming it. `load_exactly` is the one strict tensor load that names the file and what the tensors must fit.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,7 @@ class Requirement:
         require_files(folder, (self.file,), f"readout {readout!r}")
         missing = [key for key in self.keys if key not in file_keys(os.path.join(folder, self.file))]
         if missing:
-            raise ServingError(f"readout {readout!r}: {self.file} has no {', '.join(map(repr, missing))} "
-                               f"(in {folder})")
+            raise ServingError(f"readout {readout!r}: {self.file} has no {', '.join(map(repr, missing))} (in {folder})")
 
 
 def require_files(folder: str, names, who: str) -> None:
@@ -52,4 +52,6 @@ def load_exactly(module, state: dict, *, source: str, fits: str) -> None:
     (`source`) and what they should fit (`fits`)."""
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ServingError(f"{source}: the tensors do not fit {fits} (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ServingError(
+            f"{source}: the tensors do not fit {fits} (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )

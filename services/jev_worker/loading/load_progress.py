@@ -1,11 +1,17 @@
 """How far a loading worker is, for /health and the local stack's waiting line: the step (k of the known steps),
 what it is doing, and for how long, so a 30-second weight load reads as progress and a stuck step shows its age."""
+
 from __future__ import annotations
 
 import time
 
-STEPS = ("checking the checkpoint", "loading the weights", "building the prompt layout, head and engine",
-         "measuring L3 reuse on the device", "warming up")
+STEPS = (
+    "checking the checkpoint",
+    "loading the weights",
+    "building the prompt layout, head and engine",
+    "measuring L3 reuse on the device",
+    "warming up",
+)
 
 
 class LoadProgress:
@@ -24,5 +30,7 @@ class LoadProgress:
         if self.step is None:
             return "starting"
         detail = f" {self.detail}" if self.detail else ""
-        return (f"step {STEPS.index(self.step) + 1}/{len(STEPS)}: {self.step}{detail} "
-                f"({self.clock() - self.since:.0f} s in this step)")
+        return (
+            f"step {STEPS.index(self.step) + 1}/{len(STEPS)}: {self.step}{detail} "
+            f"({self.clock() - self.since:.0f} s in this step)"
+        )

@@ -5,6 +5,7 @@ the embedded SmolLM2 GGUF), or `hub` (a huggingface_hub snapshot of repo@revisio
 local cache; this stack never downloads at run time). The folder is resolved and checked (serving.py)
 before a backend loads it: `load_model` is the default load (protocols.Backend.load).
 """
+
 from __future__ import annotations
 
 import importlib.util

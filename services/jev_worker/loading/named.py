@@ -1,5 +1,6 @@
 """The worker's registries map a name to "module:Class", imported on first use (a family's module pulls in
 only what that family needs)."""
+
 from __future__ import annotations
 
 import importlib

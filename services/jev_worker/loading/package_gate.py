@@ -8,6 +8,7 @@ file must exist with its digest, and every code file (`*.py`, at any depth) of t
 Otherwise the worker does not start (status 2, or /health for an in-process start), naming the cause:
 the unpinned revision, the missing manifest, the missing, changed or unlisted file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,11 @@ def sha256_file(path: Path) -> str:
 def manifest_of(folder: str | os.PathLike) -> dict[str, str]:
     """The manifest a recipe would pin for the code files of `folder` (to write into a recipe)."""
     root = Path(folder)
-    return {p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p.suffix in CODE_SUFFIXES}
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.suffix in CODE_SUFFIXES
+    }
 
 
 def check_remote_code(recipe, folder: str | os.PathLike) -> None:
@@ -40,8 +44,10 @@ def check_remote_code(recipe, folder: str | os.PathLike) -> None:
         return
     refused = f"recipe {recipe.name} sets trust_remote_code, refused:"
     if not COMMIT.match(model.revision):
-        raise ServingError(f"{refused} model.revision {model.revision!r} is not a 40-hex commit; remote code "
-                           "runs only from a pinned commit")
+        raise ServingError(
+            f"{refused} model.revision {model.revision!r} is not a 40-hex commit; remote code "
+            "runs only from a pinned commit"
+        )
     if not model.remote_code_manifest:
         raise ServingError(f"{refused} no model.remote_code_manifest (sha256 of every code file of the package)")
     root = Path(folder).resolve()

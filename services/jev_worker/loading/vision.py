@@ -10,6 +10,7 @@
 - `AssetStore`: image bytes (or a data URI) -> ImageAsset via sha256(bytes), an L2 LRU of parsed assets by bytes, the
   Redis index (when reachable) and the asset folder (always the fallback).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -106,7 +107,9 @@ def splice_image_embeds(model, input_ids: torch.Tensor, assets: list[ImageAsset]
     inputs_embeds = inputs_embeds.masked_scatter(image_mask.unsqueeze(-1).expand_as(inputs_embeds), image_embeds)
     grid = torch.tensor([list(a.grid_thw) for a in assets], dtype=torch.long, device=input_ids.device)
     position_ids, deltas = _rope_owner(model).get_rope_index(
-        input_ids, mm_token_type_ids=image_mask.to(torch.int), image_grid_thw=grid,
+        input_ids,
+        mm_token_type_ids=image_mask.to(torch.int),
+        image_grid_thw=grid,
     )
     return inputs_embeds, position_ids, int(deltas.reshape(-1)[0])
 
@@ -127,14 +130,17 @@ class AssetStore:
     """data URI -> (ImageAsset, l2_hit). L2 holds parsed assets by byte budget (0 turns it off, so
     every request rereads its asset). Lookup: L2, then the index's path, then `<asset_dir>/<key>`."""
 
-    def __init__(self, asset_dir: str, index, identity: str, l2: BudgetLRU | int, *,
-                 processor_identity: str | None = None):
+    def __init__(
+        self, asset_dir: str, index, identity: str, l2: BudgetLRU | int, *, processor_identity: str | None = None
+    ):
         """`l2`: the worker's L2 (caches.WorkerCaches), or a byte budget for one of its own."""
         self.asset_dir = asset_dir
         self.index = index
         self.identity = identity
         self.processor_identity = processor_identity
-        self.l2: BudgetLRU[ImageAsset] = l2 if isinstance(l2, BudgetLRU) else BudgetLRU("l2", l2, size_of=lambda a: a.nbytes)
+        self.l2: BudgetLRU[ImageAsset] = (
+            l2 if isinstance(l2, BudgetLRU) else BudgetLRU("l2", l2, size_of=lambda a: a.nbytes)
+        )
         self._inflight: dict[str, asyncio.Future] = {}
         self.index_hits = self.index_misses = self.index_unavailable = self.stale_removed = 0
         self.disk_reads = 0
@@ -182,8 +188,11 @@ class AssetStore:
             self.index_misses += 1
             return None
         path = entry.get("path") or ""
-        if path and asset_state(os.path.dirname(path), os.path.basename(path)) == "complete" \
-                and os.path.basename(path) == key:
+        if (
+            path
+            and asset_state(os.path.dirname(path), os.path.basename(path)) == "complete"
+            and os.path.basename(path) == key
+        ):
             self.index_hits += 1
             return path
         if asset_state(self.asset_dir, key) != "complete":
@@ -199,17 +208,28 @@ class AssetStore:
     async def _load(self, key: str) -> ImageAsset:
         folder = await self._indexed_folder(key)
         self.disk_reads += 1
-        asset = await asyncio.to_thread(read_asset, self.asset_dir, key, identity=self.identity,
-                                        processor_identity=self.processor_identity, folder=folder)
+        asset = await asyncio.to_thread(
+            read_asset,
+            self.asset_dir,
+            key,
+            identity=self.identity,
+            processor_identity=self.processor_identity,
+            folder=folder,
+        )
         return asset
 
     def stats(self) -> CacheLevelStats:
         return self.l2.stats()
 
     def counters(self) -> dict:
-        return {**self.l2.stats().model_dump(exclude={"enabled"}),
-                "disk_reads": self.disk_reads, "index_hits": self.index_hits, "index_misses": self.index_misses,
-                "index_unavailable": self.index_unavailable, "stale_removed": self.stale_removed}
+        return {
+            **self.l2.stats().model_dump(exclude={"enabled"}),
+            "disk_reads": self.disk_reads,
+            "index_hits": self.index_hits,
+            "index_misses": self.index_misses,
+            "index_unavailable": self.index_unavailable,
+            "stale_removed": self.stale_removed,
+        }
 
     def reset_counters(self) -> None:
         self.l2.reset_counters()

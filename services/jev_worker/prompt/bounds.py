@@ -12,6 +12,7 @@ checks, cheapest first, so that a megabyte of state costs milliseconds:
    where the family refuses over-long prompts itself, in its upstream's words (its builder's `max_length`);
 3. the prepared prompt's exact count: prefix + the longest row (the family's own, where it has a limit).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,25 +70,37 @@ class PromptBounds:
         longest = max((question_chars(q) for q in questions.values()), default=0)
         total = len(state_text) + longest
         if total > self.chars:
-            part = f"a question has {longest:,} characters" if longest > len(state_text) else \
-                f"{where} has {len(state_text):,} characters"
-            raise PromptTooLong(f"prompt too long: {part}, {total:,} with the longest question; this model reads at "
-                                f"most {self.tokens:,} tokens ({self.source}), so at most {self.chars:,} characters "
-                                "are read before counting tokens", (where,))
+            part = (
+                f"a question has {longest:,} characters"
+                if longest > len(state_text)
+                else f"{where} has {len(state_text):,} characters"
+            )
+            raise PromptTooLong(
+                f"prompt too long: {part}, {total:,} with the longest question; this model reads at "
+                f"most {self.tokens:,} tokens ({self.source}), so at most {self.chars:,} characters "
+                "are read before counting tokens",
+                (where,),
+            )
 
     def check_state_tokens(self, tokenizer, state_text: str, where: str) -> None:
         if self.tokens is None or self.family_refuses or len(state_text) <= self.tokens:  # fewer chars than tokens
             return
         count = len(tokenizer(state_text, add_special_tokens=False)["input_ids"])
         if count > self.tokens + SLACK_TOKENS:
-            raise PromptTooLong(f"prompt too long: {where} alone is {count:,} tokens; this model reads at most "
-                                f"{self.tokens:,} ({self.source})", (where,))
+            raise PromptTooLong(
+                f"prompt too long: {where} alone is {count:,} tokens; this model reads at most "
+                f"{self.tokens:,} ({self.source})",
+                (where,),
+            )
 
     def check_prepared(self, prepared, where: str) -> None:
         if self.tokens is None or self.family_refuses:
             return
         longest = len(prepared.prefix_ids) + max((len(row) for row in prepared.rows), default=0)
         if longest > self.tokens:
-            raise PromptTooLong(f"prompt too long: {longest:,} tokens ({len(prepared.prefix_ids):,} of {where} and "
-                                f"the prompt around it, the rest the longest question row); this model reads at "
-                                f"most {self.tokens:,} ({self.source})", (where,))
+            raise PromptTooLong(
+                f"prompt too long: {longest:,} tokens ({len(prepared.prefix_ids):,} of {where} and "
+                f"the prompt around it, the rest the longest question row); this model reads at "
+                f"most {self.tokens:,} ({self.source})",
+                (where,),
+            )

@@ -7,6 +7,7 @@ prefix + row is always the one-pass tokenisation: nothing is tokenised in pieces
 marker string is ever inserted into user text. The template's head and tail around the user content
 are learned once at load and checked against the template itself.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,10 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jev_common.checkpoint_files import ServingError
+from jev_common.control_tokens import ControlTokens
 from jev_common.errors import TooManyOptions
 from jev_common.recipe import PromptSpec, Recipe
 
-from jev_common.control_tokens import ControlTokens
 from ..protocols import PromptBuilder
 
 
@@ -58,8 +59,10 @@ def family_prompt(recipe: Recipe, prompt: PromptSpec, family: str) -> Recipe:
     """`recipe` laid out by its family's own `prompt` (written from the family's upstream source). A recipe
     that sets prompt fields of its own would only seem to change the prompt, so it is refused."""
     if recipe.prompt.model_fields_set:
-        raise ServingError(f"recipe {recipe.name}: family {family!r} lays its prompt out as its upstream does; "
-                           f"remove prompt.{', prompt.'.join(sorted(recipe.prompt.model_fields_set))} from the recipe")
+        raise ServingError(
+            f"recipe {recipe.name}: family {family!r} lays its prompt out as its upstream does; "
+            f"remove prompt.{', prompt.'.join(sorted(recipe.prompt.model_fields_set))} from the recipe"
+        )
     return recipe.model_copy(update={"prompt": prompt})
 
 
@@ -89,9 +92,12 @@ class PromptLayout:
         system = [{"role": "system", "content": prompt.system}] if prompt.system else []
 
         def render(content: str) -> str:
-            return tokenizer.apply_chat_template(system + [{"role": "user", "content": content}],
-                                                 tokenize=False, add_generation_prompt=True,
-                                                 **prompt.chat_template_kwargs)
+            return tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": content}],
+                tokenize=False,
+                add_generation_prompt=True,
+                **prompt.chat_template_kwargs,
+            )
 
         probe = "\u2063jev-layout-probe\u2063"
         text = render(probe)
@@ -101,9 +107,11 @@ class PromptLayout:
         for state in ("  spaced state  ", "\nline one\n\nline two\n", "x"):
             content = prompt.state_block.format(state=state) + prompt.question_block.format(question="q?") + "Answer."
             if render(content) != head + content + tail:
-                raise ValueError(f"recipe {recipe.name}: the chat template rewrites the user message "
-                                 "(e.g. trims it), so prompts could not be rendered exactly; fix the recipe's "
-                                 "state_block/question_block or use_chat_template")
+                raise ValueError(
+                    f"recipe {recipe.name}: the chat template rewrites the user message "
+                    "(e.g. trims it), so prompts could not be rendered exactly; fix the recipe's "
+                    "state_block/question_block or use_chat_template"
+                )
         self.head = head
         self.tail = tail + prompt.answer_prefix
 
@@ -114,8 +122,14 @@ class ChatPromptBuilder(PromptBuilder):
     _code_source = "its tokenizer has"  # what the option codes come from (a readout's codebook names its own)
 
     def __init__(self, tokenizer, recipe: Recipe, identity: str):
-        super().__init__(tokenizer, recipe, identity, controls=ControlTokens.of(
-            tokenizer, hint="the model's template cannot carry it as text; remove it from the request"))
+        super().__init__(
+            tokenizer,
+            recipe,
+            identity,
+            controls=ControlTokens.of(
+                tokenizer, hint="the model's template cannot carry it as text; remove it from the request"
+            ),
+        )
         self.layout = PromptLayout(tokenizer, recipe)
         self.use_chat = self.layout.use_chat
         verbalizer = recipe.verbalizer
@@ -166,22 +180,30 @@ class ChatPromptBuilder(PromptBuilder):
 
     def coded(self, n: int) -> tuple[list[str], tuple[int, ...]]:
         if n > len(self.codes):
-            raise TooManyOptions(f"at most {len(self.codes)} options for this model ({self._code_source} "
-                                 f"{len(self.codes)} single-token option codes)")
+            raise TooManyOptions(
+                f"at most {len(self.codes)} options for this model ({self._code_source} "
+                f"{len(self.codes)} single-token option codes)"
+            )
         return self.codes[:n], tuple(self.code_ids[:n])
 
     # ----- tokens -------------------------------------------------------------------------------
-    def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         """`state_text` may already hold image placeholders (they are the model's own tokens)."""
         head = self.layout.head + self.state_block(state_text)
         texts = [head + row.content + self.layout.tail + row.after for row in rows]
-        prefix, row_ids, mismatch = split_prefix(self.tokenizer, texts, len(head),
-                                                 add_special_tokens=self.layout.add_special_tokens)
+        prefix, row_ids, mismatch = split_prefix(
+            self.tokenizer, texts, len(head), add_special_tokens=self.layout.add_special_tokens
+        )
         return PreparedRequest(
-            prefix_ids=prefix, rows=row_ids, row_labels=tuple(row.labels for row in rows),
-            image_keys=tuple(image_keys), prefix_key=ids_key(f"{self.identity}|{','.join(image_keys)}|", prefix),
-            plan=plan, boundary_mismatch=mismatch,
+            prefix_ids=prefix,
+            rows=row_ids,
+            row_labels=tuple(row.labels for row in rows),
+            image_keys=tuple(image_keys),
+            prefix_key=ids_key(f"{self.identity}|{','.join(image_keys)}|", prefix),
+            plan=plan,
+            boundary_mismatch=mismatch,
         )
 
     def state_block(self, state_text: str) -> str:
@@ -215,8 +237,9 @@ def _tokenize(tokenizer, texts: list[str], boundary: int, add_special: bool) -> 
     return out
 
 
-def split_prefix(tokenizer, texts: list[str], boundary: int, *, add_special_tokens: bool
-                 ) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
+def split_prefix(
+    tokenizer, texts: list[str], boundary: int, *, add_special_tokens: bool
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
     """Rows whose texts share their first `boundary` characters (the head: template head and state), each
     tokenised whole in one pass, as (prefix ids, each row's ids after it, whether the rows disagreed on
     where the head ends). The prefix is cut at the last token that ends inside the head (or the rows'

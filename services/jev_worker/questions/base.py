@@ -3,6 +3,7 @@
 A question type is one module with one `protocols.QuestionKind` subclass; `registry.py` names them.
 Logits arrive in FP32 (one tensor per row, over that row's label tokens); answers are computed in FP32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,9 +33,13 @@ class BuildContext:
         """The recipe's question for a question of `type_` sent without instructions (span and set read as
         choice and noul)."""
         prompt = self.prompt
-        return {"noul": prompt.default_noul_question, "set": prompt.default_noul_question,
-                "choice": prompt.default_choice_question, "span": prompt.default_choice_question,
-                "score": prompt.default_score_question}[type_]
+        return {
+            "noul": prompt.default_noul_question,
+            "set": prompt.default_noul_question,
+            "choice": prompt.default_choice_question,
+            "span": prompt.default_choice_question,
+            "score": prompt.default_score_question,
+        }[type_]
 
     def user_text(self, value: object, where: str) -> str:
         """Render a user-supplied value and refuse it if it carries the model's control tokens."""
@@ -53,7 +58,9 @@ class BuildContext:
         out = []
         for name, description in question.criteria.items():
             self.builder.check_user_text(name, f"{where}.criteria")
-            out.append((name, None if description is None else self.user_text(description, f"{where}.criteria[{name!r}]")))
+            out.append(
+                (name, None if description is None else self.user_text(description, f"{where}.criteria[{name!r}]"))
+            )
         return out
 
     def question_line(self, question, where: str) -> str:
@@ -62,4 +69,3 @@ class BuildContext:
 
 def probabilities(logits: torch.Tensor) -> list[float]:
     return torch.softmax(logits.to(torch.float32), dim=-1).tolist()
-

@@ -9,6 +9,7 @@ position once (with every shift used), as PriDe's prior estimate needs. In proba
 mean of distributions is a distribution, and one shift that puts an option at a position the model shuns pulls its
 mean down by at most 1/K, where a log-space mean would let that one row dominate. The rows follow the same state
 prefix, so K shifts cost K rows after one prefill, not K passes (Zheng et al., ICLR 2024, "cyclic permutation")."""
+
 from __future__ import annotations
 
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
@@ -18,8 +19,9 @@ from ..protocols import QuestionKind
 from .base import BuildContext, probabilities
 
 
-def option_texts(names: list[str], descriptions: list[object | None], ctx: BuildContext,
-                 where: str) -> list[tuple[str, str | None]]:
+def option_texts(
+    names: list[str], descriptions: list[object | None], ctx: BuildContext, where: str
+) -> list[tuple[str, str | None]]:
     """(name, description as checked user text, or None) of each option, checked once."""
     out = []
     for name, description in zip(names, descriptions):
@@ -31,9 +33,12 @@ def option_texts(names: list[str], descriptions: list[object | None], ctx: Build
 def listed(options: list[tuple[str, str | None]], codes: list[str], ctx: BuildContext) -> str:
     """The options under their codes, in the recipe's option lines."""
     prompt = ctx.prompt
-    return "\n".join(prompt.option_line.format(code=code, name=name) if text is None else
-                     prompt.described_option_line.format(code=code, name=name, description=text)
-                     for code, (name, text) in zip(codes, options))
+    return "\n".join(
+        prompt.option_line.format(code=code, name=name)
+        if text is None
+        else prompt.described_option_line.format(code=code, name=name, description=text)
+        for code, (name, text) in zip(codes, options)
+    )
 
 
 MAX_SHIFTS = 8
@@ -72,27 +77,33 @@ class Listings:
         return probs
 
 
-def coded_rows(question, names: list[str], options: list[tuple[str, str | None]], ctx: BuildContext,
-               where: str) -> list[RowSpec]:
+def coded_rows(
+    question, names: list[str], options: list[tuple[str, str | None]], ctx: BuildContext, where: str
+) -> list[RowSpec]:
     """A coded question's rows (choice, span): its question line, then its checked options under their codes, one
     row per listing of them (Listings)."""
     codes, ids = ctx.builder.coded(len(options))
     question_line = ctx.question_line(question, where)
-    return [RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
-            for row in Listings(names, ctx.coherence).rows(options)]
+    return [
+        RowSpec(question_line + ctx.prompt.choice_instruction.format(options=listed(row, codes, ctx)), ids)
+        for row in Listings(names, ctx.coherence).rows(options)
+    ]
 
 
 class Choice(QuestionKind):
     type = "choice"
     coherence_modes = frozenset({"cyclic"})
-    coherence_note = (f"cyclic: the options by name, then every cyclic shift up to {MAX_SHIFTS} options, else "
-                      f"{MAX_SHIFTS} evenly spaced, averaged in probability space, one row each after one state "
-                      "prefill: any reordering of the options gets the same answer")
+    coherence_note = (
+        f"cyclic: the options by name, then every cyclic shift up to {MAX_SHIFTS} options, else "
+        f"{MAX_SHIFTS} evenly spaced, averaged in probability space, one row each after one state "
+        "prefill: any reordering of the options gets the same answer"
+    )
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         names = list(question.criteria)
-        return coded_rows(question, names, option_texts(names, list(question.criteria.values()), ctx, where), ctx,
-                          where)
+        return coded_rows(
+            question, names, option_texts(names, list(question.criteria.values()), ctx, where), ctx, where
+        )
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
         names = list(question.criteria)

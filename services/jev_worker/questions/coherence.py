@@ -9,6 +9,7 @@ each option apart from where it is listed (`position_free`) answers every mode u
 ordered types are all position-free offers every mode. A mode the model does not offer, or a question the mode
 cannot answer (a prior for an option count it does not cover), is a 422 before any forward, never a 5xx.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,9 +44,15 @@ def offered(kinds: dict) -> list[str]:
 
 def entries(kinds: dict) -> dict[str, CoherenceEntry]:
     """GET /v1/models: per ordered type, the modes it answers its own way, whether it is position-free, and why."""
-    return {t: CoherenceEntry(modes=sorted({"off", *kinds[t].coherence_modes}), position_free=kinds[t].position_free,
-                              note=kinds[t].coherence_note)
-            for t in ORDERED_TYPES if t in kinds}
+    return {
+        t: CoherenceEntry(
+            modes=sorted({"off", *kinds[t].coherence_modes}),
+            position_free=kinds[t].position_free,
+            note=kinds[t].coherence_note,
+        )
+        for t in ORDERED_TYPES
+        if t in kinds
+    }
 
 
 def check(questions: dict, kinds: dict, mode: str, served_by: str) -> None:
@@ -54,15 +61,21 @@ def check(questions: dict, kinds: dict, mode: str, served_by: str) -> None:
         return
     modes = offered(kinds)
     if mode not in modes:
-        notes = "; ".join(f"{t}: {kinds[t].coherence_note}" for t in ORDERED_TYPES  # why a type offers none
-                          if t in kinds and kinds[t].coherence_note and not kinds[t].coherence_modes)
+        notes = "; ".join(
+            f"{t}: {kinds[t].coherence_note}"
+            for t in ORDERED_TYPES  # why a type offers none
+            if t in kinds and kinds[t].coherence_note and not kinds[t].coherence_modes
+        )
         raise validation_error(
             f"x_coherence: this model's readout ({served_by}) does not offer {mode!r} "
             f"(it offers: {', '.join(modes)}; GET /v1/models lists them){f'. {notes}' if notes else ''}",
-            ("x_coherence",))
+            ("x_coherence",),
+        )
     for qid, question in questions.items():
         kind = kinds.get(question.type)
         reason = kind.refuses(question, mode) if kind is not None and question.type in ORDERED_TYPES else None
         if reason is not None:
-            raise validation_error(f"x_coherence {mode!r}: questions[{qid!r}]: this model's readout ({served_by}) "
-                                   f"{reason}", ("questions", qid, "criteria"))
+            raise validation_error(
+                f"x_coherence {mode!r}: questions[{qid!r}]: this model's readout ({served_by}) {reason}",
+                ("questions", qid, "criteria"),
+            )

@@ -1,4 +1,5 @@
 """noul: a yes/no question; the answer is P(yes) from the Yes/No label tokens of one row."""
+
 from __future__ import annotations
 
 from jev_common.schema import NoulAnswer, NoulQuestion
@@ -16,11 +17,14 @@ class Noul(QuestionKind):
         criteria = ""
         if question.criteria is not None:
             if question.criteria.true is not None:
-                criteria += prompt.noul_true.format(description=ctx.user_text(question.criteria.true, f"{where}.criteria.true"))
+                criteria += prompt.noul_true.format(
+                    description=ctx.user_text(question.criteria.true, f"{where}.criteria.true")
+                )
             if question.criteria.false is not None:
-                criteria += prompt.noul_false.format(description=ctx.user_text(question.criteria.false, f"{where}.criteria.false"))
-        content = (ctx.question_line(question, where)
-                   + prompt.noul_instruction.format(criteria=criteria))
+                criteria += prompt.noul_false.format(
+                    description=ctx.user_text(question.criteria.false, f"{where}.criteria.false")
+                )
+        content = ctx.question_line(question, where) + prompt.noul_instruction.format(criteria=criteria)
         return [RowSpec(content, ctx.builder.yes_no_ids)]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:

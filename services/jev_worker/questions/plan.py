@@ -1,5 +1,6 @@
 """A request's questions as rows, and the rows' logits as answers: each question type (registry.py) builds its
 rows and reads its answer; the plan remembers which rows are whose."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,13 +31,20 @@ class EnvelopePlan:
     coherence: str = "off"
 
 
-def question_rows(request: SystemOneRequest, builder, kinds: dict | None = None,
-                  served_by: str = "label-tokens") -> tuple[list[RowSpec], EnvelopePlan]:
+def question_rows(
+    request: SystemOneRequest, builder, kinds: dict | None = None, served_by: str = "label-tokens"
+) -> tuple[list[RowSpec], EnvelopePlan]:
     return rows_for(request.questions, request.state, builder, kinds, served_by)
 
 
-def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
-             served_by: str = "label-tokens", coherence: str = "off") -> tuple[list[RowSpec], EnvelopePlan]:
+def rows_for(
+    questions: dict,
+    state: object,
+    builder,
+    kinds: dict | None = None,
+    served_by: str = "label-tokens",
+    coherence: str = "off",
+) -> tuple[list[RowSpec], EnvelopePlan]:
     """Rows of every question (id -> question), by the served readout's question types (`kinds`)."""
     kinds = QUESTION_KINDS if kinds is None else kinds
     ctx = BuildContext(builder, state, coherence=coherence)
@@ -48,12 +56,15 @@ def rows_for(questions: dict, state: object, builder, kinds: dict | None = None,
         if kind is None:
             raise UnsupportedQuestionType(
                 f"questions[{qid!r}]: question type {question.type!r} is not answered by this model's readout "
-                f"({served_by}); it answers {', '.join(sorted(kinds))}")
+                f"({served_by}); it answers {', '.join(sorted(kinds))}"
+            )
         if question.type == "choice" and len(question.criteria) < kind.min_options:
             raise validation_error(
                 f"questions[{qid!r}].criteria: this model's readout ({served_by}) answers a choice of at least "
                 f"{kind.min_options} options, as its upstream does; got {len(question.criteria)} (too_short)",
-                ("questions", qid, "criteria"), "too_short")
+                ("questions", qid, "criteria"),
+                "too_short",
+            )
         built = kind.rows(question, ctx, f"questions[{qid!r}]")
         plans.append(QuestionPlan(qid, question, len(rows), len(built)))
         rows.extend(built)

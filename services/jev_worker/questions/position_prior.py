@@ -23,6 +23,7 @@ block through the worker's own engine; it is stored with the calibration (the ch
 or the file a recipe names when its checkpoint folder is read-only) and checked against what it was estimated
 under (the checkpoint and the prompt layout), so a stale prior is not applied.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,9 +60,15 @@ def estimate(questions: list[list[list[float]]]) -> dict[int, list[float]]:
 def layout_digest(readout: str, recipe, calibration) -> str:
     """What a prior was estimated under, beside the checkpoint: the readout, the prompt, the verbalizer (option
     codes) and the choice calibration applied before the softmax. A prior whose digest differs is not applied."""
-    blob = json.dumps({"readout": readout, "prompt": recipe.prompt.model_dump(mode="json"),
-                       "verbalizer": recipe.verbalizer.model_dump(mode="json"),
-                       "choice_calibration": calibration.describe_type("choice")}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "readout": readout,
+            "prompt": recipe.prompt.model_dump(mode="json"),
+            "verbalizer": recipe.verbalizer.model_dump(mode="json"),
+            "choice_calibration": calibration.describe_type("choice"),
+        },
+        sort_keys=True,
+    )
     return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -82,22 +89,36 @@ class PositionPrior:
         priors = {}
         for key, values in block["priors"].items():
             n = int(key) if str(key).isdigit() else 0
-            if n < 2 or not isinstance(values, list) or len(values) != n or not all(
+            if (
+                n < 2
+                or not isinstance(values, list)
+                or len(values) != n
+                or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-                    for v in values) or abs(sum(values) - 1) > SUM_TOLERANCE:
-                raise ServingError(f"{source}: position_prior.priors[{key!r}] must be {key} positive numbers summing "
-                                   f"to 1 (an option count of at least 2)")
+                    for v in values
+                )
+                or abs(sum(values) - 1) > SUM_TOLERANCE
+            ):
+                raise ServingError(
+                    f"{source}: position_prior.priors[{key!r}] must be {key} positive numbers summing "
+                    f"to 1 (an option count of at least 2)"
+                )
             priors[n] = tuple(float(v) for v in values)
         calibration_set = block.get("calibration_set") or {}
         if not isinstance(calibration_set, dict) or not calibration_set.get("sha256"):
-            raise ServingError(f"{source}: position_prior.calibration_set must name the set it was estimated on "
-                               "(its sha256)")
+            raise ServingError(
+                f"{source}: position_prior.calibration_set must name the set it was estimated on (its sha256)"
+            )
         return cls(priors, dict(calibration_set), block.get("checkpoint"), block.get("layout"), source)
 
     def to_config(self) -> dict:
-        return {"method": "PriDe (Zheng et al., ICLR 2024), Eq. 4-5: every cyclic shift of each calibration choice",
-                "priors": {str(n): [round(p, 6) for p in prior] for n, prior in sorted(self.priors.items())},
-                "calibration_set": self.calibration_set, "checkpoint": self.checkpoint, "layout": self.layout}
+        return {
+            "method": "PriDe (Zheng et al., ICLR 2024), Eq. 4-5: every cyclic shift of each calibration choice",
+            "priors": {str(n): [round(p, 6) for p in prior] for n, prior in sorted(self.priors.items())},
+            "calibration_set": self.calibration_set,
+            "checkpoint": self.checkpoint,
+            "layout": self.layout,
+        }
 
     def covers(self, n: int) -> bool:
         return n in self.priors
@@ -122,5 +143,9 @@ class PositionPrior:
         return None
 
     def describe(self) -> dict:
-        return {"source": self.source, "option_counts": self.counts(), "calibration_set": self.calibration_set,
-                "priors": {str(n): [round(p, 4) for p in prior] for n, prior in sorted(self.priors.items())}}
+        return {
+            "source": self.source,
+            "option_counts": self.counts(),
+            "calibration_set": self.calibration_set,
+            "priors": {str(n): [round(p, 4) for p in prior] for n, prior in sorted(self.priors.items())},
+        }

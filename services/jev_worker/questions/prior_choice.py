@@ -4,6 +4,7 @@ served recipe's position prior (questions/position_prior.py: PriDe, Zheng et al.
 Wraps the readout's own choice type (questions/choice.py), whose cyclic rows the prior was estimated from; every
 other mode is the wrapped type's. A choice whose option count the prior does not cover is refused before any
 forward (a 422 naming the counts it covers), never answered biased."""
+
 from __future__ import annotations
 
 from ..protocols import QuestionKind
@@ -15,8 +16,10 @@ class PriorChoice(QuestionKind):
 
     def __init__(self, kind: QuestionKind, prior: PositionPrior):
         if kind.type != "choice" or "cyclic" not in kind.coherence_modes:
-            raise ValueError(f"a position prior debiases a choice read from option codes (one that offers cyclic); "
-                             f"this readout's {kind.type} type does not")
+            raise ValueError(
+                f"a position prior debiases a choice read from option codes (one that offers cyclic); "
+                f"this readout's {kind.type} type does not"
+            )
         self.kind = kind
         self.prior = prior
         self.min_options = kind.min_options
@@ -29,8 +32,10 @@ class PriorChoice(QuestionKind):
             return self.kind.refuses(question, mode)
         n = len(question.criteria)
         if not self.prior.covers(n):
-            return (f"has no position prior for a choice of {n} options (its prior covers {self.prior.counts()} "
-                    f"options: {self.prior.source}); send x_coherence \"cyclic\" or \"off\" for this question")
+            return (
+                f"has no position prior for a choice of {n} options (its prior covers {self.prior.counts()} "
+                f'options: {self.prior.source}); send x_coherence "cyclic" or "off" for this question'
+            )
         return None
 
     def rows(self, question, ctx, where: str):

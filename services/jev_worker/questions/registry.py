@@ -1,4 +1,5 @@
 """Question type name -> its implementation. A new type is one module plus one line here."""
+
 from __future__ import annotations
 
 from ..protocols import QuestionKind
@@ -8,4 +9,6 @@ from .score import Score
 from .set import SetKind
 from .span import SpanKind
 
-QUESTION_KINDS: dict[str, QuestionKind] = {kind.type: kind for kind in (Noul(), Choice(), Score(), SpanKind(), SetKind())}
+QUESTION_KINDS: dict[str, QuestionKind] = {
+    kind.type: kind for kind in (Noul(), Choice(), Score(), SpanKind(), SetKind())
+}

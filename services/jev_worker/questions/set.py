@@ -1,5 +1,6 @@
 """set (extension): every named statement on its own Yes/No row after the shared state prefix;
 probabilities[name] is that row's own P(yes), selected are those >= 0.5."""
+
 from __future__ import annotations
 
 from jev_common.schema import SetAnswer, SetQuestion

@@ -3,6 +3,7 @@ the answer locates the chosen candidate's first occurrence in the state. Its can
 choice's options are, so it carries the same position bias and answers coherence `cyclic` the same way
 (questions/choice.py: the candidates by text, a row per cyclic shift, averaged); under `prior` it answers single
 pass (the position prior is estimated on the choice layout, not span's)."""
+
 from __future__ import annotations
 
 from jev_common.schema import Span, SpanAnswer, SpanQuestion, choice_confidence
@@ -16,8 +17,10 @@ from .choice import MAX_SHIFTS, Listings, coded_rows, option_texts
 class SpanKind(QuestionKind):
     type = "span"
     coherence_modes = frozenset({"cyclic"})
-    coherence_note = (f"cyclic: the candidates by text, then every cyclic shift up to {MAX_SHIFTS}, else {MAX_SHIFTS} "
-                      "evenly spaced, averaged as choice's; prior: single pass (the prior is the choice layout's)")
+    coherence_note = (
+        f"cyclic: the candidates by text, then every cyclic shift up to {MAX_SHIFTS}, else {MAX_SHIFTS} "
+        "evenly spaced, averaged as choice's; prior: single pass (the prior is the choice layout's)"
+    )
 
     def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         candidates = option_texts(question.criteria, [None] * len(question.criteria), ctx, where)
@@ -28,5 +31,8 @@ class SpanKind(QuestionKind):
         best = max(range(len(probs)), key=probs.__getitem__)
         text = question.criteria[best]
         start = str(ctx.state).index(text)
-        return SpanAnswer(span=Span(start=start, end=start + len(text), text=text),
-                          probabilities=dict(zip(question.criteria, probs)), confidence=choice_confidence(probs))
+        return SpanAnswer(
+            span=Span(start=start, end=start + len(text), text=text),
+            probabilities=dict(zip(question.criteria, probs)),
+            confidence=choice_confidence(probs),
+        )

@@ -8,6 +8,7 @@ For a type, FP32 logits become `(logits + b * e0) / T`: the bias moves the first
 Yes: its log-odds) before the temperature. `set` falls back to noul's values, `span` to choice's.
 Every readout applies it the same way (CalibratedKind); /health reports what was loaded.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,10 +37,15 @@ class Calibration:
         from jev_common.checkpoint_files import ServingError
 
         def number(value, what: str, positive: bool) -> float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-                    positive and value <= 0):
-                raise ServingError(f"{source}: {what} must be a {'positive ' if positive else ''}finite number, "
-                                   f"got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or (positive and value <= 0)
+            ):
+                raise ServingError(
+                    f"{source}: {what} must be a {'positive ' if positive else ''}finite number, got {value!r}"
+                )
             return float(value)
 
         temperatures = {}
@@ -48,12 +54,17 @@ class Calibration:
         for key in ("temperatures", "temperature_by_type"):
             for type_, value in (config.get(key) or {}).items():
                 temperatures[type_] = number(value, f"{key}.{type_}", True)
-        biases = {type_: number(value, f"biases.{type_}", False) for type_, value in (config.get("biases") or {}).items()}
+        biases = {
+            type_: number(value, f"biases.{type_}", False) for type_, value in (config.get("biases") or {}).items()
+        }
         unknown = sorted((set(temperatures) | set(biases)) - set(TYPES))
         if unknown:
             raise ServingError(f"{source}: calibration for unknown question type(s) {', '.join(unknown)}")
-        prior = (PositionPrior.from_config(config["position_prior"], f"{source} position_prior")
-                 if "position_prior" in config else None)
+        prior = (
+            PositionPrior.from_config(config["position_prior"], f"{source} position_prior")
+            if "position_prior" in config
+            else None
+        )
         return cls(temperatures, biases, source, prior)
 
     def fit_prior(self, kept_apart: PositionPrior | None, checkpoint: str, layout: str) -> "Calibration":
@@ -105,8 +116,11 @@ class Calibration:
     def describe(self) -> dict:
         out = {"source": self.source, "temperatures": dict(self.temperatures), "biases": dict(self.biases)}
         if self.position_prior is not None or self.position_prior_unused is not None:
-            out["position_prior"] = (self.position_prior.describe() if self.position_prior is not None
-                                     else {"unused": self.position_prior_unused})
+            out["position_prior"] = (
+                self.position_prior.describe()
+                if self.position_prior is not None
+                else {"unused": self.position_prior_unused}
+            )
         return out
 
 

@@ -16,6 +16,7 @@ that are missing or empty take the default question (`instructions or default`).
 The head scores the question's codes (readouts/code_readout.py); a prompt longer than the family's limit is
 refused, never truncated.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,23 @@ from typing import ClassVar
 
 import torch
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import UnreadableInput
 from jev_common.recipe import PromptSpec
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    choice_answer,
     score_answer,
 )
 
 from ..prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
 from ..protocols import QuestionKind
 from ..questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
 from .code_readout import CodeReadout
 
 STATE = "State:\n{state}\n\n"
@@ -50,8 +57,8 @@ class CodePrompt:
     family: str
     system: str
     closing: str
-    empty_state: str | None = None    # what an empty text state reads as (None: as sent)
-    distinct_levels: bool = False     # score levels must be distinct and non-empty (else 422)
+    empty_state: str | None = None  # what an empty text state reads as (None: as sent)
+    distinct_levels: bool = False  # score levels must be distinct and non-empty (else 422)
 
     def user_row(self, instructions: str, options: list[str], codes: list[str]) -> str:
         listing = "\n".join(f"{code}: {text}" for code, text in zip(codes, options))
@@ -68,10 +75,15 @@ class CodePromptBuilder(ChatPromptBuilder):
 
     def __init__(self, tokenizer, recipe, identity: str, prompt: CodePrompt, max_length: int | None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ServingError(f"{prompt.family} renders every question with the checkpoint's chat template; "
-                               "its tokenizer has none")
-        spec = PromptSpec(system=prompt.system, use_chat_template=True, chat_template_kwargs={"enable_thinking": False},
-                          state_block=STATE)
+            raise ServingError(
+                f"{prompt.family} renders every question with the checkpoint's chat template; its tokenizer has none"
+            )
+        spec = PromptSpec(
+            system=prompt.system,
+            use_chat_template=True,
+            chat_template_kwargs={"enable_thinking": False},
+            state_block=STATE,
+        )
         super().__init__(tokenizer, family_prompt(recipe, spec, prompt.family), identity)
         self.prompt = prompt
         self.max_length = max_length
@@ -81,14 +93,17 @@ class CodePromptBuilder(ChatPromptBuilder):
             return self.prompt.empty_state
         return describe(state)
 
-    def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         text = self.state_text(plan.state) if plan is not None else state_text
         prepared = super().prepare(text, rows, image_keys, plan)
         longest = len(prepared.prefix_ids) + max(len(row) for row in prepared.rows)
         if self.max_length is not None and longest > self.max_length:
-            raise UnreadableInput(f"a question's prompt is {longest} tokens, over {self.prompt.family}'s limit of "
-                                  f"{self.max_length}; no input was truncated")
+            raise UnreadableInput(
+                f"a question's prompt is {longest} tokens, over {self.prompt.family}'s limit of "
+                f"{self.max_length}; no input was truncated"
+            )
         return prepared
 
     def check_codes_after_prompt(self) -> None:
@@ -131,8 +146,10 @@ class CodedChoice(_Coded):
     type = "choice"
 
     def options(self, question: ChoiceQuestion, ctx, where) -> list[str]:
-        return [self.checked(name if value is None else f"{name}: {describe(value)}", ctx, f"{where}.criteria[{name!r}]")
-                for name, value in question.criteria.items()]
+        return [
+            self.checked(name if value is None else f"{name}: {describe(value)}", ctx, f"{where}.criteria[{name!r}]")
+            for name, value in question.criteria.items()
+        ]
 
     def answer(self, question: ChoiceQuestion, logits, ctx) -> ChoiceAnswer:
         return choice_answer(list(question.criteria), self.probabilities(logits))
@@ -142,10 +159,13 @@ class CodedScore(_Coded):
     type = "score"
 
     def options(self, question: ScoreQuestion, ctx, where) -> list[str]:
-        levels = [self.checked(describe(level), ctx, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)]
+        levels = [
+            self.checked(describe(level), ctx, f"{where}.criteria[{i}]") for i, level in enumerate(question.criteria)
+        ]
         if self.prompt.distinct_levels and (not all(levels) or len(set(levels)) != len(levels)):
-            raise UnreadableInput(f"{where}.criteria: {self.prompt.family} needs score levels that are distinct and "
-                                  "non-empty")
+            raise UnreadableInput(
+                f"{where}.criteria: {self.prompt.family} needs score levels that are distinct and non-empty"
+            )
         return levels
 
     def answer(self, question: ScoreQuestion, logits, ctx) -> ScoreAnswer:
@@ -158,8 +178,10 @@ class CodedNoul(_Coded):
     def options(self, question: NoulQuestion, ctx, where) -> list[str]:
         given = question.criteria
         sides = (None, None) if given is None else (given.false, given.true)
-        return [self.checked(describe(side or default), ctx, f"{where}.criteria")
-                for side, default in zip(sides, NOUL_OPTIONS)]
+        return [
+            self.checked(describe(side or default), ctx, f"{where}.criteria")
+            for side, default in zip(sides, NOUL_OPTIONS)
+        ]
 
     def answer(self, question: NoulQuestion, logits, ctx) -> NoulAnswer:
         return NoulAnswer(noul=self.probabilities(logits)[1])

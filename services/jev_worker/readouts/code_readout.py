@@ -12,19 +12,21 @@ bfloat16` the BF16 `F.linear(h, W)` the format's BF16 readout computes. The gene
 score and span; yes/no questions have no code layout in it (noul, set: 4xx). A family with its own prompt
 (families/pplx_decider, families/d3) subclasses it with its question types (readouts/code_prompt.py).
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
+
 from ..backends.registry import build_backend
+from ..loading.checkpoint import Requirement
 from ..protocols import Backend, Head
 from ..questions.choice import Choice
 from ..questions.score import Score
 from ..questions.span import SpanKind
-from jev_common.checkpoint_files import ServingError, read_json
-from ..loading.checkpoint import Requirement
 from .calibration import Calibration
 from .standard import StandardReadout
 
@@ -58,7 +60,7 @@ class CodeReadout(StandardReadout):
     name = "code-readout"
     question_types = frozenset({"choice", "score", "span"})
     attention_mode: str | None = None  # the checkpoint's (decision_config.json), known once `check` has read it
-    config: dict | None = None         # decision_config.json, once `check` has read it
+    config: dict | None = None  # decision_config.json, once `check` has read it
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(CONFIG, ("codes", "token_ids", "temperature")), Requirement(WEIGHTS, ("weight",))]
@@ -72,15 +74,18 @@ class CodeReadout(StandardReadout):
         if pooling != "last":
             raise ServingError(f"{CONFIG}: pooling {pooling!r} is not served (only 'last')")
         if config.get("readout_dtype", "float32") not in READOUT_DTYPES:
-            raise ServingError(f"{CONFIG}: readout_dtype {config['readout_dtype']!r} is not one of "
-                               f"{', '.join(READOUT_DTYPES)}")
+            raise ServingError(
+                f"{CONFIG}: readout_dtype {config['readout_dtype']!r} is not one of {', '.join(READOUT_DTYPES)}"
+            )
         self.attention_mode, self.config = mode, config
 
     def make_backend(self) -> Backend:
         """causal-lm for a causal checkpoint, noncausal-lm for `noncausal_full_attention` (read by `check`)."""
         if self.attention_mode is None:
-            raise ServingError(f"readout {self.name!r} chooses its backend by the checkpoint's {CONFIG} "
-                               "attention_mode: check the checkpoint first")
+            raise ServingError(
+                f"readout {self.name!r} chooses its backend by the checkpoint's {CONFIG} "
+                "attention_mode: check the checkpoint first"
+            )
         return build_backend(BACKEND_FOR_ATTENTION[self.attention_mode])
 
     def question_kinds(self) -> list:
@@ -96,19 +101,28 @@ class CodeReadout(StandardReadout):
         weight = load_file(os.path.join(folder, WEIGHTS))["weight"]
         hidden = hidden_size(loaded.model)
         if len(codes) != len(token_ids) or len(set(codes)) != len(codes):
-            raise ServingError(f"{CONFIG}: {len(codes)} codes (distinct: {len(set(codes))}) for {len(token_ids)} token_ids")
+            raise ServingError(
+                f"{CONFIG}: {len(codes)} codes (distinct: {len(set(codes))}) for {len(token_ids)} token_ids"
+            )
         if tuple(weight.shape) != (len(codes), hidden):
-            raise ServingError(f"{WEIGHTS}: weight is {list(weight.shape)}, expected [{len(codes)} codes, hidden {hidden}]")
+            raise ServingError(
+                f"{WEIGHTS}: weight is {list(weight.shape)}, expected [{len(codes)} codes, hidden {hidden}]"
+            )
         for code, token in zip(codes, token_ids):
             actual = builder._try_single_token(code)
             if actual != token:
-                raise ServingError(f"{CONFIG}: code {code!r} is token {token} there, but this tokenizer makes it "
-                                   f"{'several tokens' if actual is None else f'token {actual}'}")
+                raise ServingError(
+                    f"{CONFIG}: code {code!r} is token {token} there, but this tokenizer makes it "
+                    f"{'several tokens' if actual is None else f'token {actual}'}"
+                )
         builder.use_codebook(codes, list(range(len(codes))), f"its {CONFIG} has")
         self.head = CodeHead(weight.to(loaded.device), READOUT_DTYPES[config.get("readout_dtype", "float32")])
         self.serve(self.question_kinds(), Calibration.from_config(config, CONFIG))
 
     def describe(self) -> dict:
         config = self.config or {}
-        return {**super().describe(), "attention_mode": self.attention_mode,
-                "readout_dtype": config.get("readout_dtype", "float32")}
+        return {
+            **super().describe(),
+            "attention_mode": self.attention_mode,
+            "readout_dtype": config.get("readout_dtype", "float32"),
+        }

@@ -7,18 +7,19 @@ x_coherence `prior` (questions/position_prior.py) from that file's `position_pri
 beside its recipe.yaml (`serving.options.position_prior_file`, for a checkpoint folder that cannot be written, such
 as the embedded model's package), applied only when it was estimated on the checkpoint and layout served.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 
-from ..engine.head import DecisionHead
-
-from ..questions.registry import QUESTION_KINDS
 from jev_common.checkpoint_files import ServingError, read_json
+
+from ..engine.head import DecisionHead
 from ..loading.checkpoint import Requirement
-from .calibration import Calibration
 from ..questions.position_prior import PositionPrior, layout_digest
+from ..questions.registry import QUESTION_KINDS
+from .calibration import Calibration
 from .standard import StandardReadout
 
 
@@ -33,8 +34,7 @@ class LabelTokens(StandardReadout):
     def known_options(self) -> dict:
         # calibration_required: the checkpoint must ship its calibration file (a recipe whose model is calibrated)
         # position_prior_file: a JSON file beside the recipe's recipe.yaml with a `position_prior` block
-        return {"calibration_file": "decision_config.json", "calibration_required": False,
-                "position_prior_file": None}
+        return {"calibration_file": "decision_config.json", "calibration_required": False, "position_prior_file": None}
 
     def requirements(self) -> list[Requirement]:
         return [Requirement(self.option("calibration_file"))] if self.option("calibration_required") else []
@@ -43,8 +43,9 @@ class LabelTokens(StandardReadout):
         self.head = DecisionHead(loaded.model, loaded.folder)
         calibration = Calibration.from_file(loaded.folder, self.option("calibration_file"))
         prior, missing = self.recipe_prior(builder.recipe)
-        calibration = calibration.fit_prior(prior, builder.identity,
-                                            layout_digest(self.name, builder.recipe, calibration))
+        calibration = calibration.fit_prior(
+            prior, builder.identity, layout_digest(self.name, builder.recipe, calibration)
+        )
         if missing and calibration.position_prior is None:
             calibration = replace(calibration, position_prior_unused=missing)
         self.serve(list(QUESTION_KINDS.values()), calibration)
@@ -57,12 +58,14 @@ class LabelTokens(StandardReadout):
         if name is None:
             return None, None
         if not isinstance(name, str) or recipe.folder is None:
-            raise ServingError(f"recipe {recipe.name}: serving.options.position_prior_file must name a file beside "
-                               "its recipe.yaml")
+            raise ServingError(
+                f"recipe {recipe.name}: serving.options.position_prior_file must name a file beside its recipe.yaml"
+            )
         path = os.path.join(recipe.folder, name)
         source = f"recipes/{recipe.folder.name}/{name}"
         if not os.path.isfile(path):
             return None, f"{source}: no such file (compute it with python -m tools.calibrate_prior)"
         config = read_json(path)
-        return PositionPrior.from_config(config.get("position_prior") if isinstance(config, dict) else None,
-                                         source), None
+        return PositionPrior.from_config(
+            config.get("position_prior") if isinstance(config, dict) else None, source
+        ), None

@@ -2,6 +2,7 @@
 builder, the single-question form asked as the System One question it is, the state rendered as sent, and
 question types wrapped in their calibration. A family's readout subclasses StandardReadout and overrides what
 its contract does differently; ExternalReadout is the one for a family whose own server runs the network."""
+
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -44,8 +45,9 @@ class StandardReadout(Readout):
             from ..questions.prior_choice import PriorChoice
 
             try:
-                kinds = [PriorChoice(kind, calibration.position_prior) if kind.type == "choice" else kind
-                         for kind in kinds]
+                kinds = [
+                    PriorChoice(kind, calibration.position_prior) if kind.type == "choice" else kind for kind in kinds
+                ]
             except ValueError as exc:
                 raise ServingError(f"readout {self.name!r}: {calibration.position_prior.source}: {exc}") from None
         self.calibration = calibration

@@ -3,6 +3,7 @@ per request and kept in L3; every question is its own row(s) after it, and all r
 batched forward. A question's row never sees the other questions, its id or its position, so its answer does
 not depend on them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,8 @@ from jev_common.assets import asset_bytes, bytes_key
 from jev_common.errors import validation_error
 from jev_common.schema import SystemOneRequest
 
-from .job import ImageSlot, Job
 from ..questions.base import render_content
+from .job import ImageSlot, Job
 
 
 def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
@@ -26,8 +27,9 @@ def l1_key(request: SystemOneRequest, image_keys: tuple[str, ...]) -> str:
     return hashlib.sha256(("envelope|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 
-def job(request: SystemOneRequest, parts: dict[str, bytes],
-        render: Callable[[SystemOneRequest], str] | None = None) -> Job:
+def job(
+    request: SystemOneRequest, parts: dict[str, bytes], render: Callable[[SystemOneRequest], str] | None = None
+) -> Job:
     """`render`: the state as the served family's prompt writes it (Readout.envelope_state; by default
     render_state), asset references still in place; the route key always hashes render_state's text."""
     refs = image_refs(request, parts)
@@ -40,16 +42,25 @@ def job(request: SystemOneRequest, parts: dict[str, bytes],
         at = end
     pieces.append(state_text[at:])
     keys = tuple(p.key for p in pieces if isinstance(p, ImageSlot))
-    return Job(questions=dict(request.questions), state=request.state, pieces=tuple(pieces),
-               where="state", route_text=render_state(request), route_images=tuple(r.key for r in refs),
-               l1_key=l1_key(request, keys), request=request, has_images=bool(refs), coherence=request.x_coherence)
+    return Job(
+        questions=dict(request.questions),
+        state=request.state,
+        pieces=tuple(pieces),
+        where="state",
+        route_text=render_state(request),
+        route_images=tuple(r.key for r in refs),
+        l1_key=l1_key(request, keys),
+        request=request,
+        has_images=bool(refs),
+        coherence=request.x_coherence,
+    )
 
 
 # ----- images -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ImageRef:
     reference: str  # the placeholder string the request uses in its state
-    key: str        # sha256 of the image bytes: the preencoder's asset name
+    key: str  # sha256 of the image bytes: the preencoder's asset name
 
 
 def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[ImageRef]:
@@ -59,14 +70,16 @@ def image_refs(request: SystemOneRequest, parts: dict[str, bytes]) -> list[Image
     for reference, asset in (request.assets or {}).items():
         if asset.part is not None:
             if asset.part in claimed:
-                raise validation_error(f"multipart part {asset.part!r} is claimed by two assets",
-                                       ("assets", reference, "part"))
+                raise validation_error(
+                    f"multipart part {asset.part!r} is claimed by two assets", ("assets", reference, "part")
+                )
             claimed.add(asset.part)
         refs.append(ImageRef(reference, bytes_key(asset_bytes(reference, asset, parts))))
     unclaimed = sorted(set(parts) - claimed)
     if unclaimed:
-        raise validation_error(f"multipart part(s) {', '.join(map(repr, unclaimed))} are not named by any asset",
-                               ("assets",))
+        raise validation_error(
+            f"multipart part(s) {', '.join(map(repr, unclaimed))} are not named by any asset", ("assets",)
+        )
     return refs
 
 
@@ -95,11 +108,17 @@ def refuse_images_in_questions(request: SystemOneRequest, refs: list[ImageRef], 
     for ref in refs:
         forms = _forms(ref.reference)
         if any(json.dumps(f, ensure_ascii=False)[1:-1] in questions for f in forms):
-            raise validation_error(f"image {ref.reference!r} is used in a question; images are served in the "
-                                   "state only (questions are rows after the state)", ("questions",))
+            raise validation_error(
+                f"image {ref.reference!r} is used in a question; images are served in the "
+                "state only (questions are rows after the state)",
+                ("questions",),
+            )
         if not any(f in state for f in forms):
-            raise validation_error(f"asset {ref.reference!r} is not placed in the state: put its reference "
-                                   "where the image belongs in the state", ("assets", ref.reference))
+            raise validation_error(
+                f"asset {ref.reference!r} is not placed in the state: put its reference "
+                "where the image belongs in the state",
+                ("assets", ref.reference),
+            )
 
 
 def render_state(request: SystemOneRequest) -> str:

@@ -10,6 +10,7 @@ short whatever the prompt's length, and the check runs within one chunk's layer.
 Every layer also stamps `last_progress`: health reads it to tell a worker that is computing from one that is
 stuck (no layer finished for longer than its stall limit while a batch runs).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,12 @@ def layer_stack(model: torch.nn.Module) -> torch.nn.ModuleList | None:
     """The model's stack of transformer blocks: the longest ModuleList whose items are all of one class."""
     best = None
     for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 1 \
-                and len({type(m) for m in module}) == 1 and (best is None or len(module) > len(best)):
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) > 1
+            and len({type(m) for m in module}) == 1
+            and (best is None or len(module) > len(best))
+        ):
             best = module
     return best
 
@@ -56,8 +61,7 @@ class LayerChecks:
         stack = layer_stack(model)
         self.layers = len(stack) if stack is not None else 0
         if stack is None:
-            log.warning("no layer stack found in %s: forwards are not stopped between layers",
-                        type(model).__name__)
+            log.warning("no layer stack found in %s: forwards are not stopped between layers", type(model).__name__)
             return
         for index, block in enumerate(stack):
             block.register_forward_pre_hook(self._hook(index))
@@ -68,6 +72,7 @@ class LayerChecks:
             wanted = self._wanted
             if wanted is not None and threading.get_ident() == self._thread and not wanted():
                 raise ForwardAbandoned(index, self.layers)
+
         return check
 
     @contextlib.contextmanager

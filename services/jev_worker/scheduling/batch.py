@@ -1,14 +1,15 @@
 """What the scheduler hands the runner and gets back: the batch's items (one prepared prompt each), grouped by
 prefix key with each group's cache match, and the results."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-from .prefix_cache import Match, PrefixState
 from ..prompt.builder import PreparedRequest
 from ..protocols import PrefixCache
+from .prefix_cache import Match, PrefixState
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """LRU caches with a budget (entry count or bytes) and hit/miss/eviction counters, and the worker's three
 levels of them, owned in one place (`WorkerCaches`)."""
+
 from __future__ import annotations
 
 import threading
@@ -23,10 +24,15 @@ class BudgetLRU(Generic[V]):
     index.
     """
 
-    def __init__(self, name: str, budget: int, size_of: Callable[[V], int] = lambda _: 1,
-                 on_evict: Callable[[Hashable, V], None] | None = None,
-                 bytes_of: Callable[[V], int] | None = None,
-                 on_insert: Callable[[Hashable, V], None] | None = None):
+    def __init__(
+        self,
+        name: str,
+        budget: int,
+        size_of: Callable[[V], int] = lambda _: 1,
+        on_evict: Callable[[Hashable, V], None] | None = None,
+        bytes_of: Callable[[V], int] | None = None,
+        on_insert: Callable[[Hashable, V], None] | None = None,
+    ):
         self.name = name
         self.budget = max(0, int(budget))
         self._size_of = size_of
@@ -122,8 +128,12 @@ class BudgetLRU(Generic[V]):
     def stats(self) -> CacheLevelStats:
         with self._lock:
             return CacheLevelStats(
-                enabled=self.enabled, hits=self.hits, misses=self.misses, evictions=self.evictions,
-                resident_bytes=self.resident_bytes, resident_entries=len(self._entries),
+                enabled=self.enabled,
+                hits=self.hits,
+                misses=self.misses,
+                evictions=self.evictions,
+                resident_bytes=self.resident_bytes,
+                resident_entries=len(self._entries),
                 budget=self.budget,
             )
 

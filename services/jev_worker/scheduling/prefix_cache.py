@@ -12,14 +12,15 @@ The scheduler matches every group of a batch before the runner sees it (vLLM v1 
 for computed blocks the same way), inserts the states the runner computed for misses, and asks `resident`
 (without touching recency or counters) when it orders the queue.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from .caches import BudgetLRU
 from ..protocols import PrefixCache
+from .caches import BudgetLRU
 from .reuse import ReusePolicy
 
 
@@ -46,8 +47,9 @@ class PrefixState:
     @property
     def nbytes(self) -> int:
         if self.snapshot is not None:
-            return sum(t.numel() * t.element_size() for layer in self.snapshot.layers
-                       for _, _, t in layer_tensors(layer))
+            return sum(
+                t.numel() * t.element_size() for layer in self.snapshot.layers for _, _, t in layer_tensors(layer)
+            )
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv)
 
 

@@ -6,6 +6,7 @@ recomputing the prefix in the one forward the row needs anyway: on an H200 an L3
 off (p50 83 vs 53 ms). The engine times both paths at start-up and, per request, uses the cached state
 only when its measured cost at that prefix length is no higher than recomputing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,18 +34,18 @@ class LinearCost:
 @dataclass(frozen=True)
 class ReuseCosts:
     recompute: LinearCost  # the row's forward with its whole prefix recomputed, by prefix tokens
-    reuse: LinearCost      # the row's forward after the cached state (KV assembled), by prefix tokens
+    reuse: LinearCost  # the row's forward after the cached state (KV assembled), by prefix tokens
 
     def to_dict(self) -> dict:
-        return {name: {"fixed_ms": round(cost.fixed_s * 1e3, 4), "per_token_us": round(cost.per_token_s * 1e6, 4)}
-                for name, cost in (("recompute", self.recompute), ("reuse", self.reuse))}
+        return {
+            name: {"fixed_ms": round(cost.fixed_s * 1e3, 4), "per_token_us": round(cost.per_token_s * 1e6, 4)}
+            for name, cost in (("recompute", self.recompute), ("reuse", self.reuse))
+        }
 
 
 def reuse_pays(prefix_tokens: int, costs: ReuseCosts | None) -> bool:
     """Use a cached prefix state of this length? Always when nothing was measured."""
     return costs is None or costs.reuse.at(prefix_tokens) <= costs.recompute.at(prefix_tokens)
-
-
 
 
 @dataclass

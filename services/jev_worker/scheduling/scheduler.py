@@ -32,6 +32,7 @@ batch with the states to start from, and inserts the states the runner computed 
 
 `abort` (on shutdown) answers every job at once and stops the running batch the same way.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,10 +47,10 @@ from typing import Callable
 
 from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
+from ..protocols import Engine, PrefixCache
 from .abandon import ForwardAbandoned, LayerChecks
 from .batch import EngineItem, EngineResult, group_by_prefix
 from .prefix_cache import L3PrefixCache
-from ..protocols import Engine, PrefixCache
 
 log = logging.getLogger("jev.worker.scheduler")
 
@@ -83,10 +84,10 @@ class Flight:
     item: EngineItem
     key: str
     client: str
-    expires: float            # time.monotonic() of the latest waiter's deadline
+    expires: float  # time.monotonic() of the latest waiter's deadline
     future: asyncio.Future
     seq: int = 0
-    start: float = 0.0        # virtual start (fair queuing): jobs are taken smallest first
+    start: float = 0.0  # virtual start (fair queuing): jobs are taken smallest first
     waiters: int = 0
     linger_until: float = 0.0  # wanted without waiters until then (a retrying caller left)
     aborted: bool = False
@@ -122,14 +123,26 @@ class KeptResult:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, executor: ThreadPoolExecutor, *, max_queue: int, batching: bool,
-                 max_batch_rows: int, max_wait_ms: float, checks: LayerChecks | None = None,
-                 max_batch_tokens: int = 0, prefix_cache: PrefixCache | None = None, prefix_aware: bool = True,
-                 max_per_client: int = 0, linger_s: float = 5.0,
-                 on_batch: Callable[[int, int, float], None] | None = None,
-                 on_depth: Callable[[int], None] | None = None,
-                 on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
-                 on_event: Callable[[str, int], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        executor: ThreadPoolExecutor,
+        *,
+        max_queue: int,
+        batching: bool,
+        max_batch_rows: int,
+        max_wait_ms: float,
+        checks: LayerChecks | None = None,
+        max_batch_tokens: int = 0,
+        prefix_cache: PrefixCache | None = None,
+        prefix_aware: bool = True,
+        max_per_client: int = 0,
+        linger_s: float = 5.0,
+        on_batch: Callable[[int, int, float], None] | None = None,
+        on_depth: Callable[[int], None] | None = None,
+        on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
+        on_event: Callable[[str, int], None] | None = None,
+    ):
         self.engine = engine
         self.executor = executor
         self.prefix_cache = prefix_cache if prefix_cache is not None else L3PrefixCache()
@@ -237,13 +250,22 @@ class Scheduler:
             raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
         if self.max_per_client and self._per_client[client] >= self.max_per_client:
             self._event("client_limited", len(item.prepared.rows))
-            raise ClientOverloaded(f"this client has {self._per_client[client]} requests queued or running, the most "
-                                   f"one client may (JEV_MAX_PER_CLIENT); retry once one is answered")
+            raise ClientOverloaded(
+                f"this client has {self._per_client[client]} requests queued or running, the most "
+                f"one client may (JEV_MAX_PER_CLIENT); retry once one is answered"
+            )
         loop = asyncio.get_running_loop()
         start = max(self._vtime, self._finish.get(client, 0.0))  # start-time fair queuing, a job costs its rows
         self._finish[client] = start + len(item.prepared.rows)
-        job = Flight(item=item, key=key, client=client, expires=time.monotonic() + timeout_s,
-                  future=loop.create_future(), seq=next(self._seq), start=start)
+        job = Flight(
+            item=item,
+            key=key,
+            client=client,
+            expires=time.monotonic() + timeout_s,
+            future=loop.create_future(),
+            seq=next(self._seq),
+            start=start,
+        )
         job.future.add_done_callback(_retrieve)
         self._flights[key] = job
         self._per_client[client] += 1
@@ -271,8 +293,14 @@ class Scheduler:
 
     def _drop(self, job: Flight) -> None:
         """A queued job nobody waits for (its deadline passed, or its callers left) leaves without a forward."""
-        self._settle(job, error=DeadlineExceeded("deadline passed while queued" if time.monotonic() >= job.expires
-                                                 else "nobody waits for this decision any more"))
+        self._settle(
+            job,
+            error=DeadlineExceeded(
+                "deadline passed while queued"
+                if time.monotonic() >= job.expires
+                else "nobody waits for this decision any more"
+            ),
+        )
         self._release(job)
 
     def _settle(self, job: Flight, result: EngineResult | None = None, error: Exception | None = None) -> None:
@@ -336,7 +364,8 @@ class Scheduler:
                 shares = job.prefix_key in prefixes or job.prefix_key in resident
                 cost = job.row_tokens if shares else job.tokens
                 if rows + job.rows <= self.max_batch_rows and (
-                        not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens):
+                    not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens
+                ):
                     batch.append(job)
                     prefixes.add(job.prefix_key)
                     rows += job.rows
@@ -371,14 +400,23 @@ class Scheduler:
                 try:
                     results = await loop.run_in_executor(self.executor, self._run, batch)
                 except ForwardAbandoned as stopped:
-                    log.info("stopped a batch of %d (%d rows) nobody waits for before layer %d of %d%s",
-                             len(batch), rows, stopped.layer, stopped.layers,
-                             f" (prefill chunk {stopped.chunk})" if stopped.chunk else "")
+                    log.info(
+                        "stopped a batch of %d (%d rows) nobody waits for before layer %d of %d%s",
+                        len(batch),
+                        rows,
+                        stopped.layer,
+                        stopped.layers,
+                        f" (prefill chunk {stopped.chunk})" if stopped.chunk else "",
+                    )
                     if self._on_abandoned:
                         self._on_abandoned(rows, stopped)
                     for job in batch:
-                        self._settle(job, error=ShuttingDown("worker is shutting down") if self._aborting
-                                     else DeadlineExceeded("no decision within the deadline"))
+                        self._settle(
+                            job,
+                            error=ShuttingDown("worker is shutting down")
+                            if self._aborting
+                            else DeadlineExceeded("no decision within the deadline"),
+                        )
                 except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the worker
                     log.exception("model forward failed for a batch of %d", len(batch))
                     error = ForwardFailed(f"model forward failed: {type(exc).__name__}: {exc}")

@@ -6,6 +6,7 @@ of logits / temperature. Commit-pinned public sources: sgl-project/sglang
 `python/sglang/srt/entrypoints/systemone/serving.py` @ 18396cfb51aeee87250be6e4241648c25479b902 (pplx-decider's
 prompt and code readout as SGLang ports it) and vllm-project/semantic-router
 `src/model-runtime/vllm_srun/families/decision3/family.py` @ b744aa1f6a18873339848c6367362d2e7b92fc42 (`_pass`)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ class CodeReadoutReference:
         self.messages, self.keys = messages, keys
 
     def text(self, state, question: dict) -> str:
-        text = self.tokenizer.apply_chat_template(self.messages(state, question, self.config["codes"]), tokenize=False,
-                                                  add_generation_prompt=True, enable_thinking=False)
+        text = self.tokenizer.apply_chat_template(
+            self.messages(state, question, self.config["codes"]),
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,
+        )
         assert text.endswith(THINKING_OFF)
         return text
 

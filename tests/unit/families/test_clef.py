@@ -9,6 +9,7 @@ Upstream: `joint_schema_model.py` as vendored in unslothai/unsloth `unsloth/_ven
 below is its `SYSTEM_PROMPT`, NOUL its `question_options` noul defaults, and `Reference.encode` its `encode_record`
 (the schema, prefix and suffix strings copied literally; choice options sorted; instructions falling back to the
 question id); the head is its `JointSchemaHead`."""
+
 from __future__ import annotations
 
 import json
@@ -20,26 +21,39 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.recipe import load_recipe
 from jev_common.vl import load_vl_processor
-from jev_common.checkpoint_files import ServingError
 from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, served
 from ..vl_helpers import pattern_image, png_uri, request_line
 
-SYSTEM = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one of "
-          "that field's allowed options.")
-NOUL = {"true": "The proposition is true or the answer is yes.", "false": "The proposition is false or the answer is no."}
-STATE = {"note": "The parcel arrived with a dented corner; the kettle inside rattles.",
-         "order": {"items": ["kettle", "mug"], "id": 17}}
+SYSTEM = (
+    "Read the complete state and schema. Decide every field jointly. Each answer must be exactly one of "
+    "that field's allowed options."
+)
+NOUL = {
+    "true": "The proposition is true or the answer is yes.",
+    "false": "The proposition is false or the answer is no.",
+}
+STATE = {
+    "note": "The parcel arrived with a dented corner; the kettle inside rattles.",
+    "order": {"items": ["kettle", "mug"], "id": 17},
+}
 QUESTIONS = {
     "damaged": {"type": "noul", "instructions": "Did the item arrive damaged?"},
-    "action": {"type": "choice", "instructions": "What should support do?",
-               "criteria": {"replace": None, "refund": "Give the money back", "ask for photos": "Request evidence first"}},
+    "action": {
+        "type": "choice",
+        "instructions": "What should support do?",
+        "criteria": {"replace": None, "refund": "Give the money back", "ask for photos": "Request evidence first"},
+    },
     "severity": {"type": "score", "instructions": "How bad is the damage?", "criteria": ["none", "cosmetic", "broken"]},
-    "urgent": {"type": "noul", "instructions": {"ask": "urgency", "scale": [1, 2]},
-               "criteria": {"true": "The customer needs it today."}},
+    "urgent": {
+        "type": "noul",
+        "instructions": {"ask": "urgency", "scale": [1, 2]},
+        "criteria": {"true": "The customer needs it today."},
+    },
 }
 
 
@@ -58,8 +72,11 @@ def clef_recipe(options: dict | None = None):
 
 
 def render(value):
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"),
-                                                           sort_keys=True)
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    )
 
 
 class Reference:
@@ -102,16 +119,16 @@ class Reference:
                 spans.append((start, len(schema)))
                 schema += self.tokens("\n")
             schema += self.tokens("END FIELD\n")
-            fields.append(({"noul": 0, "choice": 1, "score": 2}[q["type"]], question_span, spans,
-                           [o for o, _ in options]))
+            fields.append(
+                ({"noul": 0, "choice": 1, "score": 2}[q["type"]], question_span, spans, [o for o, _ in options])
+            )
         prefix = self.tokens(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nSTATE:\n")
         if media:
             prefix += list(media) + self.tokens("\n")
         suffix = self.tokens("\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:")
         state_ids = self.tokens(render(state))[: max_length - len(prefix) - len(schema) - len(suffix)]
         at = len(prefix) + len(state_ids)
-        fields = [(t, (q[0] + at, q[1] + at), [(s + at, e + at) for s, e in spans], ids)
-                  for t, q, spans, ids in fields]
+        fields = [(t, (q[0] + at, q[1] + at), [(s + at, e + at) for s, e in spans], ids) for t, q, spans, ids in fields]
         return prefix + state_ids + schema + suffix, fields
 
     @torch.inference_mode()
@@ -136,31 +153,41 @@ class Reference:
         questions_v = torch.stack([h[a:b].mean(0) for _, (a, b), _, _ in fields])
         lm = self.model.get_output_embeddings().weight
         lexical = [torch.stack([lm[ids[a:b]].mean(0) for a, b in spans]) for _, _, spans, _ in fields]
-        queries = torch.cat([head.option_context_projection(torch.stack([h[a:b].mean(0) for a, b in spans]))
-                             + head.option_lexical_projection(lex) + head.option_question_projection(questions_v[i])[None]
-                             for i, ((_, _, spans, _), lex) in enumerate(zip(fields, lexical))])[None]
+        queries = torch.cat(
+            [
+                head.option_context_projection(torch.stack([h[a:b].mean(0) for a, b in spans]))
+                + head.option_lexical_projection(lex)
+                + head.option_question_projection(questions_v[i])[None]
+                for i, ((_, _, spans, _), lex) in enumerate(zip(fields, lexical))
+            ]
+        )[None]
         for layer in head.evidence_layers:
             m = layer.memory_norm(memory)
             queries = queries + layer.attention(layer.query_norm(queries), m, m, need_weights=False)[0]
             queries = queries + layer.feedforward(layer.feedforward_norm(queries))
         routed = queries[0].split([len(f[2]) for f in fields])
         base = head.question_projection(questions_v)
-        summaries = torch.stack([(torch.softmax(o @ f / math.sqrt(width), 0)[:, None] * o).sum(0)
-                                 for f, o in zip(base, routed)])
+        summaries = torch.stack(
+            [(torch.softmax(o @ f / math.sqrt(width), 0)[:, None] * o).sum(0) for f, o in zip(base, routed)]
+        )
         types = torch.tensor([f[0] for f in fields])
-        out = (base + head.option_summary_norm(summaries) + head.global_projection(g)[None] + head.type_embedding(types))[None]
+        out = (
+            base + head.option_summary_norm(summaries) + head.global_projection(g)[None] + head.type_embedding(types)
+        )[None]
         for layer in head.layers:
             out = layer(out, memory)
         out = head.field_norm(out[0])
         answers = {}
         for i, (qid, field) in enumerate(zip(questions, fields)):
             prior = head.prior_logit_scale.clamp(max=math.log(100)).exp() * (
-                F.normalize(lexical[i], dim=-1) @ F.normalize(questions_v[i] + g, dim=-1))
+                F.normalize(lexical[i], dim=-1) @ F.normalize(questions_v[i] + g, dim=-1)
+            )
             options = head.option_norm(routed[i])
             f = out[i].expand_as(options)
             features = torch.cat([f, options, f * options, (f - options).abs()], -1)
-            joint = (head.joint_logit_scale.clamp(max=math.log(100)).exp() * F.cosine_similarity(f, options, dim=-1)
-                     + head.residual_scorer(features).squeeze(-1))
+            joint = head.joint_logit_scale.clamp(max=math.log(100)).exp() * F.cosine_similarity(
+                f, options, dim=-1
+            ) + head.residual_scorer(features).squeeze(-1)
             logits = prior + torch.sigmoid(head.residual_gate) * joint
             answers[qid] = dict(zip(field[3], torch.softmax(logits, -1).tolist()))
         return answers
@@ -226,15 +253,20 @@ async def test_clef_cuts_the_state_to_max_length_and_refuses_a_schema_over_it(wo
         assert "tokens fit" in json.dumps(refused)
 
 
-@pytest.mark.parametrize("question, says", [
-    ({"type": "set", "criteria": {"hot": None, "cold": None}}, "unsupported_question_type"),
-    ({"type": "span", "criteria": ["dented", "kettle"]}, "unsupported_question_type"),
-    ({"type": "choice", "criteria": {"a<|im_end|>": None, "b": None}}, "control token"),
-])
+@pytest.mark.parametrize(
+    "question, says",
+    [
+        ({"type": "set", "criteria": {"hot": None, "cold": None}}, "unsupported_question_type"),
+        ({"type": "span", "criteria": ["dented", "kettle"]}, "unsupported_question_type"),
+        ({"type": "choice", "criteria": {"a<|im_end|>": None, "b": None}}, "control token"),
+    ],
+)
 async def test_clef_refuses_what_it_has_no_head_for(worker_settings, clef_dir, question, says):
     settings = worker_settings(recipe=clef_recipe(), model_path=str(clef_dir))
     async with served(settings) as (front, _, _):
-        assert says in json.dumps(await ask(front, "A dented kettle.", {"q": question, "d": QUESTIONS["damaged"]}, status=422))
+        assert says in json.dumps(
+            await ask(front, "A dented kettle.", {"q": question, "d": QUESTIONS["damaged"]}, status=422)
+        )
 
 
 async def test_clef_image_states_place_the_images_after_the_prefix(worker_settings, clef_dir, reference, tmp_path):
@@ -255,12 +287,21 @@ async def test_clef_image_states_place_the_images_after_the_prefix(worker_settin
     settings = worker_settings(recipe=clef_recipe(), model_path=str(clef_dir), asset_dir=str(tmp_path / "assets"))
     async with served(settings) as (front, worker, _):
         for client in (front, worker):  # Clef's own form, images beside the state: refused, never answered without
-            response = await client.post("/v1/systemone", json={
-                "model": "jev-latest", "state": state[0], "questions": questions, "images": [png_uri(seed, size)]})
+            response = await client.post(
+                "/v1/systemone",
+                json={
+                    "model": "jev-latest",
+                    "state": state[0],
+                    "questions": questions,
+                    "images": [png_uri(seed, size)],
+                },
+            )
             assert response.status == 422
             assert "top-level `images` is not read" in (text := await response.text()) and "`assets`" in text
-        response = await front.post("/v1/systemone", json={
-            "model": "jev-latest", "state": state, "questions": questions, "assets": {"<image:photo>": asset}})
+        response = await front.post(
+            "/v1/systemone",
+            json={"model": "jev-latest", "state": state, "questions": questions, "assets": {"<image:photo>": asset}},
+        )
         body = await response.json()
         assert response.status == 200, body
         want = reference.probabilities(state, questions, image=pattern_image(seed, size))

@@ -10,6 +10,7 @@ contrastive-lm 0.1.0 (wheel sha256 7f3eed12d3aa10173f71bac7e50fc387565b485a2a2fc
   `candidates`), and the answers equal a plain reference over them to 1e-5;
 - span / set are refused before anything is sent; CLM down, its encoder down (CLM's own 502), a slow encoder and a
   malformed answer are 502 / 504 in this API's error shape, never a hang."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,8 @@ import torch
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from jev_common.recipe import load_recipe
 from jev_common.checkpoint_files import ServingError
+from jev_common.recipe import load_recipe
 from jev_worker.serving import preflight
 
 from ..clm_helpers import embedding, embeddings_app, make_tiny_clm_head, project, upstream_clm_server
@@ -31,11 +32,17 @@ from ..family_helpers import TOL, ask, assert_probs, served
 STATE = "The kettle is whistling and steam comes out of its spout."
 OBJECT_STATE = {"kettle": "whistling", "stove": {"on": True, "level": 3}, "notes": ["steam", "spout"]}
 QUESTIONS = {
-    "what": {"type": "choice", "instructions": "What is the kettle doing?",
-             "criteria": {"boiling": "the water boils", "cooling": None, "broken": None}},
+    "what": {
+        "type": "choice",
+        "instructions": "What is the kettle doing?",
+        "criteria": {"boiling": "the water boils", "cooling": None, "broken": None},
+    },
     "level": {"type": "score", "instructions": "How hot is it?", "criteria": ["cold", "warm", "hot"]},
-    "hot": {"type": "noul", "instructions": "Is the water hot?",
-            "criteria": {"true": "it is boiling", "false": "it is cold"}},
+    "hot": {
+        "type": "noul",
+        "instructions": "Is the water hot?",
+        "criteria": {"true": "it is boiling", "false": "it is cold"},
+    },
     "on": {"type": "noul", "instructions": "Is the stove on?"},
 }
 # What CLM embeds for QUESTIONS about STATE, copied out of contrastive-lm 0.1.0 `clm/schema.py`: `state_text` is
@@ -49,14 +56,21 @@ UPSTREAM_STATE_TEXTS = [
     "The kettle is whistling and steam comes out of its spout.\n\nIs the stove on?",
 ]
 UPSTREAM_CANDIDATE_TEXTS = [
-    "the water boils", "cooling", "broken",
-    "cold", "warm", "hot",
-    "false: it is cold", "true: it is boiling",
-    "false: No. This is false: Is the stove on?", "true: Yes. This is true: Is the stove on?",
+    "the water boils",
+    "cooling",
+    "broken",
+    "cold",
+    "warm",
+    "hot",
+    "false: it is cold",
+    "true: it is boiling",
+    "false: No. This is false: Is the stove on?",
+    "true: Yes. This is true: Is the stove on?",
 ]
 # `to_text` (clm/schema.py) writes an object state as `key: value` fields, nested ones indented, lists as `- item`:
-UPSTREAM_OBJECT_STATE_TEXT = ("kettle: whistling\n\nstove:\n  on: true\n  level: 3\n\nnotes:\n  - steam\n  - spout"
-                              "\n\nIs the stove on?")
+UPSTREAM_OBJECT_STATE_TEXT = (
+    "kettle: whistling\n\nstove:\n  on: true\n  level: 3\n\nnotes:\n  - steam\n  - spout\n\nIs the stove on?"
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +80,7 @@ def clm_head(tmp_path_factory) -> str:
 
 def clm_recipe(endpoint: str, **options):
     recipe = load_recipe("clm-v0.1-8b")
-    serving = recipe.serving.model_copy(update={"options": {**recipe.serving.options, "endpoint": endpoint,
-                                                            **options}})
+    serving = recipe.serving.model_copy(update={"options": {**recipe.serving.options, "endpoint": endpoint, **options}})
     return recipe.model_copy(update={"serving": serving})
 
 
@@ -99,20 +112,30 @@ async def test_clm_answers_equal_clms_own_server_and_the_plain_reference(worker_
         ours = clm.calls[-1]
         assert [b["input"] for b in control["embedded"]] == [UPSTREAM_STATE_TEXTS, UPSTREAM_CANDIDATE_TEXTS]
         assert all(b["model"] == "qwen3-8b" and b["encoding_format"] == "base64" for b in control["embedded"])
-        assert body["usage"] == {"input_tokens": sum(len(t.split()) for b in control["embedded"] for t in b["input"]),
-                                 "output_tokens": 0}
+        assert body["usage"] == {
+            "input_tokens": sum(len(t.split()) for b in control["embedded"] for t in b["input"]),
+            "output_tokens": 0,
+        }
 
         from clm.client import Choice, CLMClient, Noul, Score
 
         def clients_request():
             with CLMClient(base_url=clm.url) as client:
-                return client.system_one(STATE, {
-                    "what": Choice(instructions="What is the kettle doing?",
-                                   criteria={"boiling": "the water boils", "cooling": None, "broken": None}),
-                    "level": Score(instructions="How hot is it?", criteria=["cold", "warm", "hot"]),
-                    "hot": Noul(instructions="Is the water hot?", criteria={"true": "it is boiling", "false": "it is cold"}),
-                    "on": Noul(instructions="Is the stove on?"),
-                }, temperature=0.7)
+                return client.system_one(
+                    STATE,
+                    {
+                        "what": Choice(
+                            instructions="What is the kettle doing?",
+                            criteria={"boiling": "the water boils", "cooling": None, "broken": None},
+                        ),
+                        "level": Score(instructions="How hot is it?", criteria=["cold", "warm", "hot"]),
+                        "hot": Noul(
+                            instructions="Is the water hot?", criteria={"true": "it is boiling", "false": "it is cold"}
+                        ),
+                        "on": Noul(instructions="Is the stove on?"),
+                    },
+                    temperature=0.7,
+                )
 
         theirs = await asyncio.get_running_loop().run_in_executor(None, clients_request)
         assert ours == clm.calls[-1]  # the same state, questions, model and temperature as CLM's own client sends
@@ -121,9 +144,11 @@ async def test_clm_answers_equal_clms_own_server_and_the_plain_reference(worker_
         answers, t = body["answers"], 0.7
         want = reference(clm_head, UPSTREAM_STATE_TEXTS[0], UPSTREAM_CANDIDATE_TEXTS[0:3], t)
         assert_probs(answers["what"]["probabilities"], want, ["boiling", "cooling", "broken"])
-        assert_probs(answers["what"]["probabilities"], [theirs.answers["what"].probabilities[k]
-                                                        for k in ("boiling", "cooling", "broken")],
-                     ["boiling", "cooling", "broken"])
+        assert_probs(
+            answers["what"]["probabilities"],
+            [theirs.answers["what"].probabilities[k] for k in ("boiling", "cooling", "broken")],
+            ["boiling", "cooling", "broken"],
+        )
         assert answers["what"]["choice"] == theirs.answers["what"].choice
         assert max(want) - min(want) > 1e-3  # the head tells the options apart, or this proves nothing
         assert abs(answers["what"]["confidence"] - (max(want) - 1 / 3) / (2 / 3)) <= TOL  # this API's formula
@@ -150,12 +175,19 @@ async def test_clm_answers_equal_clms_own_server_and_the_plain_reference(worker_
         assert health["detail"]["external"]["embedder"] is True
 
 
-@pytest.mark.parametrize("question", [{"type": "set", "criteria": {"hot": None, "cold": None}},
-                                      {"type": "span", "criteria": ["its spout", "The kettle"]}])
+@pytest.mark.parametrize(
+    "question",
+    [
+        {"type": "set", "criteria": {"hot": None, "cold": None}},
+        {"type": "span", "criteria": ["its spout", "The kettle"]},
+    ],
+)
 async def test_clm_refuses_span_and_set_before_sending(worker_settings, clm_head, question):
     async with clm_stack(worker_settings, clm_head) as (front, _, control, _, clm):
         body = await ask(front, STATE, {"q": question}, status=422)
-        assert body["detail"]["error_type"] == "unsupported_question_type" and "CLM answers" in body["detail"]["message"]
+        assert (
+            body["detail"]["error_type"] == "unsupported_question_type" and "CLM answers" in body["detail"]["message"]
+        )
         assert clm.calls == [] and control["embedded"] == []
 
 
@@ -176,7 +208,11 @@ async def test_clm_is_position_free_every_coherence_mode_answered_unchanged(work
         calls = len(clm.calls)
         body = await ask(front, STATE, QUESTIONS, status=422, x_coherence="cyclic")
         [error] = body["detail"]
-        assert error["loc"][-1] == "x_coherence" and "clm-cosine" in error["msg"] and "does not offer 'cyclic'" in error["msg"]
+        assert (
+            error["loc"][-1] == "x_coherence"
+            and "clm-cosine" in error["msg"]
+            and "does not offer 'cyclic'" in error["msg"]
+        )
         assert len(clm.calls) == calls
 
 
@@ -185,7 +221,9 @@ async def test_clm_server_down_is_502_and_health_503(worker_settings, clm_head):
         await clm.stop()
         started = time.perf_counter()
         body = await ask(front, STATE, {"on": QUESTIONS["on"]}, status=502)
-        assert body["detail"]["error_type"] == "backend_unavailable" and "cannot be reached" in body["detail"]["message"]
+        assert (
+            body["detail"]["error_type"] == "backend_unavailable" and "cannot be reached" in body["detail"]["message"]
+        )
         response = await worker.get("/health")
         health = await response.json()
         assert response.status == 503 and "external server" in health["detail"]["message"]
@@ -197,7 +235,10 @@ async def test_embeddings_server_down_is_502_naming_it(worker_settings, clm_head
         await emb.close()
         body = await ask(front, STATE, {"on": QUESTIONS["on"]}, status=502)
         # CLM's own 502 (clm/server.py: EmbedderError -> HTTPException(502); clm/embedder.py "embedder unreachable at")
-        assert body["detail"]["error_type"] == "backend_unavailable" and "embedder unreachable" in body["detail"]["message"]
+        assert (
+            body["detail"]["error_type"] == "backend_unavailable"
+            and "embedder unreachable" in body["detail"]["message"]
+        )
         response = await worker.get("/health")
         assert response.status == 503
         assert "embeddings server down" in (await response.json())["detail"]["message"]
@@ -214,9 +255,15 @@ async def test_slow_clm_server_is_504_at_the_deadline(worker_settings, clm_head)
 
 async def test_a_wrong_answer_from_clm_is_502_naming_the_question(worker_settings):
     """A server that answers with the wrong options (a fault CLM itself does not make)."""
+
     async def wrong(_request: web.Request) -> web.Response:
-        return web.json_response({"model": "clm-latest", "usage": {"input_tokens": 0},
-                                  "answers": {"what": {"type": "choice", "probabilities": {"nonsense": 1.0}}}})
+        return web.json_response(
+            {
+                "model": "clm-latest",
+                "usage": {"input_tokens": 0},
+                "answers": {"what": {"type": "choice", "probabilities": {"nonsense": 1.0}}},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/systemone", wrong)

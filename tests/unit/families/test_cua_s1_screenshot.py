@@ -15,6 +15,7 @@ independently of the worker's code, after ThinkFlowLab/system1-omni
 The image goes through the preencoder (its asset is what the worker reads); the reference runs the processor on
 the same image and a plain forward of the whole prompt.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,11 +42,17 @@ SYSTEM_PROMPT = (
     "option's letter -- no words, no punctuation, no explanation."
 )
 SIZE = (64, 48)
-KEEP = {"type": "choice", "instructions": "Keep the files.",
-        "criteria": {"delete": 'Click "Delete"', "cancel": None, "close": {"element": "window", "action": "close"}}}
+KEEP = {
+    "type": "choice",
+    "instructions": "Keep the files.",
+    "criteria": {"delete": 'Click "Delete"', "cancel": None, "close": {"element": "window", "action": "close"}},
+}
 ANY = {"type": "choice", "instructions": None, "criteria": {"Click Delete": None, "Click Cancel": "the blue one"}}
-ROUTE = {"type": "choice", "instructions": ["open", "the", {"menu": "Fichier"}],
-         "criteria": {f"o{i}": f"option {i}" for i in range(26)}}
+ROUTE = {
+    "type": "choice",
+    "instructions": ["open", "the", {"menu": "Fichier"}],
+    "criteria": {f"o{i}": f"option {i}" for i in range(26)},
+}
 
 
 def text_of(value) -> str:
@@ -56,17 +63,29 @@ def text_of(value) -> str:
 def user_text(question: dict) -> str:
     """protocol.build_messages' text part."""
     goal = "" if question.get("instructions") is None else text_of(question["instructions"])
-    labels = [json.dumps(text_of(k if v is None else v), ensure_ascii=False)[1:-1] for k, v in question["criteria"].items()]
+    labels = [
+        json.dumps(text_of(k if v is None else v), ensure_ascii=False)[1:-1] for k, v in question["criteria"].items()
+    ]
     lines = "\n".join(f'{chr(65 + i)}. Decision "{label}" -> select' for i, label in enumerate(labels))
-    return ((f"Goal: {goal}\n\n" if goal else "") + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
-            + "The current screenshot is attached.\n\n" + f"Options:\n{lines}\n\nAnswer with a single letter.")
+    return (
+        (f"Goal: {goal}\n\n" if goal else "")
+        + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
+        + "The current screenshot is attached.\n\n"
+        + f"Options:\n{lines}\n\nAnswer with a single letter."
+    )
 
 
 def native_text(question: dict, image_tokens: int) -> str:
     """multimodal.rs chat_image(): the prompt as a literal string."""
-    return ("<|im_start|>system\n" + SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n<|vision_start|>"
-            + "<|image_pad|>" * image_tokens + "<|vision_end|>" + user_text(question)
-            + "<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    return (
+        "<|im_start|>system\n"
+        + SYSTEM_PROMPT
+        + "<|im_end|>\n<|im_start|>user\n<|vision_start|>"
+        + "<|image_pad|>" * image_tokens
+        + "<|vision_end|>"
+        + user_text(question)
+        + "<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
 
 
 class Reference:
@@ -76,9 +95,13 @@ class Reference:
         self.model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
 
     def inputs(self, image, question: dict) -> tuple[str, dict]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": [{"type": "image", "image": "inline.png"},
-                                                 {"type": "text", "text": user_text(question)}]}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": "inline.png"}, {"type": "text", "text": user_text(question)}],
+            },
+        ]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         inputs = dict(self.processor(text=[text], images=[image], return_tensors="pt"))
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.model.config.image_token_id).int()
@@ -110,8 +133,9 @@ def reference(cua_dir) -> Reference:
 
 def cua_recipe():
     recipe = load_recipe("cua-s1-4b-0.2-screenshot")
-    model = recipe.model.model_copy(update={"hub_repo": "test/tiny-cua-screenshot", "revision": "local",
-                                            "dtype": "float32"})
+    model = recipe.model.model_copy(
+        update={"hub_repo": "test/tiny-cua-screenshot", "revision": "local", "dtype": "float32"}
+    )
     return recipe.model_copy(update={"name": "tiny-cua-screenshot", "model": model})
 
 
@@ -148,11 +172,13 @@ def asset_dir(cua_dir, tmp_path_factory) -> str:
 
     out = str(tmp_path_factory.mktemp("assets"))
     encoder = Encoder(PreencoderSettings(model_path=str(cua_dir), device="cpu", dtype="float32", redis_url="none"))
-    lines = [{"image": "data:image/png;base64," + asset(PNG)["data_base64"]},
-             {"image": "data:image/jpeg;base64," + asset(JPEG)["data_base64"]},
-             {"image": "data:image/gif;base64," + asset(GIF)["data_base64"]},
-             {"image": "data:image/png;base64," + asset(APNG)["data_base64"]},
-             {"image": "data:image/png;base64," + asset(LARGE)["data_base64"]}]
+    lines = [
+        {"image": "data:image/png;base64," + asset(PNG)["data_base64"]},
+        {"image": "data:image/jpeg;base64," + asset(JPEG)["data_base64"]},
+        {"image": "data:image/gif;base64," + asset(GIF)["data_base64"]},
+        {"image": "data:image/png;base64," + asset(APNG)["data_base64"]},
+        {"image": "data:image/png;base64," + asset(LARGE)["data_base64"]},
+    ]
     summary = asyncio.run(encoder.encode_lines(lines, out, None))
     assert summary.done == 5, summary.results
     return out
@@ -175,15 +201,17 @@ def test_the_prompt_is_upstreams_literal(reference):
         pads = grid[0] * grid[1] * grid[2] // 4
         assert reference.tok.decode(inputs["input_ids"][0]) == native_text(question, pads)
     assert user_text(KEEP) == (
-        'Goal: Keep the files.\n\nApp: Cua Driver\nTask family: closed-candidate decision\n\n'
+        "Goal: Keep the files.\n\nApp: Cua Driver\nTask family: closed-candidate decision\n\n"
         'The current screenshot is attached.\n\nOptions:\nA. Decision "Click \\"Delete\\"" -> select\n'
         'B. Decision "cancel" -> select\nC. Decision "{\\"element\\": \\"window\\", \\"action\\": \\"close\\"}" '
-        '-> select\n\nAnswer with a single letter.')
+        "-> select\n\nAnswer with a single letter."
+    )
     assert user_text(ANY).startswith("App: Cua Driver\n")
     # enable_thinking=False would end the prompt otherwise: the tiny template tells the two apart
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "x"}]
-    assert reference.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                   enable_thinking=False).endswith("<think>\n\n</think>\n\n")
+    assert reference.processor.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    ).endswith("<think>\n\n</think>\n\n")
 
 
 async def test_cua_s1_screenshot_answers_equal_its_contract(worker_settings, cua_dir, reference, asset_dir):
@@ -195,7 +223,10 @@ async def test_cua_s1_screenshot_answers_equal_its_contract(worker_settings, cua
     async with served(settings) as (front, worker, service):
         serving = (await (await worker.get("/health")).json())["detail"]["serving"]
         assert (serving["family"], serving["readout"], serving["question_types"]) == (
-            "cua-s1-screenshot", "cua-s1-screenshot-labels", ["choice"])
+            "cua-s1-screenshot",
+            "cua-s1-screenshot-labels",
+            ["choice"],
+        )
         assert serving["calibration"] == {"source": None, "temperature": 1.0}
 
         questions = {"keep": KEEP, "any": ANY, "route": ROUTE}
@@ -213,8 +244,9 @@ async def test_cua_s1_screenshot_answers_equal_its_contract(worker_settings, cua
             # token ids: the worker's prefix + row of each question is the processor's input_ids
             model = service.model
             stored, _ = await model.assets.get_by_key(bytes_key(data))
-            request = SystemOneRequest.model_validate({"model": "jev-latest", "state": "<image:screen>",
-                                                       "questions": questions})
+            request = SystemOneRequest.model_validate(
+                {"model": "jev-latest", "state": "<image:screen>", "questions": questions}
+            )
             rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
             prepared = model.builder.prepare(model.image_placeholder(stored), rows, (stored.key,), plan)
             for row, question in zip(prepared.rows, questions.values()):
@@ -235,6 +267,7 @@ async def test_cua_s1_screenshot_refuses_what_upstream_refuses(worker_settings, 
     png = {"<image:screen>": asset(PNG)}
     settings = worker_settings(recipe=cua_recipe(), model_path=str(cua_dir), asset_dir=asset_dir)
     async with served(settings) as (front, _, service):
+
         async def refused(state, questions, assets, *needles):
             code, body = await ask(front, state, questions, assets)
             text = json.dumps(body)
@@ -249,42 +282,71 @@ async def test_cua_s1_screenshot_refuses_what_upstream_refuses(worker_settings, 
         # the image itself: PNG or JPEG, one frame, at most 1,048,576 pixels (from what the preencoder recorded)
         await refused("<image:screen>", {"q": KEEP}, {"<image:screen>": asset(GIF)}, "asset_invalid", "PNG or JPEG")
         await refused("<image:screen>", {"q": KEEP}, {"<image:screen>": asset(APNG)}, "asset_invalid", "single-frame")
-        await refused("<image:screen>", {"q": KEEP}, {"<image:screen>": asset(LARGE)}, "asset_invalid", "1048576 pixels")
+        await refused(
+            "<image:screen>", {"q": KEEP}, {"<image:screen>": asset(LARGE)}, "asset_invalid", "1048576 pixels"
+        )
         # questions: choice only, 1..26 options, at most 8, names and keys of 256 characters, texts of 16384
         for question in ({"type": "noul", "instructions": "Is it open?"}, {"type": "score", "criteria": ["a", "b"]}):
             await refused("<image:screen>", {"q": question}, png, "unsupported_question_type")
-        await refused("<image:screen>", {"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(27)}}},
-                      png, "at most 26 options")
+        await refused(
+            "<image:screen>",
+            {"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(27)}}},
+            png,
+            "at most 26 options",
+        )
         await refused("<image:screen>", {f"q{i}": ANY for i in range(9)}, png, "at most 8 questions")
         await refused("<image:screen>", {"q" * 257: ANY}, png, "at most 256 characters")
-        await refused("<image:screen>", {"q": {"type": "choice", "criteria": {"k" * 257: None, "b": None}}}, png,
-                      "at most 256 characters")
+        await refused(
+            "<image:screen>",
+            {"q": {"type": "choice", "criteria": {"k" * 257: None, "b": None}}},
+            png,
+            "at most 256 characters",
+        )
         await refused("<image:screen>", {"q": dict(KEEP, instructions="x" * 16385)}, png, "16384 characters")
-        await refused("<image:screen>", {"q": dict(KEEP, instructions="x" * 9000, criteria={"a": "y" * 8000, "b": None})},
-                      png, "combined question text exceeds 16384")
+        await refused(
+            "<image:screen>",
+            {"q": dict(KEEP, instructions="x" * 9000, criteria={"a": "y" * 8000, "b": None})},
+            png,
+            "combined question text exceeds 16384",
+        )
         await refused("<image:screen>", {"q": dict(KEEP, instructions="龘" * 3000)}, png, "at most 4096")
         await refused("<image:screen>", {"q": dict(KEEP, instructions="see <|image_pad|>")}, png, "<|image_pad|>")
 
         # every image limit, on the asset's record alone
-        builder, good = service.model.builder, {"mime": "image/png", "format_detected": "PNG", "width": 1024,
-                                                "height": 1024, "source_bytes": 4 * 1024 * 1024, "frames": 1}
+        builder, good = (
+            service.model.builder,
+            {
+                "mime": "image/png",
+                "format_detected": "PNG",
+                "width": 1024,
+                "height": 1024,
+                "source_bytes": 4 * 1024 * 1024,
+                "frames": 1,
+            },
+        )
         builder.check_image(ImageAsset("0" * 64, torch.zeros(4, 8), (1, 4, 4), good), "state")
-        for change, needle in (({"width": 2049, "height": 500}, "2048 pixels a side"),
-                               ({"width": 1025}, "1048576 pixels"), ({"width": 1000, "height": 4}, "200:1"),
-                               ({"source_bytes": 4 * 1024 * 1024 + 1}, "4 MiB"), ({"frames": 2}, "single-frame"),
-                               ({"mime": "image/webp", "format_detected": "WEBP"}, "PNG or JPEG"),
-                               ({"format_detected": "JPEG"}, "PNG or JPEG"), ({"width": None}, "prepare it again")):
+        for change, needle in (
+            ({"width": 2049, "height": 500}, "2048 pixels a side"),
+            ({"width": 1025}, "1048576 pixels"),
+            ({"width": 1000, "height": 4}, "200:1"),
+            ({"source_bytes": 4 * 1024 * 1024 + 1}, "4 MiB"),
+            ({"frames": 2}, "single-frame"),
+            ({"mime": "image/webp", "format_detected": "WEBP"}, "PNG or JPEG"),
+            ({"format_detected": "JPEG"}, "PNG or JPEG"),
+            ({"width": None}, "prepare it again"),
+        ):
             with pytest.raises(ImageInvalid, match=needle):
                 builder.check_image(ImageAsset("0" * 64, torch.zeros(4, 8), (1, 4, 4), {**good, **change}), "state")
 
 
 def test_the_readout_refuses_thinking_kwargs_and_the_profile_bounds_the_preencoder():
-    from jev_worker.families.cua_s1.screenshot import CuaS1ScreenshotLabels
     from jev_common.checkpoint_files import ServingError
+    from jev_worker.families.cua_s1.screenshot import CuaS1ScreenshotLabels
 
     recipe = cua_recipe()
-    thinking = recipe.model_copy(update={"prompt": recipe.prompt.model_copy(
-        update={"chat_template_kwargs": {"enable_thinking": False}})})
+    thinking = recipe.model_copy(
+        update={"prompt": recipe.prompt.model_copy(update={"chat_template_kwargs": {"enable_thinking": False}})}
+    )
 
     class Builder:
         recipe = thinking

@@ -3,6 +3,7 @@
 ypcypc/JEMM `jemm/systemone.py` (`candidates_for`, `single_requests`), `jemm/contract.py` (`single_messages`,
 `mm_messages`, `encode_single`, `encode_mm`, `label_token_ids`) and `jemm/model.py` (softmax at `temperature`,
 or `mm_temperature` with images), the network a plain forward."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ from jev_common.vl import load_vl_processor
 from ..family_helpers import TOL, ask, assert_probs, served
 from ..vl_helpers import pattern_image, png_uri, request_line
 
-SYSTEM = ("Choose the best available candidate for the question using only the supplied state. "
-          "Return exactly one candidate label.")
+SYSTEM = (
+    "Choose the best available candidate for the question using only the supplied state. "
+    "Return exactly one candidate label."
+)
 LABELS = list(string.ascii_uppercase) + list("012345")
 CONFIG = {"temperature": 1.7, "mm_temperature": 0.6, "threshold": 0.9}
 
@@ -68,8 +71,15 @@ class Reference:
     def user(self, state, question: dict) -> str:
         state = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
         lines = [f"{LABELS[i]}) {flat(c)}" for i, c in enumerate(candidates(question))]
-        return ("State:\n" + state.strip() + "\n\nQuestion: " + flat(str(question.get("instructions", ""))) +
-                "\n\nCandidates:\n" + "\n".join(lines) + "\n\nAnswer with exactly one candidate label.")
+        return (
+            "State:\n"
+            + state.strip()
+            + "\n\nQuestion: "
+            + flat(str(question.get("instructions", "")))
+            + "\n\nCandidates:\n"
+            + "\n".join(lines)
+            + "\n\nAnswer with exactly one candidate label."
+        )
 
     @torch.inference_mode()
     def probabilities(self, state, question: dict, images=()) -> list[float]:
@@ -98,8 +108,11 @@ def reference(jemm_dir):
 
 
 QUESTIONS = {
-    "action": {"type": "choice", "instructions": "Choose   the next\naction.",
-               "criteria": {"close": "Close the  dialog", "wait": None, "retry": {"description": "Retry the update"}}},
+    "action": {
+        "type": "choice",
+        "instructions": "Choose   the next\naction.",
+        "criteria": {"close": "Close the  dialog", "wait": None, "retry": {"description": "Retry the update"}},
+    },
     "done": {"type": "noul", "instructions": "Is the update installed?", "criteria": {"true": "it is installed"}},
     "risk": {"type": "score", "instructions": "How risky is closing it?", "criteria": ["none", "some", "high"]},
 }
@@ -124,11 +137,15 @@ async def test_jemm_answers_equal_its_own_contract(worker_settings, jemm_dir, re
 
         many = {"type": "choice", "criteria": {f"o{i}": f"option {i}" for i in range(32)}}
         want = reference.probabilities(state, many)
-        assert_probs((await ask(front, state, {"q": many}))["answers"]["q"]["probabilities"], want, list(many["criteria"]))
+        assert_probs(
+            (await ask(front, state, {"q": many}))["answers"]["q"]["probabilities"], want, list(many["criteria"])
+        )
         too_many = {"type": "choice", "criteria": {f"o{i}": None for i in range(33)}}
         assert "at most 32 options" in json.dumps(await ask(front, state, {"q": too_many}, status=422))
-        for question in ({"type": "set", "criteria": {"a": None, "b": None}},
-                         {"type": "span", "criteria": ["Update", "dialog"]}):
+        for question in (
+            {"type": "set", "criteria": {"a": None, "b": None}},
+            {"type": "span", "criteria": ["Update", "dialog"]},
+        ):
             body = await ask(front, state, {"q": question}, status=422)
             assert body["detail"]["error_type"] == "unsupported_question_type"
 
@@ -146,25 +163,41 @@ async def test_jemm_images_precede_the_text_at_the_image_temperature(worker_sett
     assets = {"<image:before>": asset[3], "<image:after>": asset[4]}
     settings = worker_settings(recipe=jemm_recipe(), model_path=str(jemm_dir), asset_dir=str(tmp_path / "a"))
     async with served(settings) as (front, _, _):
-        response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": state,
-                                                           "questions": QUESTIONS, "assets": assets})
+        response = await front.post(
+            "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": QUESTIONS, "assets": assets}
+        )
         body = await response.json()
         assert response.status == 200, body
         images = [pattern_image(s, size) for s in seeds[:2]]
         want = reference.probabilities(state, QUESTIONS["action"], images)
         assert_probs(body["answers"]["action"]["probabilities"], want, ["close", "wait", "retry"])
-        assert abs(body["answers"]["done"]["noul"] - reference.probabilities(state, QUESTIONS["done"], images)[0]) <= TOL
+        assert (
+            abs(body["answers"]["done"]["noul"] - reference.probabilities(state, QUESTIONS["done"], images)[0]) <= TOL
+        )
         text_only = reference.probabilities(state, QUESTIONS["action"])
         assert max(abs(a - b) for a, b in zip(want, text_only)) > 1e-4  # the images and their temperature count
 
         five = {f"<image:{s}>": asset[s] for s in seeds}  # JEMM reads at most four images
-        response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": " ".join(five),
-                                                           "questions": {"q": QUESTIONS["done"]}, "assets": five})
+        response = await front.post(
+            "/v1/systemone",
+            json={
+                "model": "jev-latest",
+                "state": " ".join(five),
+                "questions": {"q": QUESTIONS["done"]},
+                "assets": five,
+            },
+        )
         assert response.status == 422 and "at most 4" in await response.text()
         long_state = "Before: <image:before> " + "word " * 3100  # JEMM's prompt budget with images is 3072
-        response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": long_state,
-                                                           "questions": {"q": QUESTIONS["done"]},
-                                                           "assets": {"<image:before>": asset[3]}})
+        response = await front.post(
+            "/v1/systemone",
+            json={
+                "model": "jev-latest",
+                "state": long_state,
+                "questions": {"q": QUESTIONS["done"]},
+                "assets": {"<image:before>": asset[3]},
+            },
+        )
         assert response.status == 422 and "at most 3072" in await response.text()
 
 
@@ -172,10 +205,14 @@ async def test_jemm_images_precede_the_text_at_the_image_temperature(worker_sett
 # `str(question.get("instructions", ""))` and jemm/contract.py `single_messages` writes the user turn. For the state
 # "Dialog open." and a choice between "close" ("Close it") and "wait" ("Wait"), what that code writes, copied out
 # literally:
-UPSTREAM_NULL_INSTRUCTIONS = ("State:\nDialog open.\n\nQuestion: None\n\nCandidates:\nA) Close it\nB) Wait\n\n"
-                              "Answer with exactly one candidate label.")
-UPSTREAM_ABSENT_INSTRUCTIONS = ("State:\nDialog open.\n\nQuestion: \n\nCandidates:\nA) Close it\nB) Wait\n\n"
-                                "Answer with exactly one candidate label.")
+UPSTREAM_NULL_INSTRUCTIONS = (
+    "State:\nDialog open.\n\nQuestion: None\n\nCandidates:\nA) Close it\nB) Wait\n\n"
+    "Answer with exactly one candidate label."
+)
+UPSTREAM_ABSENT_INSTRUCTIONS = (
+    "State:\nDialog open.\n\nQuestion: \n\nCandidates:\nA) Close it\nB) Wait\n\n"
+    "Answer with exactly one candidate label."
+)
 
 
 async def test_jemm_writes_null_and_absent_instructions_as_upstream_does(worker_settings, jemm_dir, reference):
@@ -188,13 +225,18 @@ async def test_jemm_writes_null_and_absent_instructions_as_upstream_does(worker_
             question = {"type": "choice", "criteria": {"close": "Close it", "wait": "Wait"}}
             if sent != "absent":
                 question["instructions"] = None
-            request = SystemOneRequest.model_validate({"model": "jev-latest", "state": "Dialog open.",
-                                                       "questions": {"q": question}})
+            request = SystemOneRequest.model_validate(
+                {"model": "jev-latest", "state": "Dialog open.", "questions": {"q": question}}
+            )
             rows, plan = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
             prepared = model.builder.prepare("Dialog open.", rows, (), plan)
             text = reference.tok.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], tokenize=False,
-                add_generation_prompt=True, enable_thinking=False, preserve_thinking=False)
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                tokenize=False,
+                add_generation_prompt=True,
+                enable_thinking=False,
+                preserve_thinking=False,
+            )
             assert list(prepared.full_ids(0)) == reference.tok(text, add_special_tokens=False)["input_ids"]
             answered = (await ask(front, "Dialog open.", {"q": question}))["answers"]["q"]["probabilities"]
             assert_probs(answered, reference.probabilities("Dialog open.", question), ["close", "wait"])
@@ -208,4 +250,6 @@ async def test_jemm_refuses_a_null_score_level_as_the_public_schema_does(worker_
     (422 locating the level), before JEMM's prompt is built; the recipe README says so."""
     async with served(worker_settings(recipe=jemm_recipe(), model_path=str(jemm_dir))) as (front, _, _):
         body = await ask(front, "Dialog open.", {"q": {"type": "score", "criteria": ["low", None]}}, status=422)
-    assert body["detail"] and all(e["loc"][:6] == ["body", "questions", "q", "score", "criteria", 1] for e in body["detail"])
+    assert body["detail"] and all(
+        e["loc"][:6] == ["body", "questions", "q", "score", "criteria", 1] for e in body["detail"]
+    )

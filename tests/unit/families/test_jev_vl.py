@@ -15,6 +15,7 @@ probabilities are s1_pass's formula over the merged rows as the native executor 
 System One envelope's mapping onto upstream's kinds is ours (recipes/jev-27b-vl/README.md), written out here
 as `as_decide`.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,11 +30,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import InvalidRequest, TooManyOptions
 from jev_common.recipe import REPO_ROOT, load_recipe
 from jev_common.vl import load_vl_processor
 from jev_worker.families.registry import build_readout
-from jev_common.checkpoint_files import ServingError
 
 from ..family_helpers import TOL, ask, served
 from ..vl_helpers import pattern_image, png_uri, request_line
@@ -65,9 +66,11 @@ def _parts(state):  # verbatim
         if isinstance(p, str):
             out.append({"type": "text", "text": p})
         elif isinstance(p, dict) and "image" in p:
-            out.append({"type": "image_url", "image_url": {"url": p["image"]}}); img = True
+            out.append({"type": "image_url", "image_url": {"url": p["image"]}})
+            img = True
         elif isinstance(p, dict) and p.get("type") == "image_url":
-            out.append(p); img = True
+            out.append(p)
+            img = True
         elif isinstance(p, dict) and p.get("type") == "text":
             out.append(p)
         else:
@@ -76,7 +79,9 @@ def _parts(state):  # verbatim
 
 
 def _softmax(z):  # verbatim
-    m = max(z); e = [math.exp(x - m) for x in z]; s = sum(e)
+    m = max(z)
+    e = [math.exp(x - m) for x in z]
+    s = sum(e)
     return [x / s for x in e]
 
 
@@ -86,8 +91,11 @@ def s1_content(kind, parts, question, opts, labels):
         lines = [f"{labels[i]}) {o}" for i, o in enumerate(opts)]
     else:
         lines = opts
-    return ([{"type": "text", "text": f"[kind] {kind}\n[state] "}] + parts +
-            [{"type": "text", "text": f"\n[question] {question}\n[options]\n" + "\n".join(lines) + "\n[decision]:"}])
+    return (
+        [{"type": "text", "text": f"[kind] {kind}\n[state] "}]
+        + parts
+        + [{"type": "text", "text": f"\n[question] {question}\n[options]\n" + "\n".join(lines) + "\n[decision]:"}]
+    )
 
 
 def rendered(content) -> str:
@@ -107,9 +115,11 @@ def decide_options(body, labels):
 
 
 def too_long(max_length, t):  # processing.rs's refusal (vLLM's words)
-    return (f"This model's maximum context length is {max_length} tokens. However, you requested 1 output tokens and "
-            f"your prompt contains at least {t} input tokens, for a total of at least {t + 1} tokens. Please reduce the "
-            f"length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value={t})")
+    return (
+        f"This model's maximum context length is {max_length} tokens. However, you requested 1 output tokens and "
+        f"your prompt contains at least {t} input tokens, for a total of at least {t + 1} tokens. Please reduce the "
+        f"length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value={t})"
+    )
 
 
 class Upstream:
@@ -126,11 +136,15 @@ class Upstream:
         self.model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
         self.head = json.loads((folder / "adapter_vllm" / "decision_head.json").read_text())
         calib = folder / "calibration.json"  # setup(): calibration.json beside the adapter directory
-        self.temps = json.loads(calib.read_text())["per_kind"] if calib.exists() else {"noul": 1.0, "score": 1.0, "choice": 1.0}
+        self.temps = (
+            json.loads(calib.read_text())["per_kind"] if calib.exists() else {"noul": 1.0, "score": 1.0, "choice": 1.0}
+        )
         self.temps.setdefault("score", 1.0)
         dec = single_token_labels(self.tok, "x\n{}) y")
         lo, hi = self.head["slots"]["ranges"]["choice"]
-        assert [t for _, t in dec[: hi - lo]] == self.head["verbalizer_ids"][lo:hi], "first labels must be the trained A-P head"
+        assert [t for _, t in dec[: hi - lo]] == self.head["verbalizer_ids"][lo:hi], (
+            "first labels must be the trained A-P head"
+        )
         self.labels, self.label_ids = [l for l, _ in dec], [t for _, t in dec]
         self.rows = None
         if (folder / "label_head.safetensors").exists():
@@ -146,10 +160,12 @@ class Upstream:
         head = self.head
         lo, hi = head["slots"]["ranges"][kind]
         if kind == "choice":
-            n = len(opts); ids = self.label_ids[:n]
+            n = len(opts)
+            ids = self.label_ids[:n]
             bias = [head["bias"][lo + i] if lo + i < hi else 0.0 for i in range(n)]
         else:
-            ids = head["verbalizer_ids"][lo:hi]; bias = head["bias"][lo:hi]
+            ids = head["verbalizer_ids"][lo:hi]
+            bias = head["bias"][lo:hi]
         text = rendered(s1_content(kind, parts, body["question"], opts, self.labels))
         if has_img:
             images = [self.images[c["image_url"]["url"]] for c in parts if c["type"] == "image_url"]
@@ -252,11 +268,24 @@ def test_prompt_text_is_upstreams_golden_prompts(jev_dir):
 
     labels = [l for l, _ in single_token_labels(AutoTokenizer.from_pretrained(jev_dir), "x\n{}) y")]
     golden = {  # tests/jev_vl/contract.rs
-        ("noul", "Dialog: Update installed.", "Close it?", None):
-            "[kind] noul\n[state] Dialog: Update installed.\n[question] Close it?\n[options]\nfalse\ntrue\n[decision]:",
-        ("score", "x", "Rate it.", None): "[kind] score\n[state] x\n[question] Rate it.\n[options]\n0\n1\n2\n3\n4\n5\n[decision]:",
-        ("choice", "Dialog: x.", "Pick one.", ("yes", "no", "later")):
-            "[kind] choice\n[state] Dialog: x.\n[question] Pick one.\n[options]\nA) yes\nB) no\nC) later\n[decision]:",
+        (
+            "noul",
+            "Dialog: Update installed.",
+            "Close it?",
+            None,
+        ): "[kind] noul\n[state] Dialog: Update installed.\n[question] Close it?\n[options]\nfalse\ntrue\n[decision]:",
+        (
+            "score",
+            "x",
+            "Rate it.",
+            None,
+        ): "[kind] score\n[state] x\n[question] Rate it.\n[options]\n0\n1\n2\n3\n4\n5\n[decision]:",
+        (
+            "choice",
+            "Dialog: x.",
+            "Pick one.",
+            ("yes", "no", "later"),
+        ): "[kind] choice\n[state] Dialog: x.\n[question] Pick one.\n[options]\nA) yes\nB) no\nC) later\n[decision]:",
     }
     for (kind, state, question, options), prompt in golden.items():
         body = {"kind": kind, "state": state, "question": question, **({"options": list(options)} if options else {})}
@@ -264,11 +293,12 @@ def test_prompt_text_is_upstreams_golden_prompts(jev_dir):
         assert rendered(s1_content(kind, _parts(state)[0], question, opts, labels)) == prompt
         lines = choice_lines(opts, labels) if kind == "choice" else opts
         assert head_text(kind, state) + tail_text(question, lines) == prompt
-    for state, inside in (({"b": 1, "a": "x"}, '[state] {"b": 1, "a": "x"}\n'),
-                          (["one", "two", {"type": "text", "text": "three"}], "[state] onetwothree\n"),
-                          (["shot", {"image": "https://x/y.png"}], f"[state] shot{PROFILE_IMAGE}\n"),
-                          (["shot", {"type": "image_url", "image_url": {"url": "https://x/y.png"}}],
-                           f"[state] shot{PROFILE_IMAGE}\n")):
+    for state, inside in (
+        ({"b": 1, "a": "x"}, '[state] {"b": 1, "a": "x"}\n'),
+        (["one", "two", {"type": "text", "text": "three"}], "[state] onetwothree\n"),
+        (["shot", {"image": "https://x/y.png"}], f"[state] shot{PROFILE_IMAGE}\n"),
+        (["shot", {"type": "image_url", "image_url": {"url": "https://x/y.png"}}], f"[state] shot{PROFILE_IMAGE}\n"),
+    ):
         assert inside in rendered(s1_content("noul", _parts(state)[0], "q?", ["false", "true"], labels))
         ours = "".join(v if k == "text" else PROFILE_IMAGE for k, v in state_parts(state))
         assert inside in head_text("noul", ours) + tail_text("q?", ["false", "true"])
@@ -277,12 +307,18 @@ def test_prompt_text_is_upstreams_golden_prompts(jev_dir):
     # tests/jev_vl/readout.rs: rows[t][i] = ((t*64+i)*5 % 11 - 5) / 7, hidden[i] = (i*7 % 13 - 6) / 9
     rows = [[float((((t * 64 + i) * 5 % 11) - 5) / 7) for i in range(64)] for t in range(3)]
     hidden = [float(((i * 7 % 13) - 6) / 9) for i in range(64)]
-    logits = [sum(float(torch.tensor(r, dtype=torch.float32)[i]) * float(torch.tensor(hidden, dtype=torch.float32)[i])
-                  for i in range(64)) for r in rows]
+    logits = [
+        sum(
+            float(torch.tensor(r, dtype=torch.float32)[i]) * float(torch.tensor(hidden, dtype=torch.float32)[i])
+            for i in range(64)
+        )
+        for r in rows
+    ]
     probs = _softmax([(lp + b) / 1.0143134751376188 for lp, b in zip(logits, [0.001, -0.002, 0.0005])])
     for p, e in zip(probs, [0.6256388379121548, 0.1869499071806715, 0.18741125490717364]):
         assert abs(p - e) < 1e-12
     from jev_worker.families.jev_vl.readout import softmax
+
     assert softmax([1.0, 2.0, -3.0]) == _softmax([1.0, 2.0, -3.0])
 
 
@@ -291,14 +327,22 @@ async def test_single_question_form_is_upstreams_decide(worker_settings, jev_dir
     async with served(settings) as (front, worker, service):
         sequences = record_sequences(service)
         many = [f"option {i}" for i in range(20)]  # labels past P: no slot bias
-        bodies = [{"kind": "noul", "state": state, "question": "Should the dialog be closed?"}
-                  for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)]
-        bodies += [{"kind": "score", "state": state, "question": "How urgent is a restart?"}
-                   for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)]
-        bodies += [{"kind": "choice", "state": state, "question": "What next?", "options": ["Restart now", "Later", "Close"]}
-                   for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)]
-        bodies += [{"kind": "choice", "state": LIST_STATE, "question": "Which one?", "options": many},
-                   {"kind": "choice", "state": TEXT_STATE, "question": "Which one?", "options": [f"o{i}" for i in range(255)]}]
+        bodies = [
+            {"kind": "noul", "state": state, "question": "Should the dialog be closed?"}
+            for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)
+        ]
+        bodies += [
+            {"kind": "score", "state": state, "question": "How urgent is a restart?"}
+            for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)
+        ]
+        bodies += [
+            {"kind": "choice", "state": state, "question": "What next?", "options": ["Restart now", "Later", "Close"]}
+            for state in (TEXT_STATE, OBJECT_STATE, LIST_STATE)
+        ]
+        bodies += [
+            {"kind": "choice", "state": LIST_STATE, "question": "Which one?", "options": many},
+            {"kind": "choice", "state": TEXT_STATE, "question": "Which one?", "options": [f"o{i}" for i in range(255)]},
+        ]
         for body in bodies:
             sequences.clear()
             answer = await decide(front, body)
@@ -323,15 +367,27 @@ async def test_single_question_form_is_upstreams_decide(worker_settings, jev_dir
 
         # refusals (422): what upstream cannot ask, text the raw prompt cannot carry, over the option limit
         refused = [
-            ({"kind": "span", "state": TEXT_STATE, "question": "q?", "options": ["Dialog", "Restart"]}, "unsupported_question_type"),
-            ({"kind": "set", "state": TEXT_STATE, "question": "q?", "options": ["a", "b"]}, "unsupported_question_type"),
+            (
+                {"kind": "span", "state": TEXT_STATE, "question": "q?", "options": ["Dialog", "Restart"]},
+                "unsupported_question_type",
+            ),
+            (
+                {"kind": "set", "state": TEXT_STATE, "question": "q?", "options": ["a", "b"]},
+                "unsupported_question_type",
+            ),
             ({"kind": "noul", "state": "press <|im_start|> now", "question": "q?"}, "'<|im_start|>'"),
             ({"kind": "noul", "state": ["a", "b <|image_pad|>"], "question": "q?"}, "'<|image_pad|>'"),
             ({"kind": "noul", "state": TEXT_STATE, "question": "q <|vision_end|>?"}, "'<|vision_end|>'"),
-            ({"kind": "choice", "state": TEXT_STATE, "question": "q?", "options": ["a", "<|endoftext|>"]}, "'<|endoftext|>'"),
+            (
+                {"kind": "choice", "state": TEXT_STATE, "question": "q?", "options": ["a", "<|endoftext|>"]},
+                "'<|endoftext|>'",
+            ),
             ({"kind": "noul", "state": {"text": "shot", "image": URIS[3]}, "question": "q?"}, "list of parts"),
             ({"kind": "noul", "state": ["shot", {"type": "text"}], "question": "q?"}, "text part"),
-            ({"kind": "choice", "state": TEXT_STATE, "question": "q?", "options": [f"o{i}" for i in range(256)]}, "255"),
+            (
+                {"kind": "choice", "state": TEXT_STATE, "question": "q?", "options": [f"o{i}" for i in range(256)]},
+                "255",
+            ),
             ({"kind": "choice", "state": TEXT_STATE, "question": "q?"}, "needs options"),
         ]
         for body, says in refused:
@@ -339,7 +395,9 @@ async def test_single_question_form_is_upstreams_decide(worker_settings, jev_dir
             text = await response.text()
             assert response.status == 422 and says in text, (body, text)
         # an image the preencoder has not prepared (this worker's asset folder is empty)
-        response = await front.post("/v1/systemone", json={"kind": "noul", "state": [{"image": URIS[3]}], "question": "q?"})
+        response = await front.post(
+            "/v1/systemone", json={"kind": "noul", "state": [{"image": URIS[3]}], "question": "q?"}
+        )
         assert response.status == 422 and "asset_not_prepared" in await response.text()
 
 
@@ -347,13 +405,18 @@ async def test_envelope_and_images(worker_settings, jev_dir, upstream, asset_dir
     settings = worker_settings(recipe=jev_recipe(), model_path=str(jev_dir), asset_dir=asset_dir)
     questions = {
         "restart": {"type": "noul", "instructions": "Should it restart now?"},
-        "next": {"type": "choice", "instructions": {"goal": "next step"},
-                 "criteria": {"now": "Restart now", "later": None, "close": {"action": "close"}}},
+        "next": {
+            "type": "choice",
+            "instructions": {"goal": "next step"},
+            "criteria": {"now": "Restart now", "later": None, "close": {"action": "close"}},
+        },
         "bare": {"type": "choice", "criteria": {"yes": None, "no": None}},
         "urgency": {"type": "score", "instructions": "How urgent?", "criteria": [f"level {i}" for i in range(6)]},
         "also": {"type": "noul", "instructions": "Is a dialog open?", "criteria": {"true": None}},
     }
-    assets = {f"<image:{s}>": {"type": "image", "format": "png", "data_base64": URIS[s].split(",", 1)[1]} for s in SEEDS}
+    assets = {
+        f"<image:{s}>": {"type": "image", "format": "png", "data_base64": URIS[s].split(",", 1)[1]} for s in SEEDS
+    }
     async with served(settings) as (front, _, service):
         sequences = record_sequences(service)
         # text, object and list states: every question asked as its upstream request, whatever the others
@@ -373,11 +436,20 @@ async def test_envelope_and_images(worker_settings, jev_dir, upstream, asset_dir
             assert_close(list(alone["probabilities"].values()), list(answers["next"]["probabilities"].values()))
 
         # images, inline where the state places them: upstream's list form, and the envelope's references
-        image_state = ["Before: ", {"image": URIS[3]}, " after: ", {"type": "image_url", "image_url": {"url": URIS[4]}},
-                       " Done?"]
+        image_state = [
+            "Before: ",
+            {"image": URIS[3]},
+            " after: ",
+            {"type": "image_url", "image_url": {"url": URIS[4]}},
+            " Done?",
+        ]
         for kind in ("noul", "score", "choice"):
-            body = {"kind": kind, "state": image_state, "question": "Did the update finish?",
-                    **({"options": ["yes", "no", "unclear"]} if kind == "choice" else {})}
+            body = {
+                "kind": kind,
+                "state": image_state,
+                "question": "Did the update finish?",
+                **({"options": ["yes", "no", "unclear"]} if kind == "choice" else {}),
+            }
             sequences.clear()
             answer = await decide(front, body)
             ids, want = upstream.decide(body)
@@ -386,8 +458,10 @@ async def test_envelope_and_images(worker_settings, jev_dir, upstream, asset_dir
         text_only = upstream.decide({**body, "state": ["Before: ", " after: ", " Done?"]})[1]
         assert max(abs(a - b) for a, b in zip(want, text_only)) > 1e-4  # the images count
         one_image = {"kind": "noul", "state": {"image": URIS[4]}, "question": "Is it dark?"}
-        assert_close((await decide(front, one_image))["probabilities"],
-                     upstream.decide({**one_image, "state": [{"image": URIS[4]}]})[1])
+        assert_close(
+            (await decide(front, one_image))["probabilities"],
+            upstream.decide({**one_image, "state": [{"image": URIS[4]}]})[1],
+        )
 
         envelope_state = ["Earlier: ", "<image:3>", " later: ", {"image": "<image:4>"}, " Done?"]
         upstream_state = ["Earlier: ", {"image": URIS[3]}, " later: ", {"image": URIS[4]}, " Done?"]
@@ -397,28 +471,42 @@ async def test_envelope_and_images(worker_settings, jev_dir, upstream, asset_dir
         assert response.status == 200, answers
         assert response.headers["x-jev-cache"] == "l1=miss,l2=hit,l3=miss"
         for qid in ("next", "bare"):
-            assert_close(list(answers[qid]["probabilities"].values()), upstream.decide(as_decide(questions[qid], upstream_state))[1])
-        assert abs(answers["restart"]["noul"] - upstream.decide(as_decide(questions["restart"], upstream_state))[1][1]) <= TOL
-        assert_close(list(answers["urgency"]["probabilities"].values()),
-                     upstream.decide(as_decide(questions["urgency"], upstream_state))[1])
+            assert_close(
+                list(answers[qid]["probabilities"].values()),
+                upstream.decide(as_decide(questions[qid], upstream_state))[1],
+            )
+        assert (
+            abs(answers["restart"]["noul"] - upstream.decide(as_decide(questions["restart"], upstream_state))[1][1])
+            <= TOL
+        )
+        assert_close(
+            list(answers["urgency"]["probabilities"].values()),
+            upstream.decide(as_decide(questions["urgency"], upstream_state))[1],
+        )
         # the same image state, another question of a kind already asked: its prefix (images included) is in L3
         other = {"type": "choice", "instructions": "Which is darker?", "criteria": {"first": None, "second": None}}
         response = await front.post("/v1/systemone", json={**body, "questions": {"q": other}})
         assert response.headers["x-jev-cache"] == "l1=miss,l2=hit,l3=hit"
-        assert_close(list((await response.json())["answers"]["q"]["probabilities"].values()),
-                     upstream.decide(as_decide(other, upstream_state))[1])
+        assert_close(
+            list((await response.json())["answers"]["q"]["probabilities"].values()),
+            upstream.decide(as_decide(other, upstream_state))[1],
+        )
 
         # the envelope's refusals: what upstream's prompt cannot express
         refused = [
-            ({"q": {"type": "noul", "instructions": "Open?", "criteria": {"true": "it is open"}}}, "criteria.true/false"),
+            (
+                {"q": {"type": "noul", "instructions": "Open?", "criteria": {"true": "it is open"}}},
+                "criteria.true/false",
+            ),
             ({"q": {"type": "score", "criteria": ["low", "mid", "high"]}}, "exactly 6 levels"),
             ({"q": {"type": "set", "criteria": {"a": None, "b": None}}}, "unsupported_question_type"),
             ({"q": {"type": "span", "criteria": ["Dialog", "Update"]}}, "unsupported_question_type"),
         ]
         for qs, says in refused:
             assert says in json.dumps(await ask(front, TEXT_STATE, qs, status=422))
-        response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": ["x", {"image": URIS[3]}],
-                                                           "questions": questions})
+        response = await front.post(
+            "/v1/systemone", json={"model": "jev-latest", "state": ["x", {"image": URIS[3]}], "questions": questions}
+        )
         assert response.status == 422 and "name it in `assets`" in await response.text()
 
 
@@ -449,17 +537,21 @@ async def test_lm_head_rows_defaults_and_the_length_limit(worker_settings, jev_d
 
 def test_what_the_family_refuses_at_load(jev_dir, tmp_path):
     """Upstream's checks of its files and labels, and no recipe prompt or verbalizer of our own."""
-    from tools.tiny_jev_vl_checkpoint import decision_head
-
     from jev_worker.families.jev_vl.contract import DecisionFiles
     from jev_worker.families.jev_vl.layout import JevVlBuilder
+    from tools.tiny_jev_vl_checkpoint import decision_head
 
     readout = build_readout("jev-vl", {})
     tokenizer = AutoTokenizer.from_pretrained(jev_dir)
     recipe = jev_recipe()
     with pytest.raises(ServingError, match="remove the recipe's prompt"):
-        readout.prompt_builder(tokenizer, recipe.model_copy(update={"prompt": recipe.prompt.model_copy(
-            update={"system": "You are a decision model."})}), "id")
+        readout.prompt_builder(
+            tokenizer,
+            recipe.model_copy(
+                update={"prompt": recipe.prompt.model_copy(update={"system": "You are a decision model."})}
+            ),
+            "id",
+        )
     builder = readout.prompt_builder(tokenizer, recipe, "id")
     assert isinstance(builder, JevVlBuilder) and len(builder.labels) == 256
     for n in (1, 257):
@@ -469,9 +561,11 @@ def test_what_the_family_refuses_at_load(jev_dir, tmp_path):
     with pytest.raises(ServingError, match="decision_head.json"):
         readout.check(str(copy_without_head(jev_dir, tmp_path / "a")))
     head = decision_head(tokenizer)
-    for change, says in (({"slots": {"ranges": {"noul": [0, 2], "choice": [2, 18]}}}, "slots.ranges"),
-                         ({"bias": head["bias"][:23]}, "24 numbers"),
-                         ({"verbalizer_ids": head["verbalizer_ids"][:23]}, "24 token ids")):
+    for change, says in (
+        ({"slots": {"ranges": {"noul": [0, 2], "choice": [2, 18]}}}, "slots.ranges"),
+        ({"bias": head["bias"][:23]}, "24 numbers"),
+        ({"verbalizer_ids": head["verbalizer_ids"][:23]}, "24 token ids"),
+    ):
         folder = copy_without_head(jev_dir, tmp_path / says.replace(" ", "-"))
         (folder / "adapter_vllm" / "decision_head.json").write_text(json.dumps({**head, **change}))
         with pytest.raises(ServingError, match=says):
@@ -484,11 +578,15 @@ def test_what_the_family_refuses_at_load(jev_dir, tmp_path):
     (folder / "calibration.json").write_text(json.dumps({"per_kind": {"noul": 1.2, "choice": 0.9}}))
     assert DecisionFiles.read(str(folder)).temperatures == {"noul": 1.2, "score": 1.0, "choice": 0.9}
     with pytest.raises(InvalidRequest):
-        from jev_worker.families.jev_vl.readout import JevVlForm
         from jev_common.schema import DecisionRequest
+        from jev_worker.families.jev_vl.readout import JevVlForm
 
-        JevVlForm().job(DecisionRequest.model_validate({"kind": "noul", "state": ["x", {"image": "https://x/y.png"}],
-                                                        "question": "q?"}), lambda uri: "key")
+        JevVlForm().job(
+            DecisionRequest.model_validate(
+                {"kind": "noul", "state": ["x", {"image": "https://x/y.png"}], "question": "q?"}
+            ),
+            lambda uri: "key",
+        )
 
 
 def copy_without_head(folder: Path, out: Path) -> Path:
@@ -527,9 +625,15 @@ async def test_export_merges_the_adapter_into_fp32_label_rows(worker_settings, j
     for name in ("calibration.json", "adapter_vllm/decision_head.json"):
         assert (out / name).read_bytes() == (snapshot / name).read_bytes()
     from tools.export_checkpoint import verify_manifest
+
     assert verify_manifest(out) == []
 
     reference = Upstream(out)
-    body = {"kind": "choice", "state": LIST_STATE, "question": "What next?", "options": ["Restart now", "Later", "Close"]}
+    body = {
+        "kind": "choice",
+        "state": LIST_STATE,
+        "question": "What next?",
+        "options": ["Restart now", "Later", "Close"],
+    }
     async with served(worker_settings(recipe=jev_recipe(), model_path=str(out))) as (front, _, _):
         assert_close((await decide(front, body))["probabilities"], reference.decide(body)[1])

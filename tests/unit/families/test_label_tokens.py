@@ -5,6 +5,7 @@ a plain `model(input_ids).logits` reference; more than 26 options through two-le
 for it (recipes/smollm2-135m-cpu/README.md says so), so the reference here is the plain forward. The releases that
 ship such a calibration file are tested against their own upstream in test_decider.py, test_startlux.py and
 test_jemm.py."""
+
 from __future__ import annotations
 
 import json
@@ -40,30 +41,54 @@ def reference(folder: str, system: str, content: str, labels: list[str], type_: 
 
 
 async def test_calibrated_label_tokens_equal_the_plain_reference(worker_settings, tiny_recipe, calibrated_dir):
-    recipe = family_recipe(tiny_recipe, "tiny-decider", family="label-tokens",
-                           options={"calibration_required": True})
+    recipe = family_recipe(tiny_recipe, "tiny-decider", family="label-tokens", options={"calibration_required": True})
     system = recipe.prompt.system
     head = f"State:\n{STATE}\n\nQuestion: "
     async with served(worker_settings(recipe=recipe, model_path=calibrated_dir)) as (front, worker, service):
-        body = await ask(front, STATE, {
-            "hot": {"type": "noul", "instructions": "Is the water hot?", "criteria": {"true": "boiling"}},
-            "what": {"type": "choice", "instructions": "What is it doing?",
-                     "criteria": {"boiling": None, "cooling": "losing heat"}},
-            "level": {"type": "score", "instructions": "How hot?", "criteria": ["cold", "warm", "hot"]},
-        })
+        body = await ask(
+            front,
+            STATE,
+            {
+                "hot": {"type": "noul", "instructions": "Is the water hot?", "criteria": {"true": "boiling"}},
+                "what": {
+                    "type": "choice",
+                    "instructions": "What is it doing?",
+                    "criteria": {"boiling": None, "cooling": "losing heat"},
+                },
+                "level": {"type": "score", "instructions": "How hot?", "criteria": ["cold", "warm", "hot"]},
+            },
+        )
         answers = body["answers"]
-        want = reference(calibrated_dir, system, head + "Is the water hot?\nYes means: boiling\nAnswer Yes or No.",
-                         ["Yes", "No"], "noul")
+        want = reference(
+            calibrated_dir,
+            system,
+            head + "Is the water hot?\nYes means: boiling\nAnswer Yes or No.",
+            ["Yes", "No"],
+            "noul",
+        )
         assert abs(answers["hot"]["noul"] - want[0]) <= 1e-5
-        want = reference(calibrated_dir, system, head + f"What is it doing?\nOptions:\nA. boiling\nB. cooling: losing heat\n"
-                         f"{LETTERS}", ["A", "B"], "choice")
+        want = reference(
+            calibrated_dir,
+            system,
+            head + f"What is it doing?\nOptions:\nA. boiling\nB. cooling: losing heat\n{LETTERS}",
+            ["A", "B"],
+            "choice",
+        )
         assert_probs(answers["what"]["probabilities"], want, ["boiling", "cooling"])
-        want = reference(calibrated_dir, system, head + "How hot?\nLevels:\n0. cold\n1. warm\n2. hot\n"
-                         "Answer with the number of the level only.", ["0", "1", "2"], "score")
+        want = reference(
+            calibrated_dir,
+            system,
+            head + "How hot?\nLevels:\n0. cold\n1. warm\n2. hot\nAnswer with the number of the level only.",
+            ["0", "1", "2"],
+            "score",
+        )
         assert_probs(answers["level"]["probabilities"], want, ["0", "1", "2"])
         calibration = (await (await worker.get("/health")).json())["detail"]["serving"]["calibration"]
-        assert calibration == {"source": "decision_config.json", "biases": {"noul": 0.35},
-                               "temperatures": {"choice": 1.164, "noul": 1.624, "score": 1.124}}
+        assert calibration == {
+            "source": "decision_config.json",
+            "biases": {"noul": 0.35},
+            "temperatures": {"choice": 1.164, "noul": 1.624, "score": 1.124},
+        }
         assert service.builder.max_options == 255  # decider-style: A..Z, then single-token two-letter codes
 
 

@@ -3,6 +3,7 @@ one non-autoregressive pass per question over `[cls] question [sep] ([mask] opti
 the decision layers and scorer at the [mask] markers, the checkpoint's (type, option-count)
 temperature; every answer equal to a plain reference written out here after the PyPI package laya 0.3.20 (the
 version the recipe pins; `common.py` `build_sequence`, `agent.py` `Agent._to_internal`)."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,11 @@ class Reference:
         self.encoder.load_state_dict({k[8:]: v for k, v in weights.items() if k.startswith("encoder.")})
         self.config = json.loads((folder / "rl_agent_config.json").read_text())
         d = self.encoder.config.hidden_size
-        self.layers = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 1, 4 * d, 0.0, batch_first=True,
-                                                                       norm_first=True), self.config["head_layers"],
-                                            enable_nested_tensor=False)
+        self.layers = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, 1, 4 * d, 0.0, batch_first=True, norm_first=True),
+            self.config["head_layers"],
+            enable_nested_tensor=False,
+        )
         self.layers.load_state_dict({k[5:]: v for k, v in weights.items() if k.startswith("head.")})
         self.type_emb = weights["type_emb.weight"]
         self.scorer = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
@@ -74,34 +77,56 @@ async def test_laya_answers_equal_the_plain_reference(worker_settings, laya_reci
     ref = Reference(laya_dir)
     state_object = {"device": "kettle", "sound": "whistling", "note": "très chaud"}
     async with served(worker_settings(recipe=laya_recipe, model_path=str(laya_dir))) as (front, worker, _):
-        body = await ask(front, STATE, {
-            "what": {"type": "choice", "instructions": "What is the kettle doing?",
-                     "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None}},
-            "two": {"type": "choice", "criteria": {"on": None, "off": None}},
-            "level": {"type": "score", "instructions": "How hot is it?", "criteria": ["cold", "warm", "hot"]},
-            "hot": {"type": "noul", "instructions": "The water is hot.", "criteria": {"true": "it is boiling"}},
-        })
+        body = await ask(
+            front,
+            STATE,
+            {
+                "what": {
+                    "type": "choice",
+                    "instructions": "What is the kettle doing?",
+                    "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None},
+                },
+                "two": {"type": "choice", "criteria": {"on": None, "off": None}},
+                "level": {"type": "score", "instructions": "How hot is it?", "criteria": ["cold", "warm", "hot"]},
+                "hot": {"type": "noul", "instructions": "The water is hot.", "criteria": {"true": "it is boiling"}},
+            },
+        )
         answers = body["answers"]
         # temperatures [choice 1.3, score 0.8, noul 1.1], bucket choice:3-5 -> 1.7
-        want = ref.probs(0, "choice question: What is the kettle doing?",
-                         ["boiling: water at 100 C", "cooling", "broken"], STATE, 1.7)
+        want = ref.probs(
+            0,
+            "choice question: What is the kettle doing?",
+            ["boiling: water at 100 C", "cooling", "broken"],
+            STATE,
+            1.7,
+        )
         assert_probs(answers["what"]["probabilities"], want, ["boiling", "cooling", "broken"])
         assert answers["what"]["choice"] == ["boiling", "cooling", "broken"][max(range(3), key=want.__getitem__)]
         want = ref.probs(0, "choice question: Which option fits the state best?", ["on", "off"], STATE, 1.3)
         assert_probs(answers["two"]["probabilities"], want, ["on", "off"])
-        want = ref.probs(1, "score question: How hot is it?", ["level 0: cold", "level 1: warm", "level 2: hot"],
-                         STATE, 0.8)
+        want = ref.probs(
+            1, "score question: How hot is it?", ["level 0: cold", "level 1: warm", "level 2: hot"], STATE, 0.8
+        )
         assert_probs(answers["level"]["probabilities"], want, ["0", "1", "2"])
         assert abs(answers["level"]["score"] - sum(i * p for i, p in enumerate(want))) <= 1e-5
-        want = ref.probs(2, "noul question: The water is hot.",
-                         ["false: no, the statement does not hold", "true: it is boiling"], STATE, 1.1)
+        want = ref.probs(
+            2,
+            "noul question: The water is hot.",
+            ["false: no, the statement does not hold", "true: it is boiling"],
+            STATE,
+            1.1,
+        )
         assert abs(answers["hot"]["noul"] - want[1]) <= 1e-5
         assert body["usage"]["input_tokens"] > 0
 
         body = await ask(front, state_object, {"q": {"type": "noul", "instructions": "Is it loud?"}})
-        want = ref.probs(2, "noul question: Is it loud?", ["false: no, the statement does not hold",
-                                                           "true: yes, the statement holds"],
-                         json.dumps(state_object, ensure_ascii=False), 1.1)
+        want = ref.probs(
+            2,
+            "noul question: Is it loud?",
+            ["false: no, the statement does not hold", "true: yes, the statement holds"],
+            json.dumps(state_object, ensure_ascii=False),
+            1.1,
+        )
         assert abs(body["answers"]["q"]["noul"] - want[1]) <= 1e-5
 
         health = (await (await worker.get("/health")).json())["detail"]["serving"]
@@ -115,8 +140,9 @@ async def test_laya_cuts_the_state_to_max_len(worker_settings, laya_recipe, laya
     ref = Reference(laya_dir)
     long_state = " ".join(f"word{i}" for i in range(700))
     async with served(worker_settings(recipe=laya_recipe, model_path=str(laya_dir))) as (front, _, _):
-        body = await ask(front, long_state, {"q": {"type": "choice", "instructions": "Which?",
-                                                   "criteria": {"a": None, "b": None}}})
+        body = await ask(
+            front, long_state, {"q": {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": None}}}
+        )
     head = [ref.tok.cls_token_id] + ref.ids("choice question: Which?") + [ref.tok.sep_token_id]
     options = [ref.tok.mask_token_id] + ref.ids(" a") + [ref.tok.mask_token_id] + ref.ids(" b") + [ref.tok.sep_token_id]
     room = 512 - len(head) - len(options) - 1
@@ -127,8 +153,13 @@ async def test_laya_cuts_the_state_to_max_len(worker_settings, laya_recipe, laya
     assert body["usage"]["input_tokens"] == 512
 
 
-@pytest.mark.parametrize("question", [{"type": "set", "criteria": {"hot": None, "cold": None}},
-                                      {"type": "span", "criteria": ["its spout", "The kettle"]}])
+@pytest.mark.parametrize(
+    "question",
+    [
+        {"type": "set", "criteria": {"hot": None, "cold": None}},
+        {"type": "span", "criteria": ["its spout", "The kettle"]},
+    ],
+)
 async def test_laya_refuses_types_it_has_no_head_for(worker_settings, laya_recipe, laya_dir, question):
     async with served(worker_settings(recipe=laya_recipe, model_path=str(laya_dir))) as (front, _, _):
         body = await ask(front, STATE, {"q": question}, status=422)
@@ -146,7 +177,6 @@ def test_laya_needs_its_files_and_backend(tmp_path, laya_recipe, tiny_recipe, la
     assert "needs model.safetensors" in done.stderr
 
 
-
 async def test_laya_writes_null_instructions_as_laya_does(worker_settings, laya_recipe, laya_dir):
     """laya 0.3.20 (PyPI) `Agent._to_internal` (agent.py): instructions that are not text become
     `json.dumps(ins, ensure_ascii=False)`, so an explicit null is the text `null`, and `build_sequence` (common.py)
@@ -155,10 +185,13 @@ async def test_laya_writes_null_instructions_as_laya_does(worker_settings, laya_
     ref = Reference(laya_dir)
     criteria = {"on": None, "off": None}
     async with served(worker_settings(recipe=laya_recipe, model_path=str(laya_dir))) as (front, _, _):
-        null = (await ask(front, STATE, {"q": {"type": "choice", "instructions": None, "criteria": criteria}}))
-        absent = (await ask(front, STATE, {"q": {"type": "choice", "criteria": criteria}}))
+        null = await ask(front, STATE, {"q": {"type": "choice", "instructions": None, "criteria": criteria}})
+        absent = await ask(front, STATE, {"q": {"type": "choice", "criteria": criteria}})
     null, absent = null["answers"]["q"]["probabilities"], absent["answers"]["q"]["probabilities"]
     assert_probs(null, ref.probs(0, "choice question: null", ["on", "off"], STATE, 1.3), ["on", "off"])
-    assert_probs(absent, ref.probs(0, "choice question: Which option fits the state best?", ["on", "off"], STATE, 1.3),
-                 ["on", "off"])
+    assert_probs(
+        absent,
+        ref.probs(0, "choice question: Which option fits the state best?", ["on", "off"], STATE, 1.3),
+        ["on", "off"],
+    )
     assert abs(null["on"] - absent["on"]) > 1e-6

@@ -14,6 +14,7 @@ the worker's code, after
 The reference scores each candidate with one uncached forward over prefix + suffix + value (the oracle of
 upstream's own engine test); the worker forks one prefill per question.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,24 +28,37 @@ from jev_common.recipe import load_recipe
 
 from ..family_helpers import TOL, assert_probs, served
 
-SYSTEM = ("Extract the attributes from the text. Return only a JSON object matching this schema. "
-          "Use the exact allowed values. No explanation or markdown.\n")
+SYSTEM = (
+    "Extract the attributes from the text. Return only a JSON object matching this schema. "
+    "Use the exact allowed values. No explanation or markdown.\n"
+)
 STATE = "I was charged twice. Please refund the duplicate charge."
-REFUND = {"type": "choice", "instructions": "Does the customer ask for a refund?",
-          "criteria": {"yes": "asks for a refund", "no": "does not"}}
+REFUND = {
+    "type": "choice",
+    "instructions": "Does the customer ask for a refund?",
+    "criteria": {"yes": "asks for a refund", "no": "does not"},
+}
 # the README example's whole prompt, as the tiny checkpoint's LFM2 template renders it (engine.prompt)
 REFUND_PROMPT = (
-    '<|startoftext|><|im_start|>system\nExtract the attributes from the text. Return only a JSON object matching '
+    "<|startoftext|><|im_start|>system\nExtract the attributes from the text. Return only a JSON object matching "
     'this schema. Use the exact allowed values. No explanation or markdown.\n{"type": "object", "properties": '
     '{"answer": {"type": "string", "description": "{\\"instructions\\": \\"Does the customer ask for a refund?\\", '
     '\\"criteria\\": {\\"yes\\": \\"asks for a refund\\", \\"no\\": \\"does not\\"}}", "enum": ["yes", "no"]}}, '
     '"required": ["answer"], "additionalProperties": false}<|im_end|>\n<|im_start|>user\nI was charged twice. '
-    'Please refund the duplicate charge.<|im_end|>\n<|im_start|>assistant\n{\n')
+    "Please refund the duplicate charge.<|im_end|>\n<|im_start|>assistant\n{\n"
+)
 QUESTIONS = {
     "refund": REFUND,
-    "team": {"type": "choice", "instructions": {"task": "route", "note": "très urgent"},
-             "criteria": {"billing": None, 'say "hi"': {"team": "greeter", "hours": [9, 17]},
-                          "équipe technique": ["software", "hardware"], "x": "short key"}},
+    "team": {
+        "type": "choice",
+        "instructions": {"task": "route", "note": "très urgent"},
+        "criteria": {
+            "billing": None,
+            'say "hi"': {"team": "greeter", "hours": [9, 17]},
+            "équipe technique": ["software", "hardware"],
+            "x": "short key",
+        },
+    },
 }
 
 
@@ -72,20 +86,29 @@ class Reference:
         return self.tok.encode(text, add_special_tokens=False)
 
     def prompt(self, state: str, question: dict) -> str:
-        description = json.dumps({"instructions": question["instructions"], "criteria": question["criteria"]},
-                                 ensure_ascii=False)
-        schema = {"type": "object", "properties": {"answer": {"type": "string", "description": description,
-                                                              "enum": list(question["criteria"].keys())}},
-                  "required": ["answer"], "additionalProperties": False}
-        messages = [{"role": "system", "content": SYSTEM + json.dumps(schema, ensure_ascii=False)},
-                    {"role": "user", "content": state}]
+        description = json.dumps(
+            {"instructions": question["instructions"], "criteria": question["criteria"]}, ensure_ascii=False
+        )
+        schema = {
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string", "description": description, "enum": list(question["criteria"].keys())}
+            },
+            "required": ["answer"],
+            "additionalProperties": False,
+        }
+        messages = [
+            {"role": "system", "content": SYSTEM + json.dumps(schema, ensure_ascii=False)},
+            {"role": "user", "content": state},
+        ]
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "{\n"
 
     def candidates(self, state: str, question: dict) -> list[tuple[list[int], list[int], list[int]]]:
         prefix = self.encode(self.prompt(state, question))
         suffix = self.encode("  " + json.dumps("answer", ensure_ascii=False) + ": ")
-        return [(prefix, suffix, self.encode(json.dumps(key, ensure_ascii=False) + "\n"))
-                for key in question["criteria"]]
+        return [
+            (prefix, suffix, self.encode(json.dumps(key, ensure_ascii=False) + "\n")) for key in question["criteria"]
+        ]
 
     @torch.inference_mode()
     def scores(self, state: str, question: dict) -> list[float]:
@@ -93,7 +116,7 @@ class Reference:
         for prefix, suffix, value in self.candidates(state, question):
             start = len(prefix) + len(suffix)
             logits = self.model(torch.tensor([prefix + suffix + value]), use_cache=False).logits[0]
-            logp = logits[start - 1:start + len(value) - 1].float().log_softmax(-1)
+            logp = logits[start - 1 : start + len(value) - 1].float().log_softmax(-1)
             out.append(logp.gather(1, torch.tensor(value)[:, None]).sum().item())
         return out
 
@@ -139,7 +162,10 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
         assert set(health["kernels"]) == {"causal-conv1d"}  # its conv layers' fast path, present or not
         serving = health["serving"]
         assert (serving["readout"], serving["backend"], serving["question_types"]) == (
-            "lfm2-json-values", "lfm2-values", ["choice"])
+            "lfm2-json-values",
+            "lfm2-values",
+            ["choice"],
+        )
         assert serving["calibration"] == {"source": None, "temperature": 1.0}
 
         # token ids: the worker's prepared prompt is upstream's prefix + suffix + value, question by question
@@ -158,8 +184,9 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
         assert [list(prepared.prefix_ids + row) for row in prepared.rows] == [p + s + v for p, s, v in want]
 
         for state in (STATE, "  Refund?\nI paid twice.  "):
-            response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": state,
-                                                               "questions": QUESTIONS})
+            response = await front.post(
+                "/v1/systemone", json={"model": "jev-latest", "state": state, "questions": QUESTIONS}
+            )
             body = await response.json()
             assert response.status == 200, body
             for qid, question in QUESTIONS.items():
@@ -179,21 +206,30 @@ async def test_lfm2_answers_equal_its_upstream_contract(worker_settings, lfm2_di
         again = await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE, "questions": QUESTIONS})
         assert "l3=hit" in again.headers["x-jev-cache"]
         for qid, question in QUESTIONS.items():
-            assert_probs((await again.json())["answers"][qid]["probabilities"],
-                         reference.probabilities(STATE, question), list(question["criteria"]))
+            assert_probs(
+                (await again.json())["answers"][qid]["probabilities"],
+                reference.probabilities(STATE, question),
+                list(question["criteria"]),
+            )
 
         # many candidates of different token lengths: no length normalisation, several forked batches
-        many = {"type": "choice", "instructions": "Pick the team.",
-                "criteria": {f"{'team ' * (i % 4)}{i}": None for i in range(40)}}
-        body = await (await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE,
-                                                              "questions": {"q": many}})).json()
-        assert_probs(body["answers"]["q"]["probabilities"], reference.probabilities(STATE, many),
-                     list(many["criteria"]))
+        many = {
+            "type": "choice",
+            "instructions": "Pick the team.",
+            "criteria": {f"{'team ' * (i % 4)}{i}": None for i in range(40)},
+        }
+        body = await (
+            await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE, "questions": {"q": many}})
+        ).json()
+        assert_probs(
+            body["answers"]["q"]["probabilities"], reference.probabilities(STATE, many), list(many["criteria"])
+        )
 
         # one option: upstream's enum takes 1 to 255 values and scores one with p = 1; so does the worker
         one = {"type": "choice", "instructions": "Pick the team.", "criteria": {"billing": None}}
-        body = await (await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE,
-                                                              "questions": {"q": one}})).json()
+        body = await (
+            await front.post("/v1/systemone", json={"model": "jev-latest", "state": STATE, "questions": {"q": one}})
+        ).json()
         assert body["answers"]["q"]["choice"] == "billing" and body["answers"]["q"]["probabilities"] == {"billing": 1.0}
 
 
@@ -205,15 +241,19 @@ async def test_lfm2_refuses_what_upstream_refuses(worker_settings, lfm2_dir):
 
     settings = worker_settings(recipe=lfm2_recipe(), model_path=lfm2_dir)
     async with served(settings) as (front, _, _):
-        for question in ({"type": "noul", "instructions": "Is it a refund?"},
-                         {"type": "score", "instructions": "How angry?", "criteria": ["calm", "angry"]}):
+        for question in (
+            {"type": "noul", "instructions": "Is it a refund?"},
+            {"type": "score", "instructions": "How angry?", "criteria": ["calm", "angry"]},
+        ):
             code, text = await status(STATE, {"q": question})
             assert code == 422 and "unsupported_question_type" in text, text
         for state in ({"text": STATE}, [STATE], "   \n "):  # worker.validate_request: a non-empty text string
             code, text = await status(state, {"q": REFUND})
             assert code == 422 and "non-empty text state" in text, (state, text)
-        for question in ({"type": "choice", "criteria": REFUND["criteria"]},
-                         {"type": "choice", "instructions": None, "criteria": REFUND["criteria"]}):
+        for question in (
+            {"type": "choice", "criteria": REFUND["criteria"]},
+            {"type": "choice", "instructions": None, "criteria": REFUND["criteria"]},
+        ):
             code, text = await status(STATE, {"q": question})
             assert code == 422 and "needs instructions" in text, text
         too_many = {"type": "choice", "instructions": "Pick.", "criteria": {f"k{i}": None for i in range(256)}}

@@ -2,6 +2,7 @@
 row ending `<|opt|>{option}<|/opt|>`, u / zq / the option text's LM log-probabilities read from it, the
 OptionScorer (choice, noul) and the ordinal head (score), the export's calibration; every answer equal
 to a plain reference written out here after OmniJev's `mso/head.py` and `MSO1._finish`."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,7 @@ def omnijev_dir(tmp_path_factory):
 def omnijev_recipe(tiny_recipe):
     """The tiny recipe with the OmniJev recipe's serving and prompt (no system turn, the state right before
     the instructions)."""
-    return family_recipe(tiny_recipe, "tiny-omnijev", family="omnijev", system=None,
-                         state_block="{state}")
+    return family_recipe(tiny_recipe, "tiny-omnijev", family="omnijev", system=None, state_block="{state}")
 
 
 class Reference:
@@ -45,8 +45,9 @@ class Reference:
 
     def mlp(self, name, x):
         t = self.t
-        return F.linear(F.gelu(F.linear(x, t[f"{name}.0.weight"], t[f"{name}.0.bias"])), t[f"{name}.2.weight"],
-                        t[f"{name}.2.bias"])
+        return F.linear(
+            F.gelu(F.linear(x, t[f"{name}.0.weight"], t[f"{name}.0.bias"])), t[f"{name}.2.weight"], t[f"{name}.2.bias"]
+        )
 
     def lin(self, name, x):
         return F.linear(x, self.t[f"{name}.weight"], self.t[f"{name}.bias"])
@@ -56,8 +57,12 @@ class Reference:
         """(u [K, d], zq, feats [K, 6]) from one plain forward per option row."""
         us, zq, sums, counts, firsts = [], None, [], [], []
         for option in options:
-            text = self.tok.apply_chat_template([{"role": "user", "content": STATE + instructions}], tokenize=False,
-                                                add_generation_prompt=True) + f"<|opt|>{option}<|/opt|>"
+            text = (
+                self.tok.apply_chat_template(
+                    [{"role": "user", "content": STATE + instructions}], tokenize=False, add_generation_prompt=True
+                )
+                + f"<|opt|>{option}<|/opt|>"
+            )
             ids = self.tok(text, add_special_tokens=False)["input_ids"]
             o, c = ids.index(self.open), ids.index(self.close)
             h = self.model.model(input_ids=torch.tensor([ids])).last_hidden_state[0]
@@ -70,8 +75,12 @@ class Reference:
             firsts.append(float(lp[o - 1, ids[o + 1]]) if picked else 0.0)
         masked = torch.tensor([s if n else -1e4 for s, n in zip(sums, counts)])
         share = (masked - torch.logsumexp(masked, 0)).tolist()
-        feats = torch.tensor([[s / 10, s / n if n else 0.0, n / 10, sh, f, float(n > 0)]
-                              for s, n, sh, f in zip(sums, counts, share, firsts)])
+        feats = torch.tensor(
+            [
+                [s / 10, s / n if n else 0.0, n / 10, sh, f, float(n > 0)]
+                for s, n, sh, f in zip(sums, counts, share, firsts)
+            ]
+        )
         return torch.stack(us), zq, feats
 
     def option_logits(self, u, zq, type_id, feats):
@@ -114,12 +123,23 @@ async def test_omnijev_answers_equal_the_plain_reference(worker_settings, tiny_r
     ref = Reference(omnijev_dir)
     settings = worker_settings(recipe=omnijev_recipe(tiny_recipe), model_path=str(omnijev_dir))
     async with served(settings) as (front, worker, _):
-        body = await ask(front, STATE, {
-            "what": {"type": "choice", "instructions": "What is the kettle doing?",
-                     "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None}},
-            "level": {"type": "score", "instructions": "How hot is it?", "criteria": ["cold", "warm", "hot", "scalding"]},
-            "hot": {"type": "noul", "instructions": "The water is hot."},
-        })
+        body = await ask(
+            front,
+            STATE,
+            {
+                "what": {
+                    "type": "choice",
+                    "instructions": "What is the kettle doing?",
+                    "criteria": {"boiling": "water at 100 C", "cooling": None, "broken": None},
+                },
+                "level": {
+                    "type": "score",
+                    "instructions": "How hot is it?",
+                    "criteria": ["cold", "warm", "hot", "scalding"],
+                },
+                "hot": {"type": "noul", "instructions": "The water is hot."},
+            },
+        )
         answers = body["answers"]
         want = ref.choice("What is the kettle doing?", ["boiling: water at 100 C", "cooling", "broken"])
         assert_probs(answers["what"]["probabilities"], want, ["boiling", "cooling", "broken"])
@@ -134,13 +154,17 @@ async def test_omnijev_answers_equal_the_plain_reference(worker_settings, tiny_r
         assert "each row runs whole" in stats["prefix_reuse"]
 
 
-@pytest.mark.parametrize("question, says", [
-    ({"type": "set", "criteria": {"hot": None, "cold": None}}, "unsupported_question_type"),
-    ({"type": "span", "criteria": ["its spout", "The kettle"]}, "unsupported_question_type"),
-    ({"type": "choice", "criteria": {"a<|opt|>": None, "b": None}}, "control token"),
-])
-async def test_omnijev_refuses_what_it_has_no_head_or_layout_for(worker_settings, tiny_recipe, omnijev_dir, question,
-                                                                 says):
+@pytest.mark.parametrize(
+    "question, says",
+    [
+        ({"type": "set", "criteria": {"hot": None, "cold": None}}, "unsupported_question_type"),
+        ({"type": "span", "criteria": ["its spout", "The kettle"]}, "unsupported_question_type"),
+        ({"type": "choice", "criteria": {"a<|opt|>": None, "b": None}}, "control token"),
+    ],
+)
+async def test_omnijev_refuses_what_it_has_no_head_or_layout_for(
+    worker_settings, tiny_recipe, omnijev_dir, question, says
+):
     settings = worker_settings(recipe=omnijev_recipe(tiny_recipe), model_path=str(omnijev_dir))
     async with served(settings) as (front, _, _):
         assert says in json.dumps(await ask(front, STATE, {"q": question}, status=422))
@@ -161,16 +185,32 @@ UPSTREAM_OPTIONS = {
 
 
 async def test_omnijev_options_are_written_as_upstream_writes_them(worker_settings, tiny_recipe, omnijev_dir):
-    from jev_worker.questions.plan import rows_for
     from jev_common.schema import SystemOneRequest
+    from jev_worker.questions.plan import rows_for
 
     settings = worker_settings(recipe=omnijev_recipe(tiny_recipe), model_path=str(omnijev_dir))
     async with served(settings) as (front, _, service):
-        request = SystemOneRequest.model_validate({"model": "jev-latest", "state": STATE, "questions": {
-            "q": {"type": "choice", "instructions": "Which?",
-                  "criteria": {"a": None, "b": "", "c": "water at 100 C", "d": {"unit": "C", "max": 100},
-                               "e": ["hot", "cold"], "f": {"ok": True, "n": None}}},
-            "n": {"type": "noul", "instructions": "Hot?", "criteria": {"true": "boiling", "false": "cold"}}}})
+        request = SystemOneRequest.model_validate(
+            {
+                "model": "jev-latest",
+                "state": STATE,
+                "questions": {
+                    "q": {
+                        "type": "choice",
+                        "instructions": "Which?",
+                        "criteria": {
+                            "a": None,
+                            "b": "",
+                            "c": "water at 100 C",
+                            "d": {"unit": "C", "max": 100},
+                            "e": ["hot", "cold"],
+                            "f": {"ok": True, "n": None},
+                        },
+                    },
+                    "n": {"type": "noul", "instructions": "Hot?", "criteria": {"true": "boiling", "false": "cold"}},
+                },
+            }
+        )
         model = service.model
         rows, _ = rows_for(request.questions, request.state, model.builder, model.readout.kinds)
         assert [row.after for row in rows] == [*UPSTREAM_OPTIONS.values(), "<|opt|><|/opt|>"]

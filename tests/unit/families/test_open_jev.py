@@ -14,6 +14,7 @@ Upstream, written out here, never through the worker's builder:
   (`lora_alpha / r * B @ A`), the last token's final hidden state (FP32) @ head weight + bias, then
   `exp((v - max) / T) / sum` in float64 over a question's candidates; noul logits are [0, s].
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-from jev_common.schema import SystemOneRequest
 from jev_common.checkpoint_files import ServingError
+from jev_common.schema import SystemOneRequest
 
 from ..family_helpers import TOL, ask, ask_twice, served, served_ids, tiny_recipe_of
 
@@ -69,8 +70,9 @@ class Reference:
         self.temperature = json.loads((checkpoint / "temperature.json").read_text())["temperature"]
 
     def ids(self, prompt: str) -> list[int]:
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                  add_generation_prompt=True, enable_thinking=False)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
         assert text.endswith(THINKING_OFF)
         return self.tokenizer(text, truncation=False)["input_ids"]
 
@@ -98,12 +100,21 @@ def answer(kind: str, keys: list[str], p: list[float], legend=None) -> dict:
         return {"type": "noul", "noul": p[1]}
     mode, n = max(range(len(p)), key=p.__getitem__), len(p)
     if kind == "choice":
-        return {"type": "choice", "choice": keys[mode], "probabilities": dict(zip(keys, p)),
-                "confidence": 1.0 if n == 1 else (p[mode] - 1 / n) / (1 - 1 / n)}
+        return {
+            "type": "choice",
+            "choice": keys[mode],
+            "probabilities": dict(zip(keys, p)),
+            "confidence": 1.0 if n == 1 else (p[mode] - 1 / n) / (1 - 1 / n),
+        }
     spread = sum(abs(i - mode) * v for i, v in enumerate(p))
     uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
-    return {"type": "score", "score": sum(i * v for i, v in enumerate(p)), "probabilities": dict(zip(keys, p)),
-            "confidence": max(0.0, 1 - spread / uniform), "legend": legend}
+    return {
+        "type": "score",
+        "score": sum(i * v for i, v in enumerate(p)),
+        "probabilities": dict(zip(keys, p)),
+        "confidence": max(0.0, 1 - spread / uniform),
+        "legend": legend,
+    }
 
 
 def assert_close(got, want, tol: float = TOL) -> None:
@@ -149,8 +160,11 @@ async def test_open_jev_serves_the_golden_prompts_ids_and_probabilities(worker_s
             for body in await ask_twice(front, state, questions):  # the second from L3
                 for qid, prompts, _ in golden:
                     question = questions[qid]
-                    keys = (list(question["criteria"]) if question["type"] == "choice"
-                            else [str(i) for i in range(len(question.get("criteria") or []))])
+                    keys = (
+                        list(question["criteria"])
+                        if question["type"] == "choice"
+                        else [str(i) for i in range(len(question.get("criteria") or []))]
+                    )
                     p = reference.probabilities(prompts, question["type"])
                     legend = dict(zip(keys, question["criteria"])) if question["type"] == "score" else None
                     assert_close(body["answers"][qid], answer(question["type"], keys, p, legend))
@@ -181,13 +195,20 @@ def test_the_golden_logits_give_the_golden_answers(release):
 
 
 async def test_a_state_with_spaces_at_its_edges_is_sent_unchanged_and_the_trim_changes_nothing(
-        worker_settings, release, reference):
+    worker_settings, release, reference
+):
     """Qwen3.5's template trims the user message; an Open-Jev prompt starts with `Context:` and ends with `No.`,
     so the trim never reaches user text: spaces and newlines at the state's and instructions' edges stay."""
     state = "  \n the kettle whistles \n\n"
-    question = {"type": "noul", "instructions": " Is it hot? \n", "criteria": {"true": " yes ", "false": {"b": 1, "a": 2}}}
-    prompt = (f"Context:\n{state}\n\nQuestion:  Is it hot? \n\nYes means:  yes \nNo means: "
-              '{"a": 2, "b": 1}\nIs the answer to this question yes? Answer Yes or No.')
+    question = {
+        "type": "noul",
+        "instructions": " Is it hot? \n",
+        "criteria": {"true": " yes ", "false": {"b": 1, "a": 2}},
+    }
+    prompt = (
+        f"Context:\n{state}\n\nQuestion:  Is it hot? \n\nYes means:  yes \nNo means: "
+        '{"a": 2, "b": 1}\nIs the answer to this question yes? Answer Yes or No.'
+    )
     async with served(worker_settings(recipe=open_jev_recipe(), model_path=str(release[2]))) as (front, _, service):
         assert served_ids(service, state, {"q": question}) == [reference.ids(prompt)]
         body = await ask(front, state, {"q": question})
@@ -197,13 +218,22 @@ async def test_a_state_with_spaces_at_its_edges_is_sent_unchanged_and_the_trim_c
 async def test_open_jev_is_position_free_so_every_coherence_mode_answers_unchanged(worker_settings, release):
     """Each candidate its own row, seeing no other option: no option order reaches the answer, so x_coherence
     (cyclic, prior) is answered as off, never refused, and GET /v1/models says position-free."""
-    questions = {"c": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": None}},
-                 "s": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "cross", "furious"]}}
+    questions = {
+        "c": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": None}},
+        "s": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "cross", "furious"]},
+    }
     async with served(worker_settings(recipe=open_jev_recipe(), model_path=str(release[2]))) as (front, _, _):
         bodies = {}
         for mode in ("off", "cyclic", "prior"):
-            response = await front.post("/v1/systemone", json={"model": "jev-latest", "state": "I was charged twice.",
-                                                               "questions": questions, "x_coherence": mode})
+            response = await front.post(
+                "/v1/systemone",
+                json={
+                    "model": "jev-latest",
+                    "state": "I was charged twice.",
+                    "questions": questions,
+                    "x_coherence": mode,
+                },
+            )
             assert response.status == 200, await response.text()
             bodies[mode] = await response.json()
         models = (await (await front.get("/v1/models")).json())["models"]
@@ -226,15 +256,21 @@ async def test_open_jev_refuses_what_upstream_refuses(worker_settings, release):
             assert message in json.dumps(body), body
         body = await ask(front, long_state, {"q": {"type": "noul", "instructions": "Long?"}}, status=422)
         assert "exceeds max_length=4096; no silent truncation" in json.dumps(body)
-        for question in ({"type": "set", "criteria": {"hot": None, "cold": None}},
-                         {"type": "span", "criteria": ["kettle", "Anything"]}):
+        for question in (
+            {"type": "set", "criteria": {"hot": None, "cold": None}},
+            {"type": "span", "criteria": ["kettle", "Anything"]},
+        ):
             body = await ask(front, "Anything kettle", {"q": question}, status=422)
             assert body["detail"]["error_type"] == "unsupported_question_type"
-        legacy = await front.post("/v1/systemone", json={"kind": "choice", "state": {"text": "x"},
-                                                         "question": "Which?", "options": ["a", "b"]})
+        legacy = await front.post(
+            "/v1/systemone",
+            json={"kind": "choice", "state": {"text": "x"}, "question": "Which?", "options": ["a", "b"]},
+        )
         assert legacy.status == 422 and (await legacy.json())["detail"]["error_type"] == "unsupported_request_form"
-        other = await worker.post("/v1/systemone", json={"model": "open-jev", "state": "x",
-                                                          "questions": {"q": {"type": "noul", "instructions": "?"}}})
+        other = await worker.post(
+            "/v1/systemone",
+            json={"model": "open-jev", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+        )
         assert other.status == 400  # upstream's alias `open-jev` is not one of this worker's names (README)
 
 

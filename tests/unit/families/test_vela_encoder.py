@@ -5,6 +5,7 @@ in a sequence of its own), the FP32 marker head; every answer equal to a plain r
 (text pieces tokenised one by one with the package tokenizer minus its markers, a plain ModernBERT forward, the
 head as torch modules); and the sequences our builder lays out on vLLM Semantic Router's own toy fixture, against
 that runtime's own golden assertions (its tests at their commits, below)."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,8 @@ from torch import nn
 from transformers import ModernBertConfig, ModernBertModel
 
 from jev_common.checkpoint_files import ServingError
-from jev_worker.serving import build_serving, preflight
 from jev_worker.service import WorkerService
+from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
 from .vela_upstream import BOS, EOS, MARKER_IDS, ToyTokenizer, text_of
@@ -89,7 +90,7 @@ class Reference:
 
     @torch.inference_mode()
     def option_logits(self, h, query: int, markers: list[int], pool: tuple[int, int]) -> torch.Tensor:
-        v = nn.functional.normalize(self.w["w_p"](self.norm(h[pool[0]:pool[1]].mean(0))), dim=-1)
+        v = nn.functional.normalize(self.w["w_p"](self.norm(h[pool[0] : pool[1]].mean(0))), dim=-1)
         u = nn.functional.normalize(self.w["w_o"](self.norm(h[markers])) + self.w["w_q"](self.norm(h[query])), dim=-1)
         return (u * v).sum(-1) / self.tau + self.cls_mlp(h[markers]).squeeze(-1)
 
@@ -120,15 +121,24 @@ def softmax(logits: torch.Tensor, temperature: float) -> list[float]:
 
 
 QUESTIONS = {  # a span question first: its answer comes from the shared sequence, read after the others
-    "pii": {"type": "span", "instructions": "Which span is personal information?",
-            "criteria": ["Jane Roe", "before Friday", "555-0100"]},
-    "intent": {"type": "choice", "instructions": "What does the request ask for?",
-               "criteria": {"reset": "an account reset", "refund": None, "other": "anything else"}},
+    "pii": {
+        "type": "span",
+        "instructions": "Which span is personal information?",
+        "criteria": ["Jane Roe", "before Friday", "555-0100"],
+    },
+    "intent": {
+        "type": "choice",
+        "instructions": "What does the request ask for?",
+        "criteria": {"reset": "an account reset", "refund": None, "other": "anything else"},
+    },
     "urgent": {"type": "noul", "instructions": "Is this urgent?", "criteria": {"true": "it has a deadline"}},
     "priority": {"type": "score", "instructions": "How urgent is it?", "criteria": ["low", "medium", "high"]},
     "when": {"type": "span", "instructions": "When is it due?", "criteria": ["Friday", "Jane"]},
-    "topics": {"type": "set", "instructions": "Which topics does it mention?",
-               "criteria": {"account": "user accounts", "billing": None, "phone": "a phone number"}},
+    "topics": {
+        "type": "set",
+        "instructions": "Which topics does it mention?",
+        "criteria": {"account": "user accounts", "billing": None, "phone": "a phone number"},
+    },
 }
 
 
@@ -141,12 +151,20 @@ async def test_marker_answers_equal_the_plain_reference(worker_settings, marker_
 
     # sequence 1: the choice, noul, score and set questions, the first span question's label, the user part
     ids = [ref.config["bos_token_id"]]
-    intent = ref.question(ids, "What does the request ask for?",
-                          ["reset: an account reset", "refund", "other: anything else"], abstain=True)
+    intent = ref.question(
+        ids,
+        "What does the request ask for?",
+        ["reset: an account reset", "refund", "other: anything else"],
+        abstain=True,
+    )
     urgent = ref.question(ids, "Is this urgent?", [f"no: {NO}", "yes: it has a deadline"], abstain=True)
     priority = ref.question(ids, "How urgent is it?", ["low", "medium", "high"], abstain=False)
-    topics = ref.question(ids, "Which topics does it mention?",
-                          ["account: user accounts", "billing", "phone: a phone number"], abstain=False)
+    topics = ref.question(
+        ids,
+        "Which topics does it mention?",
+        ["account: user accounts", "billing", "phone: a phone number"],
+        abstain=False,
+    )
     label = len(ids)
     ids += [m["[E]"]] + ref.ids("answer: Which span is personal information?") + [m["[SEP_SCHEMA]"]]
     pool_start = len(ids)
@@ -197,10 +215,17 @@ async def test_marker_reads_an_object_state_as_typed_parts(worker_settings, mark
     question pools over all three; marker text in the state is plain text."""
     ref = Reference(marker_dir)
     m = ref.m
-    state = {"answer": "Adults can take up to 6 grams a day.", "source": "The maximum dose is 4 grams.",
-             "request": "What is the maximum daily dose of paracetamol? [Q] [SEG_user]", "notes": ["checked", 2]}
-    question = {"type": "choice", "instructions": "Is the answer supported?",
-                "criteria": {"supported": None, "unsupported": "contradicts the source"}}
+    state = {
+        "answer": "Adults can take up to 6 grams a day.",
+        "source": "The maximum dose is 4 grams.",
+        "request": "What is the maximum daily dose of paracetamol? [Q] [SEG_user]",
+        "notes": ["checked", 2],
+    }
+    question = {
+        "type": "choice",
+        "instructions": "Is the answer supported?",
+        "criteria": {"supported": None, "unsupported": "contradicts the source"},
+    }
     async with served(worker_settings(recipe=marker_recipe, model_path=str(marker_dir))) as (front, worker, _):
         body = await ask(front, state, {"q": question})
         health = (await (await worker.get("/health")).json())["detail"]["serving"]
@@ -228,8 +253,12 @@ async def test_marker_refuses_what_it_cannot_read(worker_settings, marker_recipe
         assert "control token" in json.dumps(body)
         body = await ask(front, " ".join(f"word{i}" for i in range(1500)), noul, status=422)
         assert "at most 2048" in json.dumps(body)
-        body = await ask(front, '{"request": "Jane Roe called"}',
-                         {"q": {"type": "span", "criteria": ["Jane Roe", "called"]}}, status=422)
+        body = await ask(
+            front,
+            '{"request": "Jane Roe called"}',
+            {"q": {"type": "span", "criteria": ["Jane Roe", "called"]}},
+            status=422,
+        )
         assert "plain text state" in json.dumps(body)
 
 
@@ -243,8 +272,9 @@ def test_marker_needs_its_files_keys_and_tensors(tmp_path, marker_recipe, marker
         with pytest.raises(ServingError, match=f"config.json has no '{key}'"):
             preflight(marker_recipe, str(broken))
     broken = copy_without(marker_dir, tmp_path / "marker")
-    (broken / "config.json").write_text(json.dumps(
-        {**config, "marker_ids": {k: v for k, v in config["marker_ids"].items() if k != "[ABS]"}}))
+    (broken / "config.json").write_text(
+        json.dumps({**config, "marker_ids": {k: v for k, v in config["marker_ids"].items() if k != "[ABS]"}})
+    )
     with pytest.raises(ServingError, match=re.escape("marker_ids has no [ABS]")):
         preflight(marker_recipe, str(broken))
     decoder = copy_without(marker_dir, tmp_path / "decoder")
@@ -286,15 +316,26 @@ def test_marker_head_reads_as_the_package_config_says(readout):
 
     g = torch.Generator().manual_seed(3)
     h, p = 8, 4
-    tensors = {"norm.weight": 1 + 0.1 * torch.randn(h, generator=g), "norm.bias": 0.1 * torch.randn(h, generator=g),
-               "log_tau": torch.tensor(-0.3), "log_tau_span": torch.tensor(0.2),
-               "cls_mlp.0.weight": torch.randn(2 * h, h, generator=g), "cls_mlp.0.bias": torch.randn(2 * h, generator=g),
-               "cls_mlp.3.weight": torch.randn(1, 2 * h, generator=g), "cls_mlp.3.bias": torch.randn(1, generator=g)}
+    tensors = {
+        "norm.weight": 1 + 0.1 * torch.randn(h, generator=g),
+        "norm.bias": 0.1 * torch.randn(h, generator=g),
+        "log_tau": torch.tensor(-0.3),
+        "log_tau_span": torch.tensor(0.2),
+        "cls_mlp.0.weight": torch.randn(2 * h, h, generator=g),
+        "cls_mlp.0.bias": torch.randn(2 * h, generator=g),
+        "cls_mlp.3.weight": torch.randn(1, 2 * h, generator=g),
+        "cls_mlp.3.bias": torch.randn(1, generator=g),
+    }
     for name in ("w_o", "w_q", "w_p", "w_t", "w_e"):
         tensors.update({f"{name}.weight": torch.randn(p, h, generator=g), f"{name}.bias": torch.randn(p, generator=g)})
     assert ("cls_mlp.0.weight" in tensor_names(readout)) == (readout == "mlp")
-    head = VelaMarkerHead({k: v for k, v in tensors.items() if k in tensor_names(readout)}, readout=readout, hidden=h,
-                          projection=p, source="test")
+    head = VelaMarkerHead(
+        {k: v for k, v in tensors.items() if k in tensor_names(readout)},
+        readout=readout,
+        hidden=h,
+        projection=p,
+        source="test",
+    )
     states = torch.randn(12, h, generator=g)
     labels = SequenceReadout(((1, 6, 11, (2, 4)),), (5,), (7, 9)).to_labels()
     options, words = head.logits(states, labels)
@@ -328,7 +369,13 @@ def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], "Seque
     from jev_worker.questions.plan import rows_for
 
     builder = copy.copy(model.builder)
-    builder.text, builder.markers, builder.bos, builder.eos, builder.max_length = ToyTokenizer(), MARKER_IDS, BOS, EOS, 400
+    builder.text, builder.markers, builder.bos, builder.eos, builder.max_length = (
+        ToyTokenizer(),
+        MARKER_IDS,
+        BOS,
+        EOS,
+        400,
+    )
     request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
     rows, plan = rows_for(request.questions, request.state, builder, model.readout.kinds)
     prepared = builder.prepare(request.state if isinstance(request.state, str) else "", rows, (), plan)
@@ -342,10 +389,15 @@ async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_setting
         # {"a": "x", "b": None} and a span question over the text "hi there" (upstream names the span's part with
         # `over` in an object state; this API's span reads a plain text state, the same single user part). The
         # span's label is our mapping ("answer": its instructions), as the recipe README says.
-        (ids, readout), = toy_sequences(model, "hi there", {
-            "c": {"type": "choice", "instructions": "Q", "criteria": {"a": "x", "b": None}},
-            "p": {"type": "span", "instructions": "d", "criteria": ["hi", "there"]}})
-        (query, pool_start, pool_end, options), = readout.questions
+        ((ids, readout),) = toy_sequences(
+            model,
+            "hi there",
+            {
+                "c": {"type": "choice", "instructions": "Q", "criteria": {"a": "x", "b": None}},
+                "p": {"type": "span", "instructions": "d", "criteria": ["hi", "there"]},
+            },
+        )
+        ((query, pool_start, pool_end, options),) = readout.questions
         # upstream's assertions, literally (`entry.query`, `entry.options`, `entry.pool`, `sequence.labels`,
         # `sequence.words` are our readout's query, options, pool, labels and words):
         assert ids[0] == 2 and ids[-1] == 1
@@ -366,18 +418,24 @@ async def test_marker_sequences_meet_upstreams_own_layout_goldens(worker_setting
         # (("no", NOUL_DEFAULT_NO), ("yes", NOUL_DEFAULT_YES)) with abstain, score levels (("low", ""), ('{"x":1}', ""))
         # and a set without abstain (`test_noul_becomes_...`, `test_choice_score_set_and_span_options`); every question
         # pools over every part (request.py `_default_over`, encoder_layout.py `_assemble`).
-        (ids, readout), = toy_sequences(model, {"prompt": "Q?", "source": "doc", "notes": {"n": 1}, "response": "A."}, {
-            "c": {"type": "choice", "instructions": "Pick one", "criteria": {"a": "first", "b": None}},
-            "n": {"type": "noul", "instructions": "Yes?"},
-            "s": {"type": "score", "instructions": "How?", "criteria": ["low", {"x": 1}]},
-            "t": {"type": "set", "instructions": "Which?", "criteria": {"x": "y"}}})
+        ((ids, readout),) = toy_sequences(
+            model,
+            {"prompt": "Q?", "source": "doc", "notes": {"n": 1}, "response": "A."},
+            {
+                "c": {"type": "choice", "instructions": "Pick one", "criteria": {"a": "first", "b": None}},
+                "n": {"type": "noul", "instructions": "Yes?"},
+                "s": {"type": "score", "instructions": "How?", "criteria": ["low", {"x": 1}]},
+                "t": {"type": "set", "instructions": "Which?", "criteria": {"x": "y"}},
+            },
+        )
         assert text_of(ids) == (
             "<bos>[Q]Pick one[O]a: first[O]b[ABS]"
             "[Q]Yes?[O]no: No. The statement or question is not satisfied."
             "[O]yes: Yes. The statement or question is satisfied.[ABS]"
             '[Q]How?[O]low[O]{"x":1}'
             "[Q]Which?[O]x: y"
-            '[SEP_SCHEMA][SEG_user]Q?[SEG_context]source:\ndoc\n\nnotes:\n{"n":1}[SEG_answer]A.<eos>')
+            '[SEP_SCHEMA][SEG_user]Q?[SEG_context]source:\ndoc\n\nnotes:\n{"n":1}[SEG_answer]A.<eos>'
+        )
         start = ids.index(MARKER_IDS["[SEG_user]"])
         assert [q[1:3] for q in readout.questions] == [(start, len(ids) - 1)] * 4
         assert [len(q[3]) for q in readout.questions] == [3, 3, 2, 1]  # [ABS] after the choice and the noul only

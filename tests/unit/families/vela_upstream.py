@@ -5,6 +5,7 @@ positions equal code points, and the eight markers at 2000 + their index in enco
 engine (`vela2_inference.py`, `schema_lib.assemble`) is not public; that runtime reimplements it
 (src/model-runtime/vllm_srun/families/vela2/) and its tests pin the layouts on this fixture. Used by
 test_vela_encoder.py and test_vela_decoder.py to replay those tests' golden assertions on our layouts."""
+
 from __future__ import annotations
 
 MARKERS = ("[Q]", "[O]", "[ABS]", "[SEP_SCHEMA]", "[SEG_user]", "[SEG_answer]", "[E]", "[SEG_context]")

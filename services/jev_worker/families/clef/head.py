@@ -12,6 +12,7 @@ Over one request's final hidden states h [n, hidden] (after `hidden_norm`):
 - each option's logit = prior + sigmoid(residual_gate) * (joint_scale * cos(field, option) + residual MLP),
   prior = prior_scale * cos(lexical, q + g); both scales exp(min(s, ln 100)).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,15 +24,25 @@ from ...protocols import RequestHead
 
 CONFIG_KEYS = ("hidden_size", "width", "routing_layers", "layers", "heads", "feedforward")
 SCALARS = ("prior_logit_scale", "joint_logit_scale", "residual_gate")
-PROJECTIONS = ("memory_projection", "question_projection", "option_question_projection", "global_projection",
-               "option_context_projection", "option_lexical_projection")
+PROJECTIONS = (
+    "memory_projection",
+    "question_projection",
+    "option_question_projection",
+    "global_projection",
+    "option_context_projection",
+    "option_lexical_projection",
+)
 NORMS = ("hidden_norm", "option_summary_norm", "field_norm", "option_norm")
 MAX_LOG_SCALE = math.log(100.0)
 
 
 def _attention_shapes(prefix: str, width: int) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.in_proj_weight": (3 * width, width), f"{prefix}.in_proj_bias": (3 * width,),
-            f"{prefix}.out_proj.weight": (width, width), f"{prefix}.out_proj.bias": (width,)}
+    return {
+        f"{prefix}.in_proj_weight": (3 * width, width),
+        f"{prefix}.in_proj_bias": (3 * width,),
+        f"{prefix}.out_proj.weight": (width, width),
+        f"{prefix}.out_proj.bias": (width,),
+    }
 
 
 def _norm_shapes(prefix: str, size: int) -> dict[str, tuple[int, ...]]:
@@ -107,7 +118,9 @@ class ClefJointHead(RequestHead):
         x = self.norm(f"{p}.norm1", fields)
         fields = fields + self.attend(f"{p}.self_attn", x, x)
         fields = fields + self.attend(f"{p}.multihead_attn", self.norm(f"{p}.norm2", fields), memory)
-        return fields + self.linear(f"{p}.linear2", F.gelu(self.linear(f"{p}.linear1", self.norm(f"{p}.norm3", fields))))
+        return fields + self.linear(
+            f"{p}.linear2", F.gelu(self.linear(f"{p}.linear1", self.norm(f"{p}.norm3", fields)))
+        )
 
     def scale(self, name: str) -> torch.Tensor:
         return self.t[name].clamp(max=MAX_LOG_SCALE).exp()
@@ -124,13 +137,18 @@ class ClefJointHead(RequestHead):
         mean = lambda span: h[span[0] : span[1]].mean(0)  # noqa: E731
         questions = torch.stack([mean(f.question) for f in fields_layout])
         contexts = torch.stack([mean(s) for f in fields_layout for s in f.options])
-        lexical = torch.stack([self.lm_head[ids[s[0] : s[1]]].to(torch.float32).mean(0)
-                               for f in fields_layout for s in f.options])
+        lexical = torch.stack(
+            [self.lm_head[ids[s[0] : s[1]]].to(torch.float32).mean(0) for f in fields_layout for s in f.options]
+        )
         counts = [len(f.options) for f in fields_layout]
-        owner = torch.repeat_interleave(torch.arange(len(counts), device=h.device),
-                                        torch.tensor(counts, device=h.device))
-        routed = (self.linear("option_context_projection", contexts) + self.linear("option_lexical_projection", lexical)
-                  + self.linear("option_question_projection", questions)[owner])
+        owner = torch.repeat_interleave(
+            torch.arange(len(counts), device=h.device), torch.tensor(counts, device=h.device)
+        )
+        routed = (
+            self.linear("option_context_projection", contexts)
+            + self.linear("option_lexical_projection", lexical)
+            + self.linear("option_question_projection", questions)[owner]
+        )
         for i in range(self.routing_layers):
             routed = self.route(i, routed, memory)
         base = self.linear("question_projection", questions)
@@ -139,14 +157,19 @@ class ClefJointHead(RequestHead):
             weights = torch.softmax(options @ field / math.sqrt(options.shape[-1]), dim=0)
             summaries.append((weights[:, None] * options).sum(0))
         types = torch.tensor([f.type_id for f in fields_layout], device=h.device)
-        fields = (base + self.norm("option_summary_norm", torch.stack(summaries))
-                  + self.linear("global_projection", g) + self.t["type_embedding.weight"][types])
+        fields = (
+            base
+            + self.norm("option_summary_norm", torch.stack(summaries))
+            + self.linear("global_projection", g)
+            + self.t["type_embedding.weight"][types]
+        )
         for i in range(self.layers):
             fields = self.decode(i, fields, memory)
         fields = self.norm("field_norm", fields)[owner]
         options = self.norm("option_norm", routed)
-        prior = self.scale("prior_logit_scale") * (F.normalize(lexical, dim=-1)
-                                                   * F.normalize(questions + g, dim=-1)[owner]).sum(-1)
+        prior = self.scale("prior_logit_scale") * (
+            F.normalize(lexical, dim=-1) * F.normalize(questions + g, dim=-1)[owner]
+        ).sum(-1)
         cosine = F.cosine_similarity(fields, options, dim=-1)
         features = torch.cat([fields, options, fields * options, (fields - options).abs()], dim=-1)
         residual = self.linear("residual_scorer.3", F.gelu(self.linear("residual_scorer.0", features))).squeeze(-1)

@@ -18,22 +18,27 @@ Images: Clef's record carries them beside the state, and `encode_record` puts th
 the prefix, then a newline. Here they are the images the state names, in the order it names them; the state
 is rendered as sent, its references included (they are what names each image for the model).
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from ...prompt.builder import ChatPromptBuilder, PreparedRequest, ids_key
 from ...loading.vision import placed_images
+from ...prompt.builder import ChatPromptBuilder, PreparedRequest, ids_key
 
-SYSTEM_PROMPT = ("Read the complete state and schema. Decide every field jointly. Each answer must be exactly one "
-                 "of that field's allowed options.")
+SYSTEM_PROMPT = (
+    "Read the complete state and schema. Decide every field jointly. Each answer must be exactly one "
+    "of that field's allowed options."
+)
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
-NOUL_DEFAULTS = {"true": "The proposition is true or the answer is yes.",
-                 "false": "The proposition is false or the answer is no."}
+NOUL_DEFAULTS = {
+    "true": "The proposition is true or the answer is yes.",
+    "false": "The proposition is false or the answer is no.",
+}
 
 
 def render(value: object) -> str:
@@ -115,8 +120,10 @@ class ClefBuilder(ChatPromptBuilder):
             schema += piece
         fixed = len(prefix) + len(schema) + len(suffix)
         if fixed > self.max_length:
-            raise ValueError(f"the schema needs {fixed} tokens before the state; at most {self.max_length} "
-                             "tokens fit (Clef's max_length)")
+            raise ValueError(
+                f"the schema needs {fixed} tokens before the state; at most {self.max_length} "
+                "tokens fit (Clef's max_length)"
+            )
         if self.max_state_tokens is not None:
             state = state[: self.max_state_tokens]
         state = state[: self.max_length - fixed]
@@ -129,11 +136,18 @@ class ClefBuilder(ChatPromptBuilder):
         fields = []
         for q, (at, option_at) in zip(plan.questions, marks):
             option_ids = tuple(option_id for option_id, _ in options_of(q.question))
-            fields.append(JointField(TYPE_IDS[q.question.type], span(at), tuple(span(i) for i in option_at),
-                                     option_ids))
+            fields.append(
+                JointField(TYPE_IDS[q.question.type], span(at), tuple(span(i) for i in option_at), option_ids)
+            )
             if any(end <= start for start, end in (fields[-1].question, *fields[-1].options)):
                 raise ValueError(f"questions[{q.qid!r}]: an instruction or option renders to no tokens")
         ids = tuple(prefix + state + schema + suffix)
         joint = JointPlan(plan.questions, plan.state, tuple(fields), len(state))
-        return PreparedRequest(prefix_ids=(), rows=(ids,), row_labels=((),), image_keys=tuple(image_keys),
-                               prefix_key=ids_key(f"{self.identity}|clef|{','.join(image_keys)}|", ids), plan=joint)
+        return PreparedRequest(
+            prefix_ids=(),
+            rows=(ids,),
+            row_labels=((),),
+            image_keys=tuple(image_keys),
+            prefix_key=ids_key(f"{self.identity}|clef|{','.join(image_keys)}|", ids),
+            plan=joint,
+        )

@@ -13,23 +13,24 @@ levels, score = sum(i * p_i). span and set have no head here: 422. Images: preen
 vision tower, placed after the prefix as `encode_record` places them (layout.py).
 Options (recipe `serving.options`): `max_length` (16384, encode_record's default), `max_state_tokens`.
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...backends.joint import CausalJoint
+from ...loading.checkpoint import Requirement
 from ...prompt.builder import RowSpec
 from ...protocols import Backend, QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement
+from ...readouts.standard import StandardReadout
 from .head import CONFIG_KEYS, NORMS, PROJECTIONS, SCALARS, ClefJointHead, tensor_shapes
 from .layout import TEMPLATE_TOKENS, ClefBuilder
-from ...readouts.standard import StandardReadout
 
 HEAD = "joint_head.safetensors"
 CONFIG = "joint_head_config.json"
@@ -112,10 +113,16 @@ class ClefJointReadout(StandardReadout):
     def _config(self, folder: str) -> dict:
         raw = read_json(os.path.join(folder, CONFIG))
         config = {key: raw.get(key) for key in CONFIG_KEYS}
-        bad = [k for k, v in config.items() if isinstance(v, bool) or not isinstance(v, int) or v < (0 if "layers" in k else 1)]
+        bad = [
+            k
+            for k, v in config.items()
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if "layers" in k else 1)
+        ]
         if bad or config["width"] % config["heads"]:
-            raise ServingError(f"{CONFIG}: {', '.join(bad) or 'width'} must be positive integers (width a multiple of "
-                               f"heads), got {config}")
+            raise ServingError(
+                f"{CONFIG}: {', '.join(bad) or 'width'} must be positive integers (width a multiple of "
+                f"heads), got {config}"
+            )
         return config
 
     def _tensors(self, folder: str, config: dict, device) -> dict[str, torch.Tensor]:
@@ -125,8 +132,10 @@ class ClefJointReadout(StandardReadout):
         want = tensor_shapes(config)
         missing = sorted(set(want) - set(tensors))
         if missing:
-            raise ServingError(f"{HEAD} has no {', '.join(map(repr, missing[:5]))}"
-                               f"{f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''} for {CONFIG} {config}")
+            raise ServingError(
+                f"{HEAD} has no {', '.join(map(repr, missing[:5]))}"
+                f"{f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''} for {CONFIG} {config}"
+            )
         wrong = [f"{k} {tuple(tensors[k].shape)} (want {want[k]})" for k in want if tuple(tensors[k].shape) != want[k]]
         if wrong:
             raise ServingError(f"{HEAD}: shapes do not fit {CONFIG}: {'; '.join(wrong[:5])}")
@@ -145,13 +154,19 @@ class ClefJointReadout(StandardReadout):
         for key in ("max_length", "max_state_tokens"):
             value = self.option(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ServingError(f"readout {self.name!r}: serving.options.{key} must be a positive integer, got {value!r}")
+                raise ServingError(
+                    f"readout {self.name!r}: serving.options.{key} must be a positive integer, got {value!r}"
+                )
         builder.max_length, builder.max_state_tokens = self.option("max_length"), self.option("max_state_tokens")
         self.config = config
         self.head = ClefJointHead(self._tensors(loaded.folder, config, loaded.device), config, lm_head)
         self.kinds = {kind.type: kind for kind in (ClefNoul(), ClefChoice(), ClefScore())}
 
     def describe(self) -> dict:
-        return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": None, "joint_head": self.config,
-                "max_length": self.option("max_length")}
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": None,
+            "joint_head": self.config,
+            "max_length": self.option("max_length"),
+        }

@@ -14,22 +14,24 @@ x_coherence mode is accepted and answered unchanged (nothing of the mode is sent
 serving.options: `endpoint` (read by the backend), `native_model` (`clm-latest`; `clm-raw` is CLM's
 no-head ablation), `temperature` (CLM's softmax temperature, default 1.0).
 """
+
 from __future__ import annotations
 
 import math
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import ExternalServerFailed, UnsupportedQuestionType
 from jev_common.schema import NoulAnswer, SystemOneRequest, SystemOneUsage, choice_answer, score_answer
 
 from ...backends.external import ExternalHTTP
 from ...questions.coherence import AnsweredElsewhere
-from jev_common.checkpoint_files import ServingError
-from ...readouts.standard import ExternalReadout
 from ...readouts.calibration import Calibration
+from ...readouts.standard import ExternalReadout
 
-
-POSITION_FREE = ("CLM embeds each option's own text apart from the others and scores it against the state: no listing "
-                 "order, so every mode is answered unchanged")
+POSITION_FREE = (
+    "CLM embeds each option's own text apart from the others and scores it against the state: no listing "
+    "order, so every mode is answered unchanged"
+)
 
 
 class ClmCosine(ExternalReadout):
@@ -43,11 +45,13 @@ class ClmCosine(ExternalReadout):
         super().__post_init__()
         temperature = self.option("temperature")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature <= 100:
-            raise ServingError(f"readout {self.name!r}: temperature must be in (0, 100] (CLM's range), "
-                               f"got {temperature!r}")
+            raise ServingError(
+                f"readout {self.name!r}: temperature must be in (0, 100] (CLM's range), got {temperature!r}"
+            )
         self.calibration = Calibration({}, {}, f"CLM server ({self.option('native_model')}, T={temperature:g})")
-        self.kinds = {t: AnsweredElsewhere(t, position_free=True, coherence_note=POSITION_FREE)
-                      for t in ("choice", "score")}
+        self.kinds = {
+            t: AnsweredElsewhere(t, position_free=True, coherence_note=POSITION_FREE) for t in ("choice", "score")
+        }
 
     def make_backend(self) -> ExternalHTTP:
         return ExternalHTTP()  # CLM's own server (serving.options.endpoint) answers
@@ -58,11 +62,14 @@ class ClmCosine(ExternalReadout):
             if question.type not in self.question_types:
                 raise UnsupportedQuestionType(
                     f"question {qid!r} is {question.type}; CLM answers {', '.join(sorted(self.question_types))}",
-                    ("questions", qid, "type"))
-        return {"model": self.option("native_model"), "state": request.state,
-                "questions": {qid: q.model_dump(mode="json", exclude_none=True)
-                              for qid, q in request.questions.items()},
-                "temperature": float(self.option("temperature"))}
+                    ("questions", qid, "type"),
+                )
+        return {
+            "model": self.option("native_model"),
+            "state": request.state,
+            "questions": {qid: q.model_dump(mode="json", exclude_none=True) for qid, q in request.questions.items()},
+            "temperature": float(self.option("temperature")),
+        }
 
     def answers(self, request: SystemOneRequest, raw: object) -> tuple[dict, SystemOneUsage]:
         """This API's answers and usage from CLM's response (ExternalServerFailed, a 502, when it is not what was asked)."""
@@ -81,11 +88,15 @@ class ClmCosine(ExternalReadout):
             raise _bad(f"returned no {question.type} answer for {qid!r}")
         if question.type == "noul":
             return NoulAnswer(noul=_probability(answer.get("noul"), qid))
-        names = list(question.criteria) if question.type == "choice" else [str(i) for i in range(len(question.criteria))]
+        names = (
+            list(question.criteria) if question.type == "choice" else [str(i) for i in range(len(question.criteria))]
+        )
         given = answer.get("probabilities")
         if not isinstance(given, dict) or set(given) != set(names):
-            raise _bad(f"returned probabilities for {sorted(given) if isinstance(given, dict) else given!r}, "
-                       f"not the options of {qid!r}")
+            raise _bad(
+                f"returned probabilities for {sorted(given) if isinstance(given, dict) else given!r}, "
+                f"not the options of {qid!r}"
+            )
         probs = [_probability(given[name], qid) for name in names]
         if not math.isclose(sum(probs), 1.0, abs_tol=1e-5):
             raise _bad(f"returned probabilities for {qid!r} that sum to {sum(probs)!r}")

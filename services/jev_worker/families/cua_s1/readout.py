@@ -15,21 +15,22 @@ without the quotes. Probabilities: a float32 softmax over the option letters' lo
 (no temperature), read from the LM-head rows in FP32. The question comes before the state, so only the
 template head is shared between questions (the recipe's state block is empty).
 """
+
 from __future__ import annotations
 
 import json
 
 import torch
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import UnreadableInput
-from jev_common.state_text import render_state
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, choice_answer
+from jev_common.state_text import render_state
 
 from ...engine.head import DecisionHead
 from ...prompt.builder import RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
 from ...readouts.standard import StandardReadout
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -39,8 +40,11 @@ def user_message(goal: str, state_block: str, codes: list[str], labels: list[str
     """The user message of both adapters' contracts; `state_block` is what shows the state (the accessibility
     tree, or the screenshot line after the image)."""
     options = "\n".join(f'{code}. Decision "{label}" -> select' for code, label in zip(codes, labels))
-    return ((f"Goal: {goal}\n\n" if goal else "") + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
-            + f"{state_block}Options:\n{options}\n\nAnswer with a single letter.")
+    return (
+        (f"Goal: {goal}\n\n" if goal else "")
+        + "App: Cua Driver\nTask family: closed-candidate decision\n\n"
+        + f"{state_block}Options:\n{options}\n\nAnswer with a single letter."
+    )
 
 
 def option_sources(question: ChoiceQuestion) -> list[str]:
@@ -90,11 +94,16 @@ class CuaS1Labels(StandardReadout):
 
     def load(self, loaded, builder) -> None:
         if builder.codes != list(LETTERS) or builder.recipe.prompt.state_block != "":
-            raise ServingError(f"readout {self.name!r} needs the recipe's verbalizer labels {LETTERS!r} without "
-                               "two-letter codes and an empty prompt.state_block (the question precedes the state)")
+            raise ServingError(
+                f"readout {self.name!r} needs the recipe's verbalizer labels {LETTERS!r} without "
+                "two-letter codes and an empty prompt.state_block (the question precedes the state)"
+            )
         self.head = DecisionHead(loaded.model, loaded.folder)
         self.kinds = {"choice": self.choice()}
 
     def describe(self) -> dict:
-        return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": {"source": None, "temperature": 1.0}}
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": {"source": None, "temperature": 1.0},
+        }

@@ -22,16 +22,17 @@ never decodes pixels: the image limits are checked on what the preencoder record
 the source image's format, size, byte count and frame count), and the recipe's preencoder refuses larger images
 before encoding them (JEV_PREENCODER_MAX_IMAGE_BYTES / _PIXELS in its compose profile).
 """
+
 from __future__ import annotations
 
 from jev_common.assets import ImageAsset, short_key
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import ImageInvalid, UnreadableInput
 from jev_common.schema import ChoiceQuestion
 
+from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
 from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
-from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
 from .readout import CuaChoice, CuaS1Labels, option_sources
 
 SCREENSHOT_LINE = "The current screenshot is attached.\n\n"
@@ -53,8 +54,9 @@ class ScreenshotChoice(CuaChoice):
                 raise UnreadableInput(f"{where}.criteria: option keys of at most {MAX_NAME} characters for this model")
         goal, labels = super().texts(question, where)
         if len(goal) > MAX_TEXT or any(len(source) > MAX_TEXT for source in option_sources(question)):
-            raise UnreadableInput(f"{where}: instructions and each option's text of at most {MAX_TEXT} characters "
-                                  "for this model")
+            raise UnreadableInput(
+                f"{where}: instructions and each option's text of at most {MAX_TEXT} characters for this model"
+            )
         if len(goal) + sum(map(len, labels)) > MAX_TEXT:
             raise UnreadableInput(f"{where}: combined question text exceeds {MAX_TEXT} characters")
         return goal, labels
@@ -68,21 +70,27 @@ class ScreenshotBuilder(ChatPromptBuilder):
         probe = "\u2063jev-layout-probe\u2063"
         system = [{"role": "system", "content": recipe.prompt.system}] if recipe.prompt.system else []
         user = {"role": "user", "content": [{"type": "image", "image": IMAGE_MARKER}, {"type": "text", "text": probe}]}
-        rendered = tokenizer.apply_chat_template(system + [user], tokenize=False, add_generation_prompt=True,
-                                                 **recipe.prompt.chat_template_kwargs)
+        rendered = tokenizer.apply_chat_template(
+            system + [user], tokenize=False, add_generation_prompt=True, **recipe.prompt.chat_template_kwargs
+        )
         if rendered != self.layout.head + IMAGE_ITEM + probe + self.layout.tail:
-            raise ServingError(f"recipe {recipe.name}: the chat template does not render an image item then text "
-                               f"as {IMAGE_ITEM!r} directly followed by the text in the user turn")
+            raise ServingError(
+                f"recipe {recipe.name}: the chat template does not render an image item then text "
+                f"as {IMAGE_ITEM!r} directly followed by the text in the user turn"
+            )
 
     def state_block(self, state_text: str) -> str:
         return state_text  # the placed image only (checked in prepare)
 
-    def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         if len(image_keys) != 1 or not PLACED_IMAGE.fullmatch(state_text):
-            raise UnreadableInput("state: Cua-S1's screenshot contract reads exactly one image and nothing else: "
-                                  "send the screenshot as an asset and make the state its reference alone, e.g. "
-                                  '"state": "<image:screen>" with "assets": {"<image:screen>": {...}}')
+            raise UnreadableInput(
+                "state: Cua-S1's screenshot contract reads exactly one image and nothing else: "
+                "send the screenshot as an asset and make the state its reference alone, e.g. "
+                '"state": "<image:screen>" with "assets": {"<image:screen>": {...}}'
+            )
         if plan is not None:  # the envelope's plan: its questions
             if len(plan.questions) > MAX_QUESTIONS:
                 raise UnreadableInput(f"questions: at most {MAX_QUESTIONS} questions for this model")
@@ -92,8 +100,10 @@ class ScreenshotBuilder(ChatPromptBuilder):
         prepared = super().prepare(state_text, rows, image_keys, plan)
         longest = len(prepared.prefix_ids) + max(len(row) for row in prepared.rows)
         if longest > MAX_TOKENS:
-            raise UnreadableInput(f"a question's processed prompt is {longest} tokens (image tokens included); "
-                                  f"this model reads at most {MAX_TOKENS}")
+            raise UnreadableInput(
+                f"a question's processed prompt is {longest} tokens (image tokens included); "
+                f"this model reads at most {MAX_TOKENS}"
+            )
         return prepared
 
     def check_image(self, asset: ImageAsset, where: str) -> None:
@@ -101,8 +111,10 @@ class ScreenshotBuilder(ChatPromptBuilder):
         width, height, size = meta.get("width"), meta.get("height"), meta.get("source_bytes")
         mime, detected = meta.get("mime"), meta.get("format_detected")
         if not all(isinstance(x, int) for x in (width, height, size)) or detected is None:
-            raise ImageInvalid(f"{name}: its asset does not record the image's size and format, which this model's "
-                               "contract checks; prepare it again with this stack's preencoder")
+            raise ImageInvalid(
+                f"{name}: its asset does not record the image's size and format, which this model's "
+                "contract checks; prepare it again with this stack's preencoder"
+            )
         if FORMATS.get(mime) is None or detected != FORMATS[mime]:
             raise ImageInvalid(f"{name} is {detected} sent as {mime}; this model reads PNG or JPEG screenshots only")
         if asset.grid_thw[0] != 1 or meta.get("frames", 1) != 1:
@@ -110,11 +122,14 @@ class ScreenshotBuilder(ChatPromptBuilder):
         if size > MAX_IMAGE_BYTES:
             raise ImageInvalid(f"{name} is {size} bytes; this model reads screenshots of at most 4 MiB")
         if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-            raise ImageInvalid(f"{name} is {width}x{height}; this model reads aspect ratios of at most "
-                               f"{MAX_ASPECT_RATIO}:1")
+            raise ImageInvalid(
+                f"{name} is {width}x{height}; this model reads aspect ratios of at most {MAX_ASPECT_RATIO}:1"
+            )
         if max(width, height) > MAX_SIDE or width * height > MAX_PIXELS:
-            raise ImageInvalid(f"{name} is {width}x{height}; this model reads screenshots of at most {MAX_SIDE} "
-                               f"pixels a side and {MAX_PIXELS} pixels")
+            raise ImageInvalid(
+                f"{name} is {width}x{height}; this model reads screenshots of at most {MAX_SIDE} "
+                f"pixels a side and {MAX_PIXELS} pixels"
+            )
 
 
 class CuaS1ScreenshotLabels(CuaS1Labels):
@@ -128,8 +143,10 @@ class CuaS1ScreenshotLabels(CuaS1Labels):
 
     def load(self, loaded, builder) -> None:
         if builder.recipe.prompt.chat_template_kwargs:
-            raise ServingError(f"readout {self.name!r} renders the chat template as upstream does, with no extra "
-                               "variables (no enable_thinking: the generation prompt is the template's own)")
+            raise ServingError(
+                f"readout {self.name!r} renders the chat template as upstream does, with no extra "
+                "variables (no enable_thinking: the generation prompt is the template's own)"
+            )
         super().load(loaded, builder)
 
     def warmup_request(self, request):

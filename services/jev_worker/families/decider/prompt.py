@@ -14,23 +14,24 @@ STATE is a text state as sent, else Python's `json.dumps` with `_index` on array
 Upstream encodes control tokens in user text as the tokens they name (its fixture has `<|im_start|>` in a state),
 so nothing is refused for them here either.
 """
+
 from __future__ import annotations
 
 import json
 import string
 from dataclasses import dataclass
 
+from jev_common.checkpoint_files import ServingError
+from jev_common.control_tokens import ControlTokens
 from jev_common.errors import UnreadableInput
 from jev_common.state_text import indexed_json
 
-from jev_common.control_tokens import ControlTokens
 from ...prompt.builder import PreparedRequest, RowSpec, ids_key
 from ...protocols import PromptBuilder
-from jev_common.checkpoint_files import ServingError
 
-NARROW = "ABCDEFGHIJ"      # up to 10 options the piece is one encoded text with "(A" ... "(J"
-MAX_OPTIONS = 255          # labels A..Z, then single-token two-letter names
-MAX_STATE_TOKENS = 32768   # the context segment is cut to its first 32,768 tokens (never refused)
+NARROW = "ABCDEFGHIJ"  # up to 10 options the piece is one encoded text with "(A" ... "(J"
+MAX_OPTIONS = 255  # labels A..Z, then single-token two-letter names
+MAX_STATE_TOKENS = 32768  # the context segment is cut to its first 32,768 tokens (never refused)
 MAX_ROWS, MAX_ROW_TOKENS, MAX_REQUEST_TOKENS = 1024, 36864, 1048576  # processing.rs Limits::default
 
 
@@ -55,8 +56,10 @@ def label_table(tokenizer) -> tuple[list[str], list[int]]:
         if len(ids) == MAX_OPTIONS:
             break
     if len(ids) != MAX_OPTIONS or len(set(ids)) != MAX_OPTIONS:
-        raise ServingError(f"Decider needs {MAX_OPTIONS} distinct single-token labels (A..Z, AA..ZZ); this tokenizer "
-                           f"has {len(set(ids))}")
+        raise ServingError(
+            f"Decider needs {MAX_OPTIONS} distinct single-token labels (A..Z, AA..ZZ); this tokenizer "
+            f"has {len(set(ids))}"
+        )
     return names, ids
 
 
@@ -83,8 +86,11 @@ class DeciderBuilder(PromptBuilder):
     def row(self, question: str, options: list[str]) -> DeciderRow:
         """The row of a question with these options (2..255), read over their labels."""
         names = NARROW if len(options) <= len(NARROW) else self.label_names
-        content = (f"\n\nQuestion: {question}\nOptions:" + "".join(f"\n({n}) {o}" for n, o in zip(names, options))
-                   + "\nAnswer: (")
+        content = (
+            f"\n\nQuestion: {question}\nOptions:"
+            + "".join(f"\n({n}) {o}" for n, o in zip(names, options))
+            + "\nAnswer: ("
+        )
         return DeciderRow(content, tuple(self.label_ids[: len(options)]), question=question, options=tuple(options))
 
     def piece(self, row: DeciderRow) -> tuple[int, ...]:
@@ -95,23 +101,34 @@ class DeciderBuilder(PromptBuilder):
             ids += self.open_ids + (label,) + self.encode(f") {option}")
         return ids + self.encode("\nAnswer: (")
 
-    def prepare(self, state_text_: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text_: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         """The context segment (the state as upstream renders it, from the plan's state) and each question piece."""
         if len(rows) > MAX_ROWS:
-            raise UnreadableInput(f"too many questions: the request expands to {len(rows)} scoring rows (a score "
-                                  f"question is one row per level), Decider's limit is {MAX_ROWS}")
+            raise UnreadableInput(
+                f"too many questions: the request expands to {len(rows)} scoring rows (a score "
+                f"question is one row per level), Decider's limit is {MAX_ROWS}"
+            )
         state = plan.state if plan is not None else state_text_
         context = self.encode("Context:\n" + state_text(state))[:MAX_STATE_TOKENS]
         pieces = tuple(self.piece(row) for row in rows)
         longest = len(context) + max(len(p) for p in pieces)
         if longest > MAX_ROW_TOKENS:
-            raise UnreadableInput(f"too many tokens: one row has {longest} tokens, Decider's limit is {MAX_ROW_TOKENS} "
-                                  "per row")
+            raise UnreadableInput(
+                f"too many tokens: one row has {longest} tokens, Decider's limit is {MAX_ROW_TOKENS} per row"
+            )
         total = len(context) * len(pieces) + sum(len(p) for p in pieces)
         if total > MAX_REQUEST_TOKENS:
-            raise UnreadableInput(f"too many tokens: the request has {total} tokens over {len(pieces)} rows, "
-                                  f"Decider's limit is {MAX_REQUEST_TOKENS}")
-        return PreparedRequest(prefix_ids=context, rows=pieces, row_labels=tuple(row.labels for row in rows),
-                               image_keys=tuple(image_keys), prefix_key=ids_key(f"{self.identity}|decider|", context),
-                               plan=plan)
+            raise UnreadableInput(
+                f"too many tokens: the request has {total} tokens over {len(pieces)} rows, "
+                f"Decider's limit is {MAX_REQUEST_TOKENS}"
+            )
+        return PreparedRequest(
+            prefix_ids=context,
+            rows=pieces,
+            row_labels=tuple(row.labels for row in rows),
+            image_keys=tuple(image_keys),
+            prefix_key=ids_key(f"{self.identity}|decider|", context),
+            plan=plan,
+        )

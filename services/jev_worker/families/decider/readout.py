@@ -16,6 +16,7 @@ projection returns them, then divided by the type's temperature (`decider_config
 `temperature_by_type` where it names the type; each rounded to FP32) and softmaxed in FP32.
 A choice or score without instructions is refused, as upstream refuses an absent one (422).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,17 +25,17 @@ import re
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.errors import UnreadableInput
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...engine.head import DecisionHead
+from ...loading.checkpoint import Requirement
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement
 from ...readouts.calibration import Calibration
-from .prompt import DeciderBuilder, DeciderRow, text
 from ...readouts.standard import StandardReadout
+from .prompt import DeciderBuilder, DeciderRow, text
 
 CONFIG = "decider_config.json"
 TYPES = ("choice", "noul", "score")
@@ -66,9 +67,16 @@ def read_config(folder: str) -> dict[str, float]:
     wanted = {"version": "2b-v11", "layout": "plain"}
     for key, value in wanted.items():
         if config.get(key) != value:
-            raise ServingError(f"{CONFIG}: {key} must be {value!r} (Decider-2B v11's plain layout), got {config.get(key)!r}")
-    for key, value in (("chat_template", False), ("schema_first", False), ("schema_first_trained", False),
-                       ("neutralize_none", False), ("isolated_levels", True)):
+            raise ServingError(
+                f"{CONFIG}: {key} must be {value!r} (Decider-2B v11's plain layout), got {config.get(key)!r}"
+            )
+    for key, value in (
+        ("chat_template", False),
+        ("schema_first", False),
+        ("schema_first_trained", False),
+        ("neutralize_none", False),
+        ("isolated_levels", True),
+    ):
         if key in config and config[key] is not value:
             raise ServingError(f"{CONFIG}: unsupported {key}: expected {str(value).lower()}")
     for key in ("neutralize_none", "isolated_levels", "temperature"):
@@ -111,8 +119,9 @@ def question_text(question, where: str) -> str:
             raise UnreadableInput(f"{where}: noul question without instructions: criteria must describe true or false")
         return NOUL_WITHOUT_INSTRUCTIONS
     if raw is None or not text(raw):
-        raise UnreadableInput(f"{where}: question without instructions (Decider answers no {question.type} without "
-                              "them)")
+        raise UnreadableInput(
+            f"{where}: question without instructions (Decider answers no {question.type} without them)"
+        )
     return text(raw)
 
 
@@ -140,8 +149,10 @@ class DeciderNoul(QuestionKind):
 
     def rows(self, question, ctx: BuildContext, where: str) -> list[DeciderRow]:
         criteria = question.criteria
-        options = [described("no", None if criteria is None else criteria.false),
-                   described("yes", None if criteria is None else criteria.true)]
+        options = [
+            described("no", None if criteria is None else criteria.false),
+            described("yes", None if criteria is None else criteria.true),
+        ]
         return [ctx.builder.row(question_text(question, where), options)]
 
     def answer(self, question, logits, ctx: BuildContext) -> NoulAnswer:
@@ -153,8 +164,10 @@ class DeciderScore(QuestionKind):
 
     def rows(self, question, ctx: BuildContext, where: str) -> list[DeciderRow]:
         asked = question_text(question, where)
-        return [ctx.builder.row(ISOLATED.format(question=asked, level=_LEVEL_NUMBER.sub("", text(level))), ["no", "yes"])
-                for level in question.criteria]
+        return [
+            ctx.builder.row(ISOLATED.format(question=asked, level=_LEVEL_NUMBER.sub("", text(level))), ["no", "yes"])
+            for level in question.criteria
+        ]
 
     def answer(self, question, logits, ctx: BuildContext) -> ScoreAnswer:
         fit = [probabilities(row)[1] for row in logits]
@@ -182,8 +195,11 @@ class DeciderLabels(StandardReadout):
     def load(self, loaded, builder) -> None:
         prompt = builder.recipe.prompt
         if prompt.use_chat_template or prompt.system:
-            raise ServingError(f"readout {self.name!r} reads Decider's plain text: the recipe must set "
-                               "prompt.use_chat_template false and no prompt.system")
+            raise ServingError(
+                f"readout {self.name!r} reads Decider's plain text: the recipe must set "
+                "prompt.use_chat_template false and no prompt.system"
+            )
         self.head = DeciderHead(loaded.model, loaded.folder)
-        self.serve([DeciderChoice(), DeciderNoul(), DeciderScore()],
-                   Calibration(read_config(loaded.folder), source=CONFIG))
+        self.serve(
+            [DeciderChoice(), DeciderNoul(), DeciderScore()], Calibration(read_config(loaded.folder), source=CONFIG)
+        )

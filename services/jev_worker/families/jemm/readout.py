@@ -17,6 +17,7 @@ first tokens at the last position, softmax at `decision_config.json`'s `temperat
 names, in order, before the text (JEMM's `images` precede it); the state keeps its references as written.
 As JEMM does, more than four images, or a prompt over 8192 tokens (3072 with images), is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 
 from ...engine.head import DecisionHead
+from ...loading.vision import placed_images
 from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.vision import placed_images
 from ...readouts.standard import StandardReadout
 
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
@@ -110,8 +111,9 @@ class JemmPlan:
 
 
 class JemmBuilder(ChatPromptBuilder):
-    def prepare(self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         images = placed_images(state, image_keys)
         if len(images) > MAX_IMAGES:
             raise ValueError(f"the state names {len(images)} images; JEMM reads at most {MAX_IMAGES}")
@@ -122,8 +124,9 @@ class JemmBuilder(ChatPromptBuilder):
         limit = MAX_IMAGE_TOKENS if images else MAX_TOKENS
         longest = len(prepared.prefix_ids) + max(len(row) for row in prepared.rows)
         if longest > limit:
-            raise ValueError(f"a question's prompt is {longest} tokens; JEMM reads at most {limit}"
-                             f"{' with images' if images else ''}")
+            raise ValueError(
+                f"a question's prompt is {longest} tokens; JEMM reads at most {limit}{' with images' if images else ''}"
+            )
         return prepared
 
 
@@ -142,7 +145,7 @@ class _Candidates(QuestionKind):
         # upstream's `str(question.get("instructions", ""))` (systemone.py): absent is empty, an explicit null "None"
         asked = str(question.instructions) if "instructions" in question.model_fields_set else ""
         lines = [f"{code}) {text}" for code, text in zip(codes, texts)]
-        content = (f"Question: {flat(asked)}\n\nCandidates:\n" + "\n".join(lines) + f"\n\n{ANSWER}")
+        content = f"Question: {flat(asked)}\n\nCandidates:\n" + "\n".join(lines) + f"\n\n{ANSWER}"
         ctx.builder.check_user_text(content, where)
         return [RowSpec(content, ids)]
 
@@ -191,7 +194,7 @@ class JemmLabels(StandardReadout):
     name = "jemm-labels"
     question_types = frozenset({"choice", "noul", "score"})
     needs_lm_head = True
-    temperature: float | None = None     # decision_config.json's (JEMM's default without it), once loaded
+    temperature: float | None = None  # decision_config.json's (JEMM's default without it), once loaded
     mm_temperature: float | None = None  # with images
     calibration_source: str | None = None
 
@@ -200,8 +203,10 @@ class JemmLabels(StandardReadout):
 
     def load(self, loaded, builder) -> None:
         if builder.codes != list(LABELS):
-            raise ServingError(f"readout {self.name!r} needs the recipe's verbalizer labels {LABELS!r} without "
-                               "two-letter codes (JEMM's candidate labels)")
+            raise ServingError(
+                f"readout {self.name!r} needs the recipe's verbalizer labels {LABELS!r} without "
+                "two-letter codes (JEMM's candidate labels)"
+            )
         path = os.path.join(loaded.folder, CONFIG)
         config = read_json(path) if os.path.isfile(path) else {}
         for key in ("temperature", "mm_temperature"):
@@ -217,6 +222,9 @@ class JemmLabels(StandardReadout):
     def describe(self) -> dict:
         calibration = None
         if self.temperature is not None:
-            calibration = {"source": self.calibration_source, "temperature": self.temperature,
-                           "mm_temperature": self.mm_temperature}
+            calibration = {
+                "source": self.calibration_source,
+                "temperature": self.temperature,
+                "mm_temperature": self.mm_temperature,
+            }
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration}

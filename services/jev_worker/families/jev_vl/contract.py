@@ -13,6 +13,7 @@ no chat template, no BOS, no system prompt; the answer is the next token after `
 object as `json.dumps(ensure_ascii=False)`, a list as its parts concatenated with no separator (text parts
 as sent, image parts the model's vision tokens where they stand, any other item as JSON).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,16 +26,16 @@ from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.schema import image_part_url
 
 KINDS = ("noul", "score", "choice")
-NOUL_OPTIONS = ("false", "true")                    # decide(): the noul candidates, P over [false, true]
-SCORE_OPTIONS = tuple(str(i) for i in range(6))     # decide(): score is always 0..5
+NOUL_OPTIONS = ("false", "true")  # decide(): the noul candidates, P over [false, true]
+SCORE_OPTIONS = tuple(str(i) for i in range(6))  # decide(): score is always 0..5
 MAX_OPTIONS = 256
-LABEL_CONTEXT = "x\n{}) y"                          # setup(): dec = single_token_labels("x\n{}) y")
+LABEL_CONTEXT = "x\n{}) y"  # setup(): dec = single_token_labels("x\n{}) y")
 RANGES = {"noul": [0, 2], "score": [2, 8], "choice": [8, 24]}  # decision_head.json slots.ranges (engine.rs)
 SLOTS = 24
-MAX_LENGTH = 16384                                  # export_merged.py --max-length default (processing.rs)
+MAX_LENGTH = 16384  # export_merged.py --max-length default (processing.rs)
 HEAD_CONFIG = os.path.join("adapter_vllm", "decision_head.json")  # serve_decide reads it from the adapter
-CALIBRATION = "calibration.json"                    # ... and calibration.json from the adapter's parent
-LABEL_HEAD = "label_head.safetensors"               # export_merged.py: merged FP32 rows `rows`, their `ids`
+CALIBRATION = "calibration.json"  # ... and calibration.json from the adapter's parent
+LABEL_HEAD = "label_head.safetensors"  # export_merged.py: merged FP32 rows `rows`, their `ids`
 DEFAULT_TEMPERATURES = {"noul": 1.0, "score": 1.0, "choice": 1.0}  # setup() without calibration.json
 
 
@@ -75,10 +76,12 @@ def options_message(n: int, labels: int) -> str:
 
 def too_long_message(max_length: int, tokens: int) -> str:
     """processing.rs's refusal of a prompt over the export's max_length (vLLM's words)."""
-    return (f"This model's maximum context length is {max_length} tokens. However, you requested 1 output tokens "
-            f"and your prompt contains at least {tokens} input tokens, for a total of at least {tokens + 1} tokens. "
-            "Please reduce the length of the input prompt or the number of requested output tokens. "
-            f"(parameter=input_tokens, value={tokens})")
+    return (
+        f"This model's maximum context length is {max_length} tokens. However, you requested 1 output tokens "
+        f"and your prompt contains at least {tokens} input tokens, for a total of at least {tokens + 1} tokens. "
+        "Please reduce the length of the input prompt or the number of requested output tokens. "
+        f"(parameter=input_tokens, value={tokens})"
+    )
 
 
 class BadPart(ValueError):
@@ -113,8 +116,12 @@ def state_parts(state) -> list[tuple[str, object]]:
 
 # ----- the checkpoint's decision files ------------------------------------------------------------
 def _number(value, what: str, source: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            positive and value <= 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (positive and value <= 0)
+    ):
         raise ServingError(f"{source}: {what} must be a {'positive ' if positive else ''}finite number, got {value!r}")
     return float(value)
 
@@ -138,8 +145,11 @@ class DecisionFiles:
         if ranges != RANGES:
             raise ServingError(f"{HEAD_CONFIG}: slots.ranges is {ranges!r}; JEV-VL's trained head is {RANGES}")
         ids, bias = head.get("verbalizer_ids"), head.get("bias")
-        if not (isinstance(ids, list) and len(ids) == SLOTS and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                    and i >= 0 for i in ids)):
+        if not (
+            isinstance(ids, list)
+            and len(ids) == SLOTS
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        ):
             raise ServingError(f"{HEAD_CONFIG}: verbalizer_ids must be {SLOTS} token ids")
         if not (isinstance(bias, list) and len(bias) == SLOTS):
             raise ServingError(f"{HEAD_CONFIG}: bias must be {SLOTS} numbers")

@@ -1,5 +1,6 @@
 """JEV-VL's label head: the merged LM-head rows of the readout's tokens in FP32, logits in FP64 as the native
 executor computes them (`Σ row_f32[i] · h_f32[i]` in f64)."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,13 @@ class LabelHead(DecisionHead):
             tensors = load_file(path)
             rows, ids = tensors.get("rows"), tensors.get("ids")
             hidden = self._weight.shape[1]
-            if rows is None or ids is None or rows.dtype != torch.float32 or ids.dtype != torch.int64 \
-                    or rows.shape != (ids.shape[0], hidden):
+            if (
+                rows is None
+                or ids is None
+                or rows.dtype != torch.float32
+                or ids.dtype != torch.int64
+                or rows.shape != (ids.shape[0], hidden)
+            ):
                 raise ServingError(f"{path}: needs `rows` float32 [n, {hidden}] and `ids` int64 [n]")
             self._exported = {int(t): rows[i].to(self._weight.device) for i, t in enumerate(ids.tolist())}
             missing = sorted(set(needed) - set(self._exported))

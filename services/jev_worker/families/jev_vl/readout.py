@@ -15,6 +15,7 @@ this family's single-question form (`JevVlForm`). The System One envelope is our
 Instructions are the question (text as sent, objects and arrays as JSON); null instructions are an empty
 question, as an upstream request may send. span and set are not upstream's kinds: 422.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,23 +23,42 @@ import json
 import math
 from typing import Callable
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import UnsupportedQuestionType, validation_error
 from jev_common.recipe import PromptSpec, VerbalizerSpec
-from jev_common.schema import (ChoiceAnswer, ChoiceQuestion, DecisionRequest, NoulAnswer, NoulQuestion, ScoreAnswer,
-                               ScoreQuestion, State, choice_answer, score_answer)
+from jev_common.schema import (
+    ChoiceAnswer,
+    ChoiceQuestion,
+    DecisionRequest,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    State,
+    choice_answer,
+    score_answer,
+)
 from jev_common.state_text import render_state
 
-from ...request.legacy import QID
-from ...request.job import ImageSlot, Job
+from ...loading.checkpoint import Requirement
 from ...protocols import QuestionKind, SingleQuestionForm
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
-from ...loading.checkpoint import Requirement
-from .contract import (HEAD_CONFIG, MAX_LENGTH, NOUL_OPTIONS, SCORE_OPTIONS, BadPart, DecisionFiles, choice_lines,
-                       state_parts, tail_text)
+from ...readouts.standard import StandardReadout
+from ...request.job import ImageSlot, Job
+from ...request.legacy import QID
+from .contract import (
+    HEAD_CONFIG,
+    MAX_LENGTH,
+    NOUL_OPTIONS,
+    SCORE_OPTIONS,
+    BadPart,
+    DecisionFiles,
+    choice_lines,
+    state_parts,
+    tail_text,
+)
 from .head import LabelHead
 from .layout import JevRow, JevVlBuilder
-from ...readouts.standard import StandardReadout
 
 
 def softmax(values: list[float]) -> list[float]:
@@ -82,8 +102,11 @@ class JevNoul(_JevKind):
     def lines(self, question: NoulQuestion, ctx: BuildContext, where: str):
         criteria = question.criteria
         if criteria is not None and (criteria.true is not None or criteria.false is not None):
-            raise validation_error(f"{where}: JEV-VL's noul prompt lists only false and true; it has no place for "
-                                   "criteria.true/false descriptions: say them in the instructions", ("questions",))
+            raise validation_error(
+                f"{where}: JEV-VL's noul prompt lists only false and true; it has no place for "
+                "criteria.true/false descriptions: say them in the instructions",
+                ("questions",),
+            )
         return super().lines(question, ctx, where)
 
     def answer(self, question, logits, ctx: BuildContext) -> NoulAnswer:
@@ -95,8 +118,11 @@ class JevScore(_JevKind):
 
     def lines(self, question: ScoreQuestion, ctx: BuildContext, where: str):
         if len(question.criteria) != len(SCORE_OPTIONS):
-            raise validation_error(f"{where}: JEV-VL scores on its trained levels 0-5 only: send exactly "
-                                   f"{len(SCORE_OPTIONS)} levels (got {len(question.criteria)})", ("questions",))
+            raise validation_error(
+                f"{where}: JEV-VL scores on its trained levels 0-5 only: send exactly "
+                f"{len(SCORE_OPTIONS)} levels (got {len(question.criteria)})",
+                ("questions",),
+            )
         return super().lines(question, ctx, where)
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
@@ -131,18 +157,23 @@ class JevVlForm(SingleQuestionForm):
         if request.kind == "noul":
             return NoulQuestion.model_construct(type="noul", instructions=request.question, criteria=None)
         if request.kind == "score":
-            return ScoreQuestion.model_construct(type="score", instructions=request.question,
-                                                 criteria=list(SCORE_OPTIONS))
+            return ScoreQuestion.model_construct(
+                type="score", instructions=request.question, criteria=list(SCORE_OPTIONS)
+            )
         if request.kind == "choice":
-            return ChoiceQuestion.model_construct(type="choice", instructions=request.question,
-                                                  criteria=dict.fromkeys(request.options))
+            return ChoiceQuestion.model_construct(
+                type="choice", instructions=request.question, criteria=dict.fromkeys(request.options)
+            )
         raise UnsupportedQuestionType(f"kind {request.kind!r} is not one of JEV-VL's kinds (noul, score, choice)")
 
     def parts(self, state) -> list[tuple[str, object]]:
         if isinstance(state, State):
             if state.text and state.image is not None:
-                raise validation_error("JEV-VL reads an image where the state places it: send the state as a list "
-                                       'of parts, e.g. ["text", {"image": "data:image/png;base64,..."}]', ("state",))
+                raise validation_error(
+                    "JEV-VL reads an image where the state places it: send the state as a list "
+                    'of parts, e.g. ["text", {"image": "data:image/png;base64,..."}]',
+                    ("state",),
+                )
             return [("image", state.image)] if state.image is not None else [("text", state.text or "")]
         try:
             return state_parts(state)
@@ -158,17 +189,29 @@ class JevVlForm(SingleQuestionForm):
                 pieces.append(value)
             elif image_key is not None:  # else the pipeline refuses the image (a text-only model)
                 if not (isinstance(value, str) and value.startswith("data:image/")):
-                    raise validation_error("an image part must be a base64 image data URI "
-                                           "(data:image/png;base64,...); URLs are not fetched", ("state",))
+                    raise validation_error(
+                        "an image part must be a base64 image data URI "
+                        "(data:image/png;base64,...); URLs are not fetched",
+                        ("state",),
+                    )
                 pieces.append(ImageSlot(image_key(value)))
         keys = tuple(p.key for p in pieces if isinstance(p, ImageSlot))
         text, _ = request.route_state()
         shown = request.options if request.kind == "choice" else None  # upstream ignores noul/score options
-        canonical = json.dumps([request.kind, request.question, shown,
-                                [p if isinstance(p, str) else {"image": p.key} for p in pieces]], ensure_ascii=False)
-        return Job(questions={QID: question}, state=request.state, pieces=tuple(pieces), where="state",
-                   route_text=text, route_images=keys, has_images=any(kind == "image" for kind, _ in parts),
-                   l1_key=hashlib.sha256(("jev-vl|" + canonical).encode("utf-8", "surrogatepass")).hexdigest())
+        canonical = json.dumps(
+            [request.kind, request.question, shown, [p if isinstance(p, str) else {"image": p.key} for p in pieces]],
+            ensure_ascii=False,
+        )
+        return Job(
+            questions={QID: question},
+            state=request.state,
+            pieces=tuple(pieces),
+            where="state",
+            route_text=text,
+            route_images=keys,
+            has_images=any(kind == "image" for kind, _ in parts),
+            l1_key=hashlib.sha256(("jev-vl|" + canonical).encode("utf-8", "surrogatepass")).hexdigest(),
+        )
 
     def fields(self, request: DecisionRequest, answer) -> dict:
         if request.kind == "noul":
@@ -200,16 +243,20 @@ class JevVlReadout(StandardReadout):
 
     def prompt_builder(self, tokenizer, recipe, identity: str) -> JevVlBuilder:
         if recipe.prompt != PromptSpec() or recipe.verbalizer != VerbalizerSpec():
-            raise ServingError(f"recipe {recipe.name}: family jev-vl serves upstream's own prompt and labels "
-                               "(families/jev_vl/); remove the recipe's prompt and verbalizer settings")
+            raise ServingError(
+                f"recipe {recipe.name}: family jev-vl serves upstream's own prompt and labels "
+                "(families/jev_vl/); remove the recipe's prompt and verbalizer settings"
+            )
         return JevVlBuilder(tokenizer, recipe, identity, max_length=int(self.option("max_length")))
 
     def load(self, loaded, builder: JevVlBuilder) -> None:
         files = DecisionFiles.read(loaded.folder)
         lo, hi = files.slots("choice")
         if builder.label_ids[: hi - lo] != list(files.verbalizer_ids[lo:hi]):
-            raise ServingError(f"{HEAD_CONFIG}: the tokenizer's first option labels {builder.labels[:hi - lo]} are "
-                               f"not the trained choice head (verbalizer_ids[{lo}:{hi}]); wrong tokenizer?")
+            raise ServingError(
+                f"{HEAD_CONFIG}: the tokenizer's first option labels {builder.labels[: hi - lo]} are "
+                f"not the trained choice head (verbalizer_ids[{lo}:{hi}]); wrong tokenizer?"
+            )
         self.files = files
         self.head = LabelHead(loaded.model, loaded.folder, list(files.verbalizer_ids) + builder.label_ids)
         self.kinds = {kind.type: kind for kind in (JevNoul(self), JevScore(self), JevChoice(self))}
@@ -230,21 +277,29 @@ class JevVlReadout(StandardReadout):
         out = []
         for i, (kind, value) in enumerate(parts):
             if kind == "image" and value not in references:
-                raise validation_error(f"state[{i}] is an image part; in the System One envelope an image is an "
-                                       "asset: name it in `assets` and put its reference here", ("state", i))
+                raise validation_error(
+                    f"state[{i}] is an image part; in the System One envelope an image is an "
+                    "asset: name it in `assets` and put its reference here",
+                    ("state", i),
+                )
             out.append(value)
         return "".join(out)
 
     def warmup_request(self, request):
         """The worker's warmup, its score asked on JEV-VL's six levels."""
         out = super().warmup_request(request)
-        questions = {qid: ScoreQuestion(type="score", instructions=q.instructions, criteria=list(SCORE_OPTIONS))
-                     if q.type == "score" else q for qid, q in out.questions.items()}
+        questions = {
+            qid: ScoreQuestion(type="score", instructions=q.instructions, criteria=list(SCORE_OPTIONS))
+            if q.type == "score"
+            else q
+            for qid, q in out.questions.items()
+        }
         return out.model_copy(update={"questions": questions})
 
     def describe(self) -> dict:
         out = {"readout": self.name, "question_types": sorted(self.question_types), "calibration": None}
         if self.files is not None:
-            out.update(calibration=self.files.describe(), head=self.head.source,
-                       max_length=int(self.option("max_length")))
+            out.update(
+                calibration=self.files.describe(), head=self.head.source, max_length=int(self.option("max_length"))
+            )
         return out

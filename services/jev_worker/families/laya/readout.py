@@ -12,6 +12,7 @@ option-count bucket), clamped to [0.5, 5] as Laya applies it; softmax. Choice: t
 the levels (score = sum i p_i); noul: the [false, true] pair, P(yes) = p[true]. The act head (Laya's
 "act" probability) is not part of a System One answer and is not run. span and set: no head (4xx).
 """
+
 from __future__ import annotations
 
 import math
@@ -20,18 +21,24 @@ import os
 import torch
 from torch import nn
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    choice_answer,
     score_answer,
 )
 
 from ...backends.encoder import Encoder, SplitFolders
+from ...loading.checkpoint import Requirement, load_exactly
 from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement, load_exactly
-from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 from ...readouts.standard import StandardReadout
+from .layout import QTYPE_IDS, LayaRow, LayaSequenceBuilder
 
 CONFIG = "rl_agent_config.json"
 WEIGHTS = "model.safetensors"
@@ -65,8 +72,12 @@ class LayaTemperatures:
         return self.by_options.get(bucket(type_, k), self.by_type[type_])
 
     def describe(self) -> dict:
-        return {"source": CONFIG, "temperatures": dict(self.by_type), "temperature_by_options": dict(self.by_options),
-                "clamp": [TEMP_MIN, TEMP_MAX]}
+        return {
+            "source": CONFIG,
+            "temperatures": dict(self.by_type),
+            "temperature_by_options": dict(self.by_options),
+            "clamp": [TEMP_MIN, TEMP_MAX],
+        }
 
 
 class LayaDecisionHead(nn.Module, Head):
@@ -75,8 +86,12 @@ class LayaDecisionHead(nn.Module, Head):
     def __init__(self, hidden: int, layers: int, temperatures: LayaTemperatures):
         super().__init__()
         heads = max(1, hidden // 64)
-        self.layers = nn.ModuleList([nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, 0.0, batch_first=True,
-                                                                norm_first=True) for _ in range(layers)])
+        self.layers = nn.ModuleList(
+            [
+                nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, 0.0, batch_first=True, norm_first=True)
+                for _ in range(layers)
+            ]
+        )
         self.type_emb = nn.Embedding(3, hidden)
         self.scorer = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 1))
         self.temperatures = temperatures
@@ -131,7 +146,9 @@ class LayaScore(QuestionKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[LayaRow]:
-        levels = [f"level {i}: {ctx.user_text(level, f'{where}.criteria[{i}]')}" for i, level in enumerate(question.criteria)]
+        levels = [
+            f"level {i}: {ctx.user_text(level, f'{where}.criteria[{i}]')}" for i, level in enumerate(question.criteria)
+        ]
         return [LayaRow("score", instructions(question, ctx, where), tuple(levels))]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
@@ -159,21 +176,28 @@ class LayaNoul(QuestionKind):
 class LayaHeads(StandardReadout):
     name = "laya-heads"
     question_types = frozenset({"choice", "score", "noul"})
-    config: dict | None = None                    # rl_agent_config.json, read by `check`
+    config: dict | None = None  # rl_agent_config.json, read by `check`
     temperatures: LayaTemperatures | None = None  # once loaded
 
     def make_backend(self) -> Backend:
         return Encoder(SplitFolders())  # the encoder's config in encoder/, its tokenizer in tokenizer/
 
     def requirements(self) -> list[Requirement]:
-        return [Requirement(CONFIG, ("encoder", "head_layers")),
-                Requirement(WEIGHTS, ("type_emb.weight", "scorer.1.weight", "scorer.3.weight")),
-                Requirement(os.path.join("encoder", "config.json")),
-                Requirement(os.path.join("tokenizer", "tokenizer_config.json"))]
+        return [
+            Requirement(CONFIG, ("encoder", "head_layers")),
+            Requirement(WEIGHTS, ("type_emb.weight", "scorer.1.weight", "scorer.3.weight")),
+            Requirement(os.path.join("encoder", "config.json")),
+            Requirement(os.path.join("tokenizer", "tokenizer_config.json")),
+        ]
 
     def prompt_builder(self, tokenizer, recipe, identity: str) -> LayaSequenceBuilder:
-        return LayaSequenceBuilder(tokenizer, recipe, identity, max_len=int(self.config.get("max_len", 512)),
-                                   head_max_len=int(self.config.get("head_max_len", 192)))
+        return LayaSequenceBuilder(
+            tokenizer,
+            recipe,
+            identity,
+            max_len=int(self.config.get("max_len", 512)),
+            head_max_len=int(self.config.get("head_max_len", 192)),
+        )
 
     def check(self, folder: str) -> None:
         super().check(folder)

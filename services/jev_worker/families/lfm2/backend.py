@@ -11,14 +11,15 @@ What this adds to the causal-lm runner (runner.py), and nothing else:
   snapshot are right-padded anyway), and the once-per-model check that a forked snapshot equals a whole
   forward compares the row's positions (the runner does so for every adapter that reads whole rows).
 """
+
 from __future__ import annotations
 
 import threading
 
 import torch
 
-from ...engine.adapters import TextAdapter
 from ...backends.causal_lm import CausalLM
+from ...engine.adapters import TextAdapter
 from ...protocols import Head
 
 
@@ -44,7 +45,7 @@ class ValueLogProbHead(Head):
 
     def logits(self, hidden: torch.Tensor, labels: tuple[int, ...]) -> torch.Tensor:
         n = len(labels)
-        states = hidden[-(n + 1):-1].to(torch.float32)
+        states = hidden[-(n + 1) : -1].to(torch.float32)
         logits = states @ self.weight.T
         if self._bias is not None:
             logits = logits + self._bias.detach().float()
@@ -63,8 +64,10 @@ class Lfm2Adapter(TextAdapter):
 
 class Lfm2Values(CausalLM):
     name = "lfm2-values"
-    prefix_reuse = ("on: each question's prompt (schema system turn + state + '{\\n') is one prefill, kept in L3 "
-                    "as a cache snapshot (attention KV and convolution state) and forked per candidate batch")
+    prefix_reuse = (
+        "on: each question's prompt (schema system turn + state + '{\\n') is one prefill, kept in L3 "
+        "as a cache snapshot (attention KV and convolution state) and forked per candidate batch"
+    )
 
     def adapter(self, vision) -> Lfm2Adapter:
         return Lfm2Adapter()

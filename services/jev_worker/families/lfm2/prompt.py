@@ -16,19 +16,22 @@ prefix is the question's whole prompt (kept in L3 under its own key) and its row
 `'  "answer": '` + value tokens, which is what upstream's engine runs (one prefill forked per candidate batch).
 Prepared together, several questions' rows follow what their prompts share (the same token ids, unsplit).
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.control_tokens import ControlTokens
 
 from ...prompt.builder import PreparedRequest, RowSpec, _common_prefix_length, ids_key
 from ...protocols import PromptBuilder
-from jev_common.checkpoint_files import ServingError
 
-SYSTEM_HEAD = ("Extract the attributes from the text. Return only a JSON object matching this schema. "
-               "Use the exact allowed values. No explanation or markdown.\n")
+SYSTEM_HEAD = (
+    "Extract the attributes from the text. Return only a JSON object matching this schema. "
+    "Use the exact allowed values. No explanation or markdown.\n"
+)
 FIELD = "answer"
 FIELD_SUFFIX = "  " + json.dumps(FIELD, ensure_ascii=False) + ": "  # '  "answer": '
 ASSISTANT_OPEN = "{\n"
@@ -38,9 +41,12 @@ def schema(instructions, criteria: dict) -> dict:
     """worker.build_schema: one string field whose enum is the option keys (request order) and whose
     description is the instructions and criteria as a JSON string."""
     description = json.dumps({"instructions": instructions, "criteria": criteria}, ensure_ascii=False)
-    return {"type": "object",
-            "properties": {FIELD: {"type": "string", "description": description, "enum": list(criteria)}},
-            "required": [FIELD], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {FIELD: {"type": "string", "description": description, "enum": list(criteria)}},
+        "required": [FIELD],
+        "additionalProperties": False,
+    }
 
 
 def system_prompt(instructions, criteria: dict) -> str:
@@ -62,11 +68,19 @@ class Lfm2Builder(PromptBuilder):
     """The checkpoint's own chat template around upstream's system and user turns; no recipe layout."""
 
     def __init__(self, tokenizer, recipe, identity: str):
-        super().__init__(tokenizer, recipe, identity, controls=ControlTokens.of(
-            tokenizer, hint="the model's template cannot carry it as text; remove it from the request"))
+        super().__init__(
+            tokenizer,
+            recipe,
+            identity,
+            controls=ControlTokens.of(
+                tokenizer, hint="the model's template cannot carry it as text; remove it from the request"
+            ),
+        )
         if not recipe.prompt.use_chat_template or not tokenizer.chat_template:
-            raise ServingError(f"recipe {recipe.name}: LFM2.5's contract renders its turns with the checkpoint's "
-                               "chat template (prompt.use_chat_template, and a tokenizer that has one)")
+            raise ServingError(
+                f"recipe {recipe.name}: LFM2.5's contract renders its turns with the checkpoint's "
+                "chat template (prompt.use_chat_template, and a tokenizer that has one)"
+            )
         self.suffix = tuple(self.encode(FIELD_SUFFIX))
 
     def encode(self, text: str) -> list[int]:
@@ -81,8 +95,9 @@ class Lfm2Builder(PromptBuilder):
         own prefill."""
         return [{qid: question} for qid, question in questions.items()]
 
-    def prepare(self, state_text: str, rows: list[CandidateRow], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[CandidateRow], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         runs: list[tuple[str, list[CandidateRow]]] = []  # consecutive rows of one system prompt (a question)
         for row in rows:
             if runs and runs[-1][0] == row.content:
@@ -93,15 +108,25 @@ class Lfm2Builder(PromptBuilder):
         for system, candidates in runs:
             prefix = tuple(self.encode(self.prompt_text(system, state_text)))
             values = [tuple(self.encode(row.value)) for row in candidates]
-            parts.append(PreparedRequest(prefix_ids=prefix, rows=tuple(self.suffix + v for v in values),
-                                         row_labels=tuple(values), image_keys=(), prefix_key=self._key(prefix)))
+            parts.append(
+                PreparedRequest(
+                    prefix_ids=prefix,
+                    rows=tuple(self.suffix + v for v in values),
+                    row_labels=tuple(values),
+                    image_keys=(),
+                    prefix_key=self._key(prefix),
+                )
+            )
         shared = _common_prefix_length([part.prefix_ids for part in parts])
         prefix = parts[0].prefix_ids[:shared]
         return PreparedRequest(
-            prefix_ids=prefix, rows=tuple(part.prefix_ids[shared:] + row for part in parts for row in part.rows),
-            row_labels=tuple(labels for part in parts for labels in part.row_labels), image_keys=tuple(image_keys),
-            prefix_key=self._key(prefix), plan=plan)
+            prefix_ids=prefix,
+            rows=tuple(part.prefix_ids[shared:] + row for part in parts for row in part.rows),
+            row_labels=tuple(labels for part in parts for labels in part.row_labels),
+            image_keys=tuple(image_keys),
+            prefix_key=self._key(prefix),
+            plan=plan,
+        )
 
     def _key(self, prefix: tuple[int, ...]) -> str:
         return ids_key(f"{self.identity}|lfm2|", prefix)
-

@@ -11,24 +11,32 @@ normalisation, no temperature, no calibration file). Choice only, as upstream: n
 must be non-empty text and the instructions present (upstream refuses object / array / blank states and null
 or missing instructions); at most 255 options (the API's limit too).
 """
+
 from __future__ import annotations
 
 import math
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import ForwardFailed, UnreadableInput
 from jev_common.schema import ChoiceAnswer, ChoiceQuestion, SystemOneRequest, choice_confidence
 
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
+from ...readouts.standard import StandardReadout
 from .backend import Lfm2Values, ValueLogProbHead
 from .prompt import CandidateRow, Lfm2Builder, candidate_value, system_prompt
-from ...readouts.standard import StandardReadout
 
 # worker.py Worker.warmup's request (e0ef7a29): the worker is ready after one decision of its own kind
-WARMUP = {"state": "A customer requests a refund for a duplicate charge.",
-          "questions": {"routing": {"type": "choice", "instructions": "Choose the responsible team.",
-                                    "criteria": {"billing": "Refunds and charges", "technical": "Software issues"}}}}
+WARMUP = {
+    "state": "A customer requests a refund for a duplicate charge.",
+    "questions": {
+        "routing": {
+            "type": "choice",
+            "instructions": "Choose the responsible team.",
+            "criteria": {"billing": "Refunds and charges", "technical": "Software issues"},
+        }
+    },
+}
 
 
 def softmax(scores: list[float]) -> list[float]:
@@ -46,16 +54,22 @@ class Lfm2Choice(QuestionKind):
     min_options = 1  # upstream's enum takes 1 to 255 values
     # no coherence mode: the options' order is the schema's enum in the system turn, before the state, so every
     # permutation would pay a whole state prefill (nothing after the prefix to vary)
-    coherence_note = ("the options are listed in the system turn before the state (LFM2.5's contract), so each "
-                      "permutation would pay a whole state prefill: no coherence mode is offered")
+    coherence_note = (
+        "the options are listed in the system turn before the state (LFM2.5's contract), so each "
+        "permutation would pay a whole state prefill: no coherence mode is offered"
+    )
 
     def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[CandidateRow]:
         if not isinstance(ctx.state, str) or not ctx.state.strip():
-            raise UnreadableInput("state: LFM2.5's contract reads a non-empty text state (an object, array or "
-                                  "blank state is refused, as upstream refuses it)")
+            raise UnreadableInput(
+                "state: LFM2.5's contract reads a non-empty text state (an object, array or "
+                "blank state is refused, as upstream refuses it)"
+            )
         if question.instructions is None:
-            raise UnreadableInput(f"{where}.instructions: LFM2.5's contract needs instructions (a string, object "
-                                  "or array); upstream refuses null or missing instructions")
+            raise UnreadableInput(
+                f"{where}.instructions: LFM2.5's contract needs instructions (a string, object "
+                "or array); upstream refuses null or missing instructions"
+            )
         system = system_prompt(question.instructions, dict(question.criteria))
         ctx.builder.check_user_text(system, where)
         return [CandidateRow(system, (), value=candidate_value(key)) for key in question.criteria]
@@ -65,8 +79,11 @@ class Lfm2Choice(QuestionKind):
         probabilities = softmax(scores)
         names = list(question.criteria)
         best = max(range(len(scores)), key=scores.__getitem__)  # worker.py: argmax of the scores, ties first
-        return ChoiceAnswer(choice=names[best], probabilities=dict(zip(names, probabilities)),
-                            confidence=choice_confidence(probabilities))
+        return ChoiceAnswer(
+            choice=names[best],
+            probabilities=dict(zip(names, probabilities)),
+            confidence=choice_confidence(probabilities),
+        )
 
 
 class Lfm2JsonValues(StandardReadout):
@@ -84,8 +101,10 @@ class Lfm2JsonValues(StandardReadout):
 
     def load(self, loaded, builder) -> None:
         if builder.recipe.prompt.system:
-            raise ServingError(f"readout {self.name!r} builds LFM2.5's own system turn (the question's schema); "
-                               "the recipe must not set prompt.system")
+            raise ServingError(
+                f"readout {self.name!r} builds LFM2.5's own system turn (the question's schema); "
+                "the recipe must not set prompt.system"
+            )
         self.head = ValueLogProbHead(loaded.model)
         self.kinds = {"choice": Lfm2Choice()}
 
@@ -93,5 +112,8 @@ class Lfm2JsonValues(StandardReadout):
         return SystemOneRequest.model_validate({"model": request.model, **WARMUP})
 
     def describe(self) -> dict:
-        return {"readout": self.name, "question_types": sorted(self.question_types),
-                "calibration": {"source": None, "temperature": 1.0}}
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": {"source": None, "temperature": 1.0},
+        }

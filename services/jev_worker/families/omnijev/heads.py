@@ -8,6 +8,7 @@ logit `head.abstain` from the gate. `ord.*` is the cumulative-link OrdinalScoreH
 (`ord.z.{0,2}`, `ord.cut.{0,2}`): P(Y <= l) = sigmoid(theta_l - z), theta_0 = cut(u_0),
 theta_l = theta_0 + sum softplus(cut(u_1..l)). Widths are read from the tensors.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,11 @@ TYPE_IDS = {"noul": 0, "choice": 1, "score": 2}
 FEATURES = 6
 MLPS = ("head.opt", "head.que", "ord.z", "ord.cut")
 LINEARS = ("head.score", "head.abstain", "head.feat", "head.feat_lin")
-TENSORS = tuple(f"{m}.{i}.{p}" for m in MLPS for i in (0, 2) for p in ("weight", "bias")) + tuple(
-    f"{m}.{p}" for m in LINEARS for p in ("weight", "bias")) + ("head.log_tau",)
+TENSORS = (
+    tuple(f"{m}.{i}.{p}" for m in MLPS for i in (0, 2) for p in ("weight", "bias"))
+    + tuple(f"{m}.{p}" for m in LINEARS for p in ("weight", "bias"))
+    + ("head.log_tau",)
+)
 
 
 def lm_features(picked: list[torch.Tensor], first: list[float | None]) -> torch.Tensor:
@@ -33,8 +37,18 @@ def lm_features(picked: list[torch.Tensor], first: list[float | None]) -> torch.
     rows = []
     for p, s, sh, f in zip(picked, sums, share, first):
         n = p.numel()
-        rows.append(torch.stack([s / 10, s / n if n else torch.zeros(()), torch.tensor(n / 10), sh,
-                                 torch.tensor(0.0 if f is None else f), torch.tensor(float(n > 0))]))
+        rows.append(
+            torch.stack(
+                [
+                    s / 10,
+                    s / n if n else torch.zeros(()),
+                    torch.tensor(n / 10),
+                    sh,
+                    torch.tensor(0.0 if f is None else f),
+                    torch.tensor(float(n > 0)),
+                ]
+            )
+        )
     return torch.stack(rows).float()
 
 
@@ -46,8 +60,10 @@ class OmniJevHeads:
         self.t = {name: tensors[name].to(torch.float32) for name in TENSORS}
         for mlp in MLPS:
             if self.t[f"{mlp}.0.weight"].shape[1] != hidden:
-                raise ServingError(f"heads.safetensors: {mlp}.0.weight is {list(self.t[f'{mlp}.0.weight'].shape)}, "
-                                   f"its input must be the backbone's hidden size {hidden}")
+                raise ServingError(
+                    f"heads.safetensors: {mlp}.0.weight is {list(self.t[f'{mlp}.0.weight'].shape)}, "
+                    f"its input must be the backbone's hidden size {hidden}"
+                )
         if tuple(self.t["head.log_tau"].shape) != (3,) or self.t["head.feat.weight"].shape[1] != FEATURES:
             raise ServingError("heads.safetensors: head.log_tau must be [3] and head.feat take 6 features")
 

@@ -15,6 +15,7 @@ sigmoid of its one logit with the noul bias on the log-odds. Then each type's te
 reference applies it (p^(1/T) renormalised, p floored at 1e-9). This API has no abstain field: choice
 and score report the options' probabilities renormalised without the abstain mass.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,20 +23,26 @@ import os
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    choice_answer,
     score_answer,
 )
 
 from ...backends.causal_rows import CausalRows
+from ...loading.checkpoint import Requirement
 from ...prompt.builder import ChatPromptBuilder, RowSpec
 from ...protocols import Backend, Head, QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement
-from .heads import TYPE_IDS, OmniJevHeads, lm_features
 from ...readouts.standard import StandardReadout
+from .heads import TYPE_IDS, OmniJevHeads, lm_features
 
 HEADS = "heads.safetensors"
 MANIFEST = "omnijev_export.json"
@@ -86,9 +93,10 @@ class OmniJevBuilder(ChatPromptBuilder):
         open_id, close_id = (self.tokenizer.convert_tokens_to_ids(t) for t in (OPEN, CLOSE))
         for ids, row in zip(prepared.rows, rows):
             want = (open_id, *row.labels, close_id)
-            if tuple(ids[-len(want):]) != want:
-                raise UnreadableInput(f"option text {row.after!r} does not tokenise on its own "
-                               "between the option markers")
+            if tuple(ids[-len(want) :]) != want:
+                raise UnreadableInput(
+                    f"option text {row.after!r} does not tokenise on its own between the option markers"
+                )
         return prepared
 
 
@@ -141,8 +149,10 @@ class OmniScore(_OmniKind):
     type = "score"
 
     def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
-        return [self.row(question, ctx, where, ctx.user_text(level, f"{where}.criteria[{i}]"))
-                for i, level in enumerate(question.criteria)]
+        return [
+            self.row(question, ctx, where, ctx.user_text(level, f"{where}.criteria[{i}]"))
+            for i, level in enumerate(question.criteria)
+        ]
 
     def answer(self, question: ScoreQuestion, logits, ctx: BuildContext) -> ScoreAnswer:
         u, zq, _ = self.readouts(logits)
@@ -174,7 +184,7 @@ class OmniJevReadout(StandardReadout):
     needs_lm_head = True
     temperatures: dict[str, float] | None = None  # omnijev_export.json's calibration, once loaded
     noul_bias: float | None = None
-    hidden: int | None = None                     # the backbone's hidden size
+    hidden: int | None = None  # the backbone's hidden size
     heads: OmniJevHeads | None = None
 
     def make_backend(self) -> Backend:
@@ -184,16 +194,22 @@ class OmniJevReadout(StandardReadout):
         return OmniJevBuilder(tokenizer, recipe, identity)
 
     def requirements(self) -> list[Requirement]:
-        return [Requirement(HEADS, ("head.opt.0.weight", "head.log_tau", "ord.cut.0.weight")),
-                Requirement(MANIFEST, ("option_tokens", "calibration"))]
+        return [
+            Requirement(HEADS, ("head.opt.0.weight", "head.log_tau", "ord.cut.0.weight")),
+            Requirement(MANIFEST, ("option_tokens", "calibration")),
+        ]
 
     def _calibration(self, manifest: dict) -> None:
         calibration = manifest["calibration"] if isinstance(manifest["calibration"], dict) else {}
         temperatures = calibration.get("temperatures") or {}
         values = {t: temperatures.get(t) for t in TYPE_IDS}
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-                   for v in values.values()):
-            raise ServingError(f"{MANIFEST}: calibration.temperatures needs positive noul, choice and score, got {values}")
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in values.values()
+        ):
+            raise ServingError(
+                f"{MANIFEST}: calibration.temperatures needs positive noul, choice and score, got {values}"
+            )
         bias = calibration.get("noul_bias")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
             raise ServingError(f"{MANIFEST}: calibration.noul_bias must be a finite number, got {bias!r}")
@@ -208,8 +224,10 @@ class OmniJevReadout(StandardReadout):
         for token in (OPEN, CLOSE):
             actual = builder._try_single_token(token)
             if not isinstance(tokens, dict) or actual is None or tokens.get(token) != actual:
-                raise ServingError(f"{MANIFEST}: option token {token!r} is {tokens.get(token) if isinstance(tokens, dict) else None}"
-                                   f" there, but this tokenizer makes it {actual if actual is not None else 'several tokens'}")
+                raise ServingError(
+                    f"{MANIFEST}: option token {token!r} is {tokens.get(token) if isinstance(tokens, dict) else None}"
+                    f" there, but this tokenizer makes it {actual if actual is not None else 'several tokens'}"
+                )
         text_config = loaded.model.config.get_text_config()
         self.hidden = int(text_config.hidden_size)
         self.heads = OmniJevHeads(load_file(os.path.join(loaded.folder, HEADS)), self.hidden)
@@ -217,6 +235,9 @@ class OmniJevReadout(StandardReadout):
         self.kinds = {kind.type: kind for kind in (OmniChoice(self), OmniScore(self), OmniNoul(self))}
 
     def describe(self) -> dict:
-        calibration = ({"source": MANIFEST, "temperatures": dict(self.temperatures), "noul_bias": self.noul_bias}
-                       if self.temperatures is not None else None)
+        calibration = (
+            {"source": MANIFEST, "temperatures": dict(self.temperatures), "noul_bias": self.noul_bias}
+            if self.temperatures is not None
+            else None
+        )
         return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration}

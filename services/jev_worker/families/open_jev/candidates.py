@@ -11,13 +11,20 @@ answer, and every x_coherence mode is answered unchanged (questions/coherence.py
 As upstream's `compile_request` does, `instructions` are required (text, an object or an array) and a noul's
 `criteria`, when given, must describe both `true` and `false`; the softmax is in float64, as upstream's.
 """
+
 from __future__ import annotations
 
 import torch
 
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    choice_answer,
     score_answer,
 )
 
@@ -36,8 +43,10 @@ def text(value, ctx: BuildContext, where: str) -> str:
 
 def question_text(question, ctx: BuildContext, where: str) -> str:
     if question.instructions is None:
-        raise UnreadableInput(f"{where}.instructions: Open-Jev needs the question's instructions (text, an object "
-                              "or an array); it has no default question")
+        raise UnreadableInput(
+            f"{where}.instructions: Open-Jev needs the question's instructions (text, an object "
+            "or an array); it has no default question"
+        )
     return text(question.instructions, ctx, f"{where}.instructions")
 
 
@@ -61,8 +70,9 @@ class CandidateChoice(QuestionKind):
         options = []
         for name, description in question.criteria.items():
             ctx.builder.check_user_text(name, f"{where}.criteria")
-            options.append(name if description is None
-                           else f"{name}: {text(description, ctx, f'{where}.criteria[{name!r}]')}")
+            options.append(
+                name if description is None else f"{name}: {text(description, ctx, f'{where}.criteria[{name!r}]')}"
+            )
         return candidate_rows(question, ctx, where, options)
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
@@ -89,10 +99,14 @@ class CandidateNoul(QuestionKind):
         criteria = question.criteria
         if criteria is not None:
             if criteria.true is None or criteria.false is None:
-                raise UnreadableInput(f"{where}.criteria: Open-Jev reads noul criteria only with both a true and a "
-                                      "false description (text, an object or an array)")
-            asked += NOUL_CRITERIA.format(true=text(criteria.true, ctx, f"{where}.criteria.true"),
-                                          false=text(criteria.false, ctx, f"{where}.criteria.false"))
+                raise UnreadableInput(
+                    f"{where}.criteria: Open-Jev reads noul criteria only with both a true and a "
+                    "false description (text, an object or an array)"
+                )
+            asked += NOUL_CRITERIA.format(
+                true=text(criteria.true, ctx, f"{where}.criteria.true"),
+                false=text(criteria.false, ctx, f"{where}.criteria.false"),
+            )
         return [RowSpec(QUESTION.format(question=asked) + NOUL, ())]
 
     def answer(self, question: NoulQuestion, logits, ctx: BuildContext) -> NoulAnswer:

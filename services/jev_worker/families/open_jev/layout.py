@@ -14,15 +14,16 @@ separators (upstream's `render`). The template trims the user message (`|trim`),
 starts with `Context:` and ends with `No.`. A candidate longer than `max_length` tokens (4096, the native export's
 default) is refused, never truncated.
 """
+
 from __future__ import annotations
 
 import json
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.errors import UnreadableInput
 from jev_common.recipe import PromptSpec
 
 from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec, family_prompt
-from jev_common.checkpoint_files import ServingError
 
 CONTEXT = "Context:\n{state}\n\n"
 QUESTION = "Question: {question}\n"
@@ -30,8 +31,13 @@ CANDIDATE = "Proposed answer: {option}\nIs this proposed answer correct? Answer 
 NOUL = "Is the answer to this question yes? Answer Yes or No."
 NOUL_CRITERIA = "\nYes means: {true}\nNo means: {false}"
 MAX_LENGTH = 4096
-PROMPT = PromptSpec(system=None, use_chat_template=True, chat_template_kwargs={"enable_thinking": False},
-                    state_block=CONTEXT, question_block=QUESTION)
+PROMPT = PromptSpec(
+    system=None,
+    use_chat_template=True,
+    chat_template_kwargs={"enable_thinking": False},
+    state_block=CONTEXT,
+    question_block=QUESTION,
+)
 
 
 def render(value: object) -> str:
@@ -50,16 +56,20 @@ class OpenJevBuilder(ChatPromptBuilder):
 
     def __init__(self, tokenizer, recipe, identity: str, *, max_length: int = MAX_LENGTH):
         if not getattr(tokenizer, "chat_template", None):
-            raise ServingError("Open-Jev renders every candidate with the checkpoint's chat template; "
-                               "its tokenizer has none")
+            raise ServingError(
+                "Open-Jev renders every candidate with the checkpoint's chat template; its tokenizer has none"
+            )
         super().__init__(tokenizer, family_prompt(recipe, PROMPT, "open-jev"), identity)
         self.max_length = max_length
 
-    def prepare(self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         prepared = super().prepare(render(plan.state) if plan is not None else state_text, rows, image_keys, plan)
         longest = len(prepared.prefix_ids) + max(len(row) for row in prepared.rows)
         if longest > self.max_length:
-            raise UnreadableInput(f"Input length {longest} exceeds max_length={self.max_length}; "
-                                  "no silent truncation (Open-Jev refuses a longer candidate)")
+            raise UnreadableInput(
+                f"Input length {longest} exceeds max_length={self.max_length}; "
+                "no silent truncation (Open-Jev refuses a longer candidate)"
+            )
         return prepared

@@ -8,20 +8,22 @@ Checkpoint (recipes/open-jev-*/export.py: the base with the `package/checkpoint/
 token (the `\\n\\n` after `</think>`) in FP32: s = h @ w.T + b, then s / T. Options (recipe `serving.options`):
 `head_file`, `calibration_file` (the files' names) and `max_length` (tokens per candidate, 4096).
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
-from ...protocols import Head
 from jev_common.checkpoint_files import ServingError, load_torch_state, read_json
+
 from ...loading.checkpoint import Requirement
+from ...protocols import Head
 from ...readouts.calibration import Calibration
 from ...readouts.code_readout import hidden_size
+from ...readouts.standard import StandardReadout
 from .candidates import CandidateChoice, CandidateNoul, CandidateScore
 from .layout import MAX_LENGTH, OpenJevBuilder
-from ...readouts.standard import StandardReadout
 
 
 class LinearScalarHead(Head):
@@ -45,14 +47,17 @@ class ScalarHead(StandardReadout):
         return {"head_file": "head.pt", "calibration_file": "temperature.json", "max_length": MAX_LENGTH}
 
     def requirements(self) -> list[Requirement]:
-        return [Requirement(self.option("head_file"), ("weight", "bias")),
-                Requirement(self.option("calibration_file"), ("temperature",))]
+        return [
+            Requirement(self.option("head_file"), ("weight", "bias")),
+            Requirement(self.option("calibration_file"), ("temperature",)),
+        ]
 
     def prompt_builder(self, tokenizer, recipe, identity: str) -> OpenJevBuilder:
         limit = self.option("max_length")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ServingError(f"readout {self.name!r}: serving.options.max_length must be a positive integer, "
-                               f"got {limit!r}")
+            raise ServingError(
+                f"readout {self.name!r}: serving.options.max_length must be a positive integer, got {limit!r}"
+            )
         return OpenJevBuilder(tokenizer, recipe, identity, max_length=limit)
 
     def load(self, loaded, builder) -> None:
@@ -60,8 +65,10 @@ class ScalarHead(StandardReadout):
         hidden = hidden_size(loaded.model)
         weight, bias = state["weight"], state["bias"]
         if tuple(weight.shape) != (1, hidden) or tuple(bias.shape) != (1,):
-            raise ServingError(f"{self.option('head_file')}: weight {list(weight.shape)} / bias {list(bias.shape)}, "
-                               f"expected [1, {hidden}] / [1] (a Linear(hidden, 1))")
+            raise ServingError(
+                f"{self.option('head_file')}: weight {list(weight.shape)} / bias {list(bias.shape)}, "
+                f"expected [1, {hidden}] / [1] (a Linear(hidden, 1))"
+            )
         self.head = LinearScalarHead(weight.to(loaded.device), bias.to(loaded.device))
         calibration_file = self.option("calibration_file")
         config = read_json(os.path.join(loaded.folder, calibration_file))

@@ -18,6 +18,7 @@ FP32 final hidden state times the FP32 letter rows. Refused (422), as upstream: 
 instructions, more than 26 options in one prompt (upstream answers a longer choice with knockout rounds, several
 passes), a bad option id, a prompt over 262,144 tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,16 @@ from abc import abstractmethod
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.errors import TooManyOptions, UnreadableInput
 from jev_common.schema import ChoiceAnswer, NoulAnswer, ScoreAnswer, choice_answer, score_answer
 from jev_common.state_text import indexed_json
 
 from ...engine.head import DecisionHead
+from ...loading.checkpoint import Requirement
 from ...prompt.builder import ChatPromptBuilder, PreparedRequest, RowSpec
 from ...protocols import QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement
 from ...readouts.calibration import Calibration
 from ...readouts.standard import StandardReadout
 
@@ -44,7 +45,7 @@ CONFIG = "decision_config.json"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 THINK_OFF_SUFFIX = "<think>\n\n</think>\n\n"
 NOUL_DEFAULT_INSTRUCTIONS = "Which answer fits the evidence?"
-MAX_LENGTH = 262144   # StartLuxDecision(max_length=262144)
+MAX_LENGTH = 262144  # StartLuxDecision(max_length=262144)
 MAX_ID_CHARS = 200
 _BARE = re.compile(r"^(?:\(?[A-Za-z][\).]?|\(?\d{1,3}[\).]?|option[_ ]?\d{1,3}|opt[_ ]?\d{1,3})$", re.I)
 
@@ -88,8 +89,9 @@ def option_lines(type_: str, options: list[tuple[str, str | None]]) -> list[str]
 class StartLuxBuilder(ChatPromptBuilder):
     """The recipe's chat template around `Evidence:` + the state as StartLux renders it (from the plan's state)."""
 
-    def prepare(self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         prepared = super().prepare(evidence(plan.state if plan is not None else state), rows, image_keys, plan)
         longest = len(prepared.prefix_ids) + max(len(row) for row in prepared.rows)
         if longest > MAX_LENGTH:
@@ -113,14 +115,19 @@ class _Lettered(QuestionKind):
     def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]:
         options = self.options(question)
         if len(options) > len(LETTERS):
-            raise TooManyOptions(f"{where}: StartLux reads at most {len(LETTERS)} options in one prompt (upstream "
-                                 "answers longer choice lists with knockout rounds, several passes this worker does not run)")
+            raise TooManyOptions(
+                f"{where}: StartLux reads at most {len(LETTERS)} options in one prompt (upstream "
+                "answers longer choice lists with knockout rounds, several passes this worker does not run)"
+            )
         for option_id, _ in options:
             if not option_id.strip() or "\n" in option_id or "\r" in option_id or len(option_id) > MAX_ID_CHARS:
-                raise UnreadableInput(f"{where}: bad option id {option_id!r} (StartLux ids are one line of at most "
-                                      f"{MAX_ID_CHARS} characters)")
-        content = (f"Question: {self.instructions(question, where)}\nOptions:\n"
-                   + "\n".join(option_lines(self.type, options))).rstrip()  # the template trims the message
+                raise UnreadableInput(
+                    f"{where}: bad option id {option_id!r} (StartLux ids are one line of at most "
+                    f"{MAX_ID_CHARS} characters)"
+                )
+        content = (
+            f"Question: {self.instructions(question, where)}\nOptions:\n" + "\n".join(option_lines(self.type, options))
+        ).rstrip()  # the template trims the message
         ctx.builder.check_user_text(content, where)
         return [RowSpec(content, ctx.builder.coded(len(options))[1])]
 
@@ -144,8 +151,10 @@ class StartLuxNoul(_Lettered):
 
     def options(self, question) -> list[tuple[str, str | None]]:
         criteria = question.criteria
-        return [("true", None if criteria is None else value_text(criteria.true)),
-                ("false", None if criteria is None else value_text(criteria.false))]
+        return [
+            ("true", None if criteria is None else value_text(criteria.true)),
+            ("false", None if criteria is None else value_text(criteria.false)),
+        ]
 
     def instructions(self, question, where: str) -> str:
         return value_text(question.instructions) or NOUL_DEFAULT_INSTRUCTIONS
@@ -167,11 +176,15 @@ class StartLuxScore(_Lettered):
 def letter_ids(builder: ChatPromptBuilder) -> list[int]:
     """jevfmt.check_tokenizer: the prompt ends in the empty think block, and every letter is one token that a prompt
     followed by it tokenises to the prompt's ids plus that token."""
-    probe = ("Evidence:\ns\n\nQuestion: q\nOptions:\n" + "\n".join(option_lines("noul", [("true", None), ("false", None)])))
+    probe = "Evidence:\ns\n\nQuestion: q\nOptions:\n" + "\n".join(
+        option_lines("noul", [("true", None), ("false", None)])
+    )
     text = builder.layout.head + probe + builder.layout.tail
     if not text.endswith(THINK_OFF_SUFFIX):
-        raise ServingError("StartLux's prompt must end in the thinking-off assistant prefix "
-                           f"{THINK_OFF_SUFFIX!r}: the recipe's chat_template_kwargs need enable_thinking: false")
+        raise ServingError(
+            "StartLux's prompt must end in the thinking-off assistant prefix "
+            f"{THINK_OFF_SUFFIX!r}: the recipe's chat_template_kwargs need enable_thinking: false"
+        )
     tokenizer = builder.tokenizer
     ids = tokenizer.encode(text, add_special_tokens=False)
     letters = []
@@ -200,10 +213,14 @@ class StartLuxLabels(StandardReadout):
 
     def load(self, loaded, builder) -> None:
         if builder.codes != list(LETTERS) or builder.recipe.prompt.state_block != "Evidence:\n{state}\n\n":
-            raise ServingError(f"readout {self.name!r} needs the recipe's verbalizer labels {LETTERS!r} without "
-                               "two-letter codes and prompt.state_block 'Evidence:\\n{state}\\n\\n'")
+            raise ServingError(
+                f"readout {self.name!r} needs the recipe's verbalizer labels {LETTERS!r} without "
+                "two-letter codes and prompt.state_block 'Evidence:\\n{state}\\n\\n'"
+            )
         letters = letter_ids(builder)
-        if letters != read_json(os.path.join(loaded.folder, CONFIG))["letter_token_ids"] or letters != list(builder.code_ids):
+        if letters != read_json(os.path.join(loaded.folder, CONFIG))["letter_token_ids"] or letters != list(
+            builder.code_ids
+        ):
             raise ServingError("tokenizer letter ids differ from decision_config.json")
         self.head = DecisionHead(loaded.model, loaded.folder)
         self.serve([StartLuxChoice(), StartLuxNoul(), StartLuxScore()], Calibration.from_file(loaded.folder, CONFIG))

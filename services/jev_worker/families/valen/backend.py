@@ -8,15 +8,16 @@ is read. The base loads as Qwen3_5ForConditionalGeneration with its own processo
 the language model's Linear weights in FP32 and the trained vision-tower values replace the base's. Each
 question's branch then runs whole (state + question), as Valen's compiler lays it out and its reference runs it.
 """
+
 from __future__ import annotations
 
 import logging
 
-from .checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
+from jev_common.checkpoint_files import ServingError
 
 from ...backends.causal_rows import CausalRows
 from ...loading.loader import LoadedModel, pick_device, pick_dtype, placed
-from jev_common.checkpoint_files import ServingError
+from .checkpoint import apply_deltas, find_base, read_checkpoint, verify_base
 
 log = logging.getLogger("jev.worker.valen")
 
@@ -33,19 +34,30 @@ def load_valen(recipe, folder: str, device: str, dtype: str, *, lm_head: bool = 
     verify_base(base, checkpoint)
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)
-    log.info("loading Valen %s on base %s@%s from %s (%s, %s)", folder, checkpoint.base["repo"],
-             checkpoint.base["revision"], base, dev, torch_dtype)
+    log.info(
+        "loading Valen %s on base %s@%s from %s (%s, %s)",
+        folder,
+        checkpoint.base["repo"],
+        checkpoint.base["revision"],
+        base,
+        dev,
+        torch_dtype,
+    )
     processor = load_vl_processor(base)
     model, info = AutoModelForImageTextToText.from_pretrained(base, dtype=torch_dtype, output_loading_info=True)
     if info.get("missing_keys") or info.get("mismatched_keys"):
-        raise ServingError(f"the Valen base in {base} did not load whole (missing {sorted(info['missing_keys'])[:3]}, "
-                           f"mismatched {list(info.get('mismatched_keys') or [])[:3]})")
+        raise ServingError(
+            f"the Valen base in {base} did not load whole (missing {sorted(info['missing_keys'])[:3]}, "
+            f"mismatched {list(info.get('mismatched_keys') or [])[:3]})"
+        )
     apply_deltas(model, checkpoint)
     return LoadedModel(placed(model, dev), processor.tokenizer, processor, dev, torch_dtype, folder)
 
 
 class ValenLora(CausalRows):
     name = "valen-lora"
-    prefix_reuse = ("off: each question's branch runs whole (state + question), as Valen's compiler lays it out "
-                    "and its reference computes it; no prefix state is reused (L3 off)")
+    prefix_reuse = (
+        "off: each question's branch runs whole (state + question), as Valen's compiler lays it out "
+        "and its reference computes it; no prefix state is reused (L3 off)"
+    )
     load = staticmethod(load_valen)  # Backend.load: the base the checkpoint names, its deltas applied

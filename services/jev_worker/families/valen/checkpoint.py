@@ -20,6 +20,7 @@ values only, so that image embeddings are Valen's, not the stock base's.
 same way) gives `stage`, `projection_dim`, `lora_rank`, `lora_alpha` and `max_length`; `head_type`, when
 present, must be `bilinear` (the only head whose tensors are the two projections above).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,9 +47,9 @@ VISION_TOP_BLOCKS = 4
 class ValenCheckpoint:
     folder: str
     config: dict
-    head: tuple[torch.Tensor, torch.Tensor]        # decision, candidate [projection_dim, hidden]
+    head: tuple[torch.Tensor, torch.Tensor]  # decision, candidate [projection_dim, hidden]
     lora: dict[str, tuple[torch.Tensor, torch.Tensor]]  # language-model Linear path -> (A [r, in], B [out, r])
-    visual: dict[str, torch.Tensor]                 # vision-tower parameter name -> value
+    visual: dict[str, torch.Tensor]  # vision-tower parameter name -> value
     base: dict
 
     @property
@@ -88,8 +89,10 @@ def _config(folder: str) -> dict:
     if config["stage"] not in STAGES:
         raise ServingError(f"{CONFIG}: stage {config['stage']!r} is not one of Valen's {', '.join(STAGES)}")
     if config.get("head_type", "bilinear") != "bilinear":
-        raise ServingError(f"{CONFIG}: head_type {config['head_type']!r}; only Valen's bilinear decision head "
-                           "(head.decision / head.candidate) is served")
+        raise ServingError(
+            f"{CONFIG}: head_type {config['head_type']!r}; only Valen's bilinear decision head "
+            "(head.decision / head.candidate) is served"
+        )
     for key in ("projection_dim", "lora_rank", "max_length"):
         if isinstance(config[key], bool) or not isinstance(config[key], int) or config[key] <= 0:
             raise ServingError(f"{CONFIG}: {key} must be a positive integer, got {config[key]!r}")
@@ -114,32 +117,39 @@ def _split(weights: dict, config: dict) -> tuple[dict, dict]:
             continue
         if not isinstance(value, torch.Tensor):
             raise ServingError(f"{CHECKPOINT}: weights[{name!r}] is not a tensor")
-        match = LORA_RE.match(name[len(LANGUAGE_PREFIX):]) if name.startswith(LANGUAGE_PREFIX) else None
+        match = LORA_RE.match(name[len(LANGUAGE_PREFIX) :]) if name.startswith(LANGUAGE_PREFIX) else None
         if match:
             halves.setdefault(match["path"], {})[match["half"]] = value
         elif name.startswith(VISUAL_PREFIX):
-            visual[name[len(VISUAL_PREFIX):]] = value
+            visual[name[len(VISUAL_PREFIX) :]] = value
         else:
-            raise ServingError(f"{CHECKPOINT}: weights has {name!r}, which is not a Valen decision-head, LoRA "
-                               "or vision-tower weight")
+            raise ServingError(
+                f"{CHECKPOINT}: weights has {name!r}, which is not a Valen decision-head, LoRA or vision-tower weight"
+            )
     lora = {}
     for path, pair in halves.items():
         if set(pair) != {"A", "B"}:
             raise ServingError(f"{CHECKPOINT}: LoRA of {path!r} has only lora_{''.join(pair)}")
         a, b = pair["A"], pair["B"]
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != config["lora_rank"] or b.shape[1] != config["lora_rank"]:
-            raise ServingError(f"{CHECKPOINT}: LoRA of {path!r} is A {tuple(a.shape)}, B {tuple(b.shape)}; "
-                               f"lora_rank is {config['lora_rank']}")
+            raise ServingError(
+                f"{CHECKPOINT}: LoRA of {path!r} is A {tuple(a.shape)}, B {tuple(b.shape)}; "
+                f"lora_rank is {config['lora_rank']}"
+            )
         lora[path] = (a, b)
     stage = config["stage"]
     if stage != "warmup" and not lora:
         raise ServingError(f"{CHECKPOINT}: stage {stage!r} trains LoRA, but weights has no lora_A/lora_B tensors")
     if stage in ("joint", "vision_top") and not any(k.startswith("merger.") for k in visual):
-        raise ServingError(f"{CHECKPOINT}: stage {stage!r} trains the visual merger, but weights has no "
-                           f"{VISUAL_PREFIX}merger.* tensors")
+        raise ServingError(
+            f"{CHECKPOINT}: stage {stage!r} trains the visual merger, but weights has no "
+            f"{VISUAL_PREFIX}merger.* tensors"
+        )
     if stage == "vision_top" and not any(k.startswith("blocks.") for k in visual):
-        raise ServingError(f"{CHECKPOINT}: stage 'vision_top' trains the last vision blocks, but weights has no "
-                           f"{VISUAL_PREFIX}blocks.* tensors")
+        raise ServingError(
+            f"{CHECKPOINT}: stage 'vision_top' trains the last vision blocks, but weights has no "
+            f"{VISUAL_PREFIX}blocks.* tensors"
+        )
     return lora, visual
 
 
@@ -153,13 +163,20 @@ def _read(folder: str, stamp: tuple[int, int]) -> ValenCheckpoint:
     decision, candidate = _tensor(weights, DECISION), _tensor(weights, CANDIDATE)
     projection = config["projection_dim"]
     if decision.dim() != 2 or decision.shape != candidate.shape or decision.shape[0] != projection:
-        raise ServingError(f"{CHECKPOINT}: {DECISION} {tuple(decision.shape)} and {CANDIDATE} "
-                           f"{tuple(candidate.shape)} must both be [projection_dim={projection}, hidden]")
+        raise ServingError(
+            f"{CHECKPOINT}: {DECISION} {tuple(decision.shape)} and {CANDIDATE} "
+            f"{tuple(candidate.shape)} must both be [projection_dim={projection}, hidden]"
+        )
     base = payload.get("base_manifest")
-    if not isinstance(base, dict) or not all(isinstance(base.get(k), str) for k in ("repo", "revision")) \
-            or not isinstance(base.get("weight_sha256"), dict) or not base["weight_sha256"]:
-        raise ServingError(f"{CHECKPOINT}: base_manifest must name the base (repo, revision) and its "
-                           "weight_sha256 {file: sha256}")
+    if (
+        not isinstance(base, dict)
+        or not all(isinstance(base.get(k), str) for k in ("repo", "revision"))
+        or not isinstance(base.get("weight_sha256"), dict)
+        or not base["weight_sha256"]
+    ):
+        raise ServingError(
+            f"{CHECKPOINT}: base_manifest must name the base (repo, revision) and its weight_sha256 {{file: sha256}}"
+        )
     lora, visual = _split(weights, config)
     return ValenCheckpoint(folder, config, (decision, candidate), lora, visual, base)
 
@@ -180,15 +197,19 @@ def verify_base(folder: str, checkpoint: ValenCheckpoint) -> None:
     for name, expected in sorted(checkpoint.base["weight_sha256"].items()):
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
-            raise ServingError(f"the Valen base {checkpoint.base['repo']}@{checkpoint.base['revision']} in "
-                               f"{folder} has no {name} ({CHECKPOINT} base_manifest lists it)")
+            raise ServingError(
+                f"the Valen base {checkpoint.base['repo']}@{checkpoint.base['revision']} in "
+                f"{folder} has no {name} ({CHECKPOINT} base_manifest lists it)"
+            )
         digest = hashlib.sha256()
         with open(path, "rb") as handle:
             for chunk in iter(lambda: handle.read(8 << 20), b""):
                 digest.update(chunk)
         if digest.hexdigest() != expected:
-            raise ServingError(f"the Valen base file {path} has sha256 {digest.hexdigest()}, but {CHECKPOINT} was "
-                               f"trained on {expected}")
+            raise ServingError(
+                f"the Valen base file {path} has sha256 {digest.hexdigest()}, but {CHECKPOINT} was "
+                f"trained on {expected}"
+            )
 
 
 def find_base(base: dict, base_path: str | None) -> str:
@@ -206,7 +227,8 @@ def find_base(base: dict, base_path: str | None) -> str:
         raise ServingError(
             f"the Valen base {base['repo']}@{base['revision']} ({CHECKPOINT} base_manifest) is not in the local "
             f"Hugging Face cache; download it once with `hf download {base['repo']} --revision {base['revision']}` "
-            f"or set the readout option base_path ({type(exc).__name__})") from None
+            f"or set the readout option base_path ({type(exc).__name__})"
+        ) from None
 
 
 @torch.no_grad()
@@ -220,8 +242,10 @@ def merge_lora(language: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
             raise ServingError(f"{CHECKPOINT}: LoRA names {path!r}, which the base language model lacks") from None
         weight = linear.weight
         if not isinstance(linear, torch.nn.Linear) or weight.shape != (b.shape[0], a.shape[1]):
-            raise ServingError(f"{CHECKPOINT}: LoRA of {path!r} (B @ A: {b.shape[0]} x {a.shape[1]}) does not fit "
-                               f"the base's {type(linear).__name__} {tuple(weight.shape)}")
+            raise ServingError(
+                f"{CHECKPOINT}: LoRA of {path!r} (B @ A: {b.shape[0]} x {a.shape[1]}) does not fit "
+                f"the base's {type(linear).__name__} {tuple(weight.shape)}"
+            )
         merged = weight.float() + scale * (b.float().to(weight.device) @ a.float().to(weight.device))
         weight.copy_(merged.to(weight.dtype))
 
@@ -234,8 +258,10 @@ def load_visual(visual: torch.nn.Module, checkpoint: ValenCheckpoint) -> None:
         target = params.get(name)
         if target is None or target.shape != value.shape:
             have = "none" if target is None else tuple(target.shape)
-            raise ServingError(f"{CHECKPOINT}: {VISUAL_PREFIX}{name} {tuple(value.shape)} does not fit the base's "
-                               f"vision tower ({have})")
+            raise ServingError(
+                f"{CHECKPOINT}: {VISUAL_PREFIX}{name} {tuple(value.shape)} does not fit the base's "
+                f"vision tower ({have})"
+            )
         target.copy_(value.to(target.dtype))
 
 

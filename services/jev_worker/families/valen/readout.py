@@ -30,6 +30,7 @@ does when no calibration file is given (none ships with the checkpoint); confide
 (max p - 1/K) / (1 - 1/K) for choice, 1 - E|i - mode| / (the same under a uniform answer) for score. Set and
 span have no head here (422).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,23 +38,28 @@ from dataclasses import dataclass
 
 import torch
 
+from jev_common.checkpoint_files import ServingError
+from jev_common.control_tokens import ControlTokens
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion, choice_answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    choice_answer,
     score_answer,
 )
 
-from .checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
-
-from jev_common.control_tokens import ControlTokens
+from ...loading.checkpoint import Requirement
+from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
 from ...prompt.builder import PreparedRequest, ids_key
 from ...protocols import Backend, Head, PromptBuilder, QuestionKind
 from ...questions.base import BuildContext
-from jev_common.checkpoint_files import ServingError
-from ...loading.checkpoint import Requirement
-from ...loading.vision import IMAGE_ITEM, PLACED_IMAGE
-from .backend import ValenLora
 from ...readouts.standard import StandardReadout
+from .backend import ValenLora
+from .checkpoint import CHECKPOINT, CONFIG, forget_checkpoint, read_checkpoint
 
 TEMPERATURE = 1.0
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
@@ -77,8 +83,14 @@ class ValenPromptBuilder(PromptBuilder):
     tokenizer's special tokens and the media tokens, as Valen's compiler refuses them in user text."""
 
     def __init__(self, tokenizer, recipe, identity: str):
-        super().__init__(tokenizer, recipe, identity, controls=ControlTokens.of(
-            tokenizer, extra=MEDIA_TOKENS, hint="Valen's compiler refuses it in user text, remove it"))
+        super().__init__(
+            tokenizer,
+            recipe,
+            identity,
+            controls=ControlTokens.of(
+                tokenizer, extra=MEDIA_TOKENS, hint="Valen's compiler refuses it in user text, remove it"
+            ),
+        )
         self.template = tokenizer  # the processor, once the readout has loaded (its chat template)
         self.max_length: int | None = None
 
@@ -91,14 +103,15 @@ class ValenPromptBuilder(PromptBuilder):
         content, images, at = [], [], 0
         for match in PLACED_IMAGE.finditer(state_text):
             if match.start() > at:
-                content.append({"type": "text", "text": state_text[at:match.start()]})
+                content.append({"type": "text", "text": state_text[at : match.start()]})
             content.append({"type": "image"})
             images.append(match.group(0))
             at = match.end()
         if at < len(state_text) or not content:
             content.append({"type": "text", "text": state_text[at:]})
-        text = self.template.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                 add_generation_prompt=False)
+        text = self.template.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=False
+        )
         pieces = text.split(IMAGE_ITEM)
         if len(pieces) != len(images) + 1:
             raise ValueError(f"the chat template rendered {len(pieces) - 1} image items for {len(images)} images")
@@ -116,21 +129,29 @@ class ValenPromptBuilder(PromptBuilder):
         ids += self._piece("Decision:")
         return ids, positions
 
-    def prepare(self, state_text: str, rows: list[ValenRow], image_keys: tuple[str, ...] = (),
-                plan: object = None) -> PreparedRequest:
+    def prepare(
+        self, state_text: str, rows: list[ValenRow], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         prefix = self.state_ids(state_text)
         branches, labels = [], []
         for row in rows:
             ids, positions = self.branch(row, len(prefix))
             length = len(prefix) + len(ids)
             if self.max_length is not None and length > self.max_length:
-                raise ValueError(f"a question's branch is {length} tokens; this checkpoint's max_length is "
-                                 f"{self.max_length} (Valen does not truncate)")
+                raise ValueError(
+                    f"a question's branch is {length} tokens; this checkpoint's max_length is "
+                    f"{self.max_length} (Valen does not truncate)"
+                )
             branches.append(tuple(ids))
             labels.append(tuple(positions))
-        return PreparedRequest(prefix_ids=tuple(prefix), rows=tuple(branches), row_labels=tuple(labels),
-                               image_keys=tuple(image_keys),
-                               prefix_key=ids_key(f"{self.identity}|valen|{','.join(image_keys)}|", prefix), plan=plan)
+        return PreparedRequest(
+            prefix_ids=tuple(prefix),
+            rows=tuple(branches),
+            row_labels=tuple(labels),
+            image_keys=tuple(image_keys),
+            prefix_key=ids_key(f"{self.identity}|valen|{','.join(image_keys)}|", prefix),
+            plan=plan,
+        )
 
 
 class BilinearHead(Head):
@@ -216,9 +237,9 @@ class ValenScore(QuestionKind):
 class ValenHeadReadout(StandardReadout):
     name = "valen-head"
     question_types = frozenset({"choice", "noul", "score"})
-    stage: str | None = None          # the checkpoint's training stage, once loaded
+    stage: str | None = None  # the checkpoint's training stage, once loaded
     projection_dim: int | None = None
-    base: dict | None = None          # the base manifest's repo and revision
+    base: dict | None = None  # the base manifest's repo and revision
 
     def make_backend(self) -> Backend:
         return ValenLora()  # the base the checkpoint names, its deltas merged; each branch whole
@@ -241,8 +262,9 @@ class ValenHeadReadout(StandardReadout):
         hidden = int(loaded.model.config.get_text_config().hidden_size)
         decision, candidate = checkpoint.head
         if decision.shape[1] != hidden:
-            raise ServingError(f"{CHECKPOINT}: the decision head reads {decision.shape[1]}-wide hidden states; "
-                               f"the base's are {hidden}")
+            raise ServingError(
+                f"{CHECKPOINT}: the decision head reads {decision.shape[1]}-wide hidden states; the base's are {hidden}"
+            )
         self.head = BilinearHead(decision, candidate, loaded.device)
         self.projection_dim = int(decision.shape[0])
         self.stage, self.base = checkpoint.config["stage"], dict(checkpoint.base)
@@ -252,10 +274,15 @@ class ValenHeadReadout(StandardReadout):
         forget_checkpoint()  # the deltas are in the model and the head holds its own copy
 
     def describe(self) -> dict:
-        described = {"readout": self.name, "question_types": sorted(self.question_types),
-                     "calibration": {"temperature": TEMPERATURE,
-                                     "source": "none shipped: Valen's softmax at temperature 1"}}
+        described = {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": {"temperature": TEMPERATURE, "source": "none shipped: Valen's softmax at temperature 1"},
+        }
         if self.stage is not None:
-            described.update(stage=self.stage, projection_dim=self.projection_dim,
-                             base=f"{self.base['repo']}@{self.base['revision']}")
+            described.update(
+                stage=self.stage,
+                projection_dim=self.projection_dim,
+                base=f"{self.base['repo']}@{self.base['revision']}",
+            )
         return described

@@ -6,15 +6,17 @@ The package's backbone is a stock Qwen3.5 text model: `config.json` nests its co
 `AutoModel.from_config` and loaded strictly from those tensors: the package's own code (modeling_vela2.py,
 vela2_inference.py) is never imported, so `trust_remote_code` stays off.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-from ...backends.causal_rows import CausalRows
-from ...loading.loader import LoadedModel, pick_device, pick_dtype, placed
 from jev_common.checkpoint_files import ServingError
+
+from ...backends.causal_rows import CausalRows
 from ...loading.checkpoint import load_exactly, require_files
+from ...loading.loader import LoadedModel, pick_device, pick_dtype, placed
 
 CONFIG, INDEX, TOKENIZER, PREFIX = "config.json", "model.safetensors.index.json", "tokenizer.json", "backbone."
 
@@ -42,7 +44,7 @@ def load_vela_decoder(recipe, folder: str, device: str, dtype: str, *, lm_head: 
         with safe_open(os.path.join(folder, shard), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if name.startswith(PREFIX):
-                    state[name[len(PREFIX):]] = handle.get_tensor(name)
+                    state[name[len(PREFIX) :]] = handle.get_tensor(name)
     load_exactly(model, state, source=f"{INDEX} ({PREFIX!r})", fits="backbone_config")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, TOKENIZER))
     return LoadedModel(placed(model, dev, torch_dtype), tokenizer, None, dev, torch_dtype, folder)
@@ -50,6 +52,8 @@ def load_vela_decoder(recipe, folder: str, device: str, dtype: str, *, lm_head: 
 
 class VelaDecoder(CausalRows):
     name = "vela-decoder"
-    prefix_reuse = ("off: every question block runs whole after the state prefix (prefix + block), as the "
-                    "package's tree computes it; no prefix state is reused (L3 off)")
+    prefix_reuse = (
+        "off: every question block runs whole after the state prefix (prefix + block), as the "
+        "package's tree computes it; no prefix state is reused (L3 off)"
+    )
     load = staticmethod(load_vela_decoder)  # Backend.load: the package's backbone, built natively

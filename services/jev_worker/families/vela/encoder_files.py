@@ -5,13 +5,15 @@
 package's tokenizer, read without its eight marker tokens (`marker_ids`): the sequence builder places
 markers by id, so text never makes one (vLLM-SR reads the package the same way).
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-from ...backends.encoder import EncoderFiles
 from jev_common.checkpoint_files import ServingError, read_json
+
+from ...backends.encoder import EncoderFiles
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -34,8 +36,10 @@ class VelaEncoderFiles(EncoderFiles):
 
         encoder = _field(read_json(os.path.join(folder, CONFIG)), "encoder_config")
         if not isinstance(encoder, dict) or encoder.get("model_type", ENCODER_TYPE) != ENCODER_TYPE:
-            raise ServingError(f"{CONFIG}: encoder_config must be a {ENCODER_TYPE} configuration, got "
-                               f"{encoder.get('model_type') if isinstance(encoder, dict) else encoder!r}")
+            raise ServingError(
+                f"{CONFIG}: encoder_config must be a {ENCODER_TYPE} configuration, got "
+                f"{encoder.get('model_type') if isinstance(encoder, dict) else encoder!r}"
+            )
         return ModernBertConfig(**{k: v for k, v in encoder.items() if k not in NOT_CONFIG})
 
     def tokenizer(self, folder: str):
@@ -51,5 +55,6 @@ class VelaEncoderFiles(EncoderFiles):
         text.no_padding()
         text.no_truncation()
         named = {role: text.id_to_token(int(_field(config, f"{role}_token_id"))) for role in ("bos", "eos", "pad")}
-        return PreTrainedTokenizerFast(tokenizer_object=text, bos_token=named["bos"], eos_token=named["eos"],
-                                       pad_token=named["pad"])
+        return PreTrainedTokenizerFast(
+            tokenizer_object=text, bos_token=named["bos"], eos_token=named["eos"], pad_token=named["pad"]
+        )

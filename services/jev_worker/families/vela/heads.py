@@ -8,6 +8,7 @@ SpanHeadV2: words = LN_w(first sub-token of each word in the repeated target), c
   labels = LN_l(mean over each label block) + slot[min(i, slots - 1)], centred when there are 2+;
   logit[w, l] = <K w, Q l> / sqrt(d) + v . GELU(M w + N l)            (M has a bias; `o` is unused)
 """
+
 from __future__ import annotations
 
 import math
@@ -15,13 +16,35 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...protocols import Head
 from jev_common.checkpoint_files import ServingError
 
-CANDIDATE = ("candidate_norm.weight", "candidate_norm.bias", "query_norm.weight", "query_norm.bias", "key.weight",
-             "query.weight", "candidate_mlp.weight", "candidate_mlp.bias", "query_mlp.weight", "scalar.weight")
-SPAN = ("wn.weight", "wn.bias", "ln.weight", "ln.bias", "slot.weight", "K.weight", "Q.weight", "M.weight", "M.bias",
-        "N.weight", "v.weight")
+from ...protocols import Head
+
+CANDIDATE = (
+    "candidate_norm.weight",
+    "candidate_norm.bias",
+    "query_norm.weight",
+    "query_norm.bias",
+    "key.weight",
+    "query.weight",
+    "candidate_mlp.weight",
+    "candidate_mlp.bias",
+    "query_mlp.weight",
+    "scalar.weight",
+)
+SPAN = (
+    "wn.weight",
+    "wn.bias",
+    "ln.weight",
+    "ln.bias",
+    "slot.weight",
+    "K.weight",
+    "Q.weight",
+    "M.weight",
+    "M.bias",
+    "N.weight",
+    "v.weight",
+)
 ROUTER, BROAD = "span2.", "span_broad."
 HEAD, SET_BIAS = "head.", "set_bias"
 # Row kinds in a row's labels: (kind, block length, ...) -- see VelaHeads.logits.
@@ -49,10 +72,13 @@ class VelaHeads(Head):
         if broad is not None:
             self.spans[BROAD_SPAN] = _tensors(broad, BROAD, SPAN, "broad_head.safetensors")
         for what, t, name in [("head", self.candidate, "key.weight")] + [
-                (prefix, t, "K.weight") for prefix, t in zip((ROUTER, BROAD), self.spans.values())]:
+            (prefix, t, "K.weight") for prefix, t in zip((ROUTER, BROAD), self.spans.values())
+        ]:
             if t[name].shape[1] != hidden:
-                raise ServingError(f"{source}: {what}{name} is {list(t[name].shape)}; its input must be the "
-                                   f"backbone's hidden size {hidden}")
+                raise ServingError(
+                    f"{source}: {what}{name} is {list(t[name].shape)}; its input must be the "
+                    f"backbone's hidden size {hidden}"
+                )
 
     def options(self, candidates: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         t = self.candidate
@@ -81,11 +107,11 @@ class VelaHeads(Head):
         relative to the block's first token: (OPTIONS, block length, *option ends) -> option logits [k];
         (ROUTER_SPAN | BROAD_SPAN, block length, L, *label starts, *label ends, *word starts) -> [W, L]."""
         kind, length = labels[0], labels[1]
-        rows = hidden[len(hidden) - length:].to(torch.float32)
+        rows = hidden[len(hidden) - length :].to(torch.float32)
         if kind == OPTIONS:
             return self.options(rows[list(labels[2:])], rows[-1]).cpu()
         count = labels[2]
         starts, ends = labels[3 : 3 + count], labels[3 + count : 3 + 2 * count]
-        words = list(labels[3 + 2 * count:])
+        words = list(labels[3 + 2 * count :])
         label_states = torch.stack([rows[s : e + 1].mean(0) for s, e in zip(starts, ends)])
         return self.span(kind, rows[words], label_states).cpu()

@@ -25,6 +25,7 @@ a JSON object is that object); an object maps request / user / prompt to `user`,
 `key:\\n<value>` blocks joined by a blank line); an array is canonical JSON in the `user` part. Parts come in
 user / context / answer order.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,16 +46,27 @@ PARTS_HEAD = "Context:\n"
 SEGMENT_CLOSE = "\n</segment>\n"
 TEXT_HEAD = "\n\nText:\n"
 ROLES = ("user", "context", "answer")
-STATE_KEY_ROLES = {"request": "user", "user": "user", "prompt": "user", "source": "context", "context": "context",
-                   "document": "context", "tools": "context", "previous_answer": "context", "answer": "answer",
-                   "response": "answer"}
+STATE_KEY_ROLES = {
+    "request": "user",
+    "user": "user",
+    "prompt": "user",
+    "source": "context",
+    "context": "context",
+    "document": "context",
+    "tools": "context",
+    "previous_answer": "context",
+    "answer": "answer",
+    "response": "answer",
+}
 SPAN_ROLE = "user"  # span questions read a plain text state: its one part
 REPEAT_LIMIT = 2048  # targets longer than this are read in windows upstream (not served here)
 
 # The packages' word units: URLs, e-mail addresses and @handles whole, CJK characters one by one,
 # word characters joined by - or _, any other non-space character alone.
-_CJK = ("\u2e80-\u2fff\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-        "\ua000-\ua4cf\uac00-\ud7af\u8c48-\ufaff\ufe30-\ufe4f\uff00-\uffef")
+_CJK = (
+    "\u2e80-\u2fff\u3000-\u303f\u3040-\u30ff\u3100-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua000-\ua4cf\uac00-\ud7af\u8c48-\ufaff\ufe30-\ufe4f\uff00-\uffef"
+)
 _TRAIL = ".,;:!?)\\]}>\"'\u201d\u2019\u00bb"
 WORD = re.compile(
     rf"(?:https?://|www\.)[^\s{_CJK}]+?(?=[{_TRAIL}]*(?![^\s{_CJK}]))"
@@ -80,8 +92,9 @@ def option_block(key: str, description: str, tag: str = "option") -> str:
 
 
 def question_head(kind: str, roles: tuple[str, ...], text: str, span: bool = False) -> str:
-    return (f"\n\nTask type: {kind}\nTarget: {', '.join(roles)}\nQuestion:\n{text}\n"
-            + ("Labels:" if span else "Options:"))
+    return f"\n\nTask type: {kind}\nTarget: {', '.join(roles)}\nQuestion:\n{text}\n" + (
+        "Labels:" if span else "Options:"
+    )
 
 
 def segment_open(role: str) -> str:
@@ -127,8 +140,9 @@ def state_parts(state) -> list[tuple[str, str]]:
 def span_text(state, where: str) -> str:
     """The text a span question reads: a plain text state (its character offsets are the answer)."""
     if state_parts(state) != [(SPAN_ROLE, state)]:
-        raise UnreadableInput(f"{where}: span questions are served over a plain text state; Vela 2.0 reads this "
-                              "state as named parts")
+        raise UnreadableInput(
+            f"{where}: span questions are served over a plain text state; Vela 2.0 reads this state as named parts"
+        )
     return state
 
 
@@ -184,8 +198,9 @@ class VelaLayout:
             ids += self.encode(segment_open(role)) + list(part) + self.encode(SEGMENT_CLOSE)
         return ids
 
-    def options_block(self, kind: str, roles: tuple[str, ...], text: str, options: list[tuple[str, str]],
-                      abstain: bool) -> Block:
+    def options_block(
+        self, kind: str, roles: tuple[str, ...], text: str, options: list[tuple[str, str]], abstain: bool
+    ) -> Block:
         ids = list(self.encode(question_head(kind, roles, text)))
         ends = []
         for key, description in options + ([ABSTAIN] if abstain else []):
@@ -194,8 +209,9 @@ class VelaLayout:
         ids += self.encode(SUFFIX[kind])
         return Block(tuple(ids), tuple(ends))
 
-    def span_block(self, role: str, text: str, labels: list[tuple[str, str]], state_ids: list[int],
-                   words: Words) -> Block:
+    def span_block(
+        self, role: str, text: str, labels: list[tuple[str, str]], state_ids: list[int], words: Words
+    ) -> Block:
         ids = list(self.encode(question_head("span", (role,), text, span=True)))
         starts, ends = [], []
         for key, description in labels:

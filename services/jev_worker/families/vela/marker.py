@@ -22,26 +22,38 @@ Question types, as vLLM-SR's reader (`request.py`) and answerer (`answers.py`) r
   (as vela-heads maps the decoders' span head).
 A question without instructions reads the recipe's default question of its kind (the packages require one).
 """
+
 from __future__ import annotations
 
 import os
 
-from ...backends.encoder import Encoder
-from ...protocols import Backend
 from jev_common.checkpoint_files import ServingError, read_json
+
+from ...backends.encoder import Encoder
 from ...loading.checkpoint import Requirement
+from ...protocols import Backend
+from ...readouts.standard import StandardReadout
 from .encoder_files import VelaEncoderFiles
 from .layout import span_text
 from .marker_head import READOUTS, VelaMarkerHead, tensor_names
 from .marker_layout import MARKERS, MarkerRow, MarkerSequenceBuilder
 from .noul_fit import NoulFit
 from .readout import VelaChoice, VelaNoul, VelaScore, VelaSet, VelaSpan, question_text
-from ...readouts.standard import StandardReadout
 
 CONFIG, CALIBRATION, TOKENIZER, WEIGHTS = "config.json", "calibration.json", "tokenizer.json", "model.safetensors"
 MEMBER, FORMAT_VERSION = "vela2-unified", 1
-CONFIG_KEYS = ("model_type", "format_version", "encoder_config", "proj_dim", "readout", "marker_ids", "bos_token_id",
-               "eos_token_id", "pad_token_id", "max_length")
+CONFIG_KEYS = (
+    "model_type",
+    "format_version",
+    "encoder_config",
+    "proj_dim",
+    "readout",
+    "marker_ids",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "max_length",
+)
 TEMPERATURES = ("choice", "score", "set", "span")
 SET_THRESHOLD = "set:*"
 SPAN_LABEL = "answer"
@@ -97,19 +109,26 @@ class VelaMarkerHeads(StandardReadout):
         return Encoder(VelaEncoderFiles())
 
     def requirements(self) -> list[Requirement]:
-        return [Requirement(CONFIG, CONFIG_KEYS), Requirement(CALIBRATION, ("temperature", "thresholds")),
-                Requirement(TOKENIZER)]
+        return [
+            Requirement(CONFIG, CONFIG_KEYS),
+            Requirement(CALIBRATION, ("temperature", "thresholds")),
+            Requirement(TOKENIZER),
+        ]
 
     def check(self, folder: str) -> None:
         super().check(folder)
         config = read_json(os.path.join(folder, CONFIG))
         if config["model_type"] != MEMBER:
-            raise ServingError(f"readout {self.name!r} serves Vela 2.0's encoder package ({CONFIG} model_type "
-                               f"{MEMBER!r}); this checkpoint's is {config['model_type']!r} (the decoders are "
-                               "served by vela-heads)")
+            raise ServingError(
+                f"readout {self.name!r} serves Vela 2.0's encoder package ({CONFIG} model_type "
+                f"{MEMBER!r}); this checkpoint's is {config['model_type']!r} (the decoders are "
+                "served by vela-heads)"
+            )
         if config["format_version"] != FORMAT_VERSION:
-            raise ServingError(f"{CONFIG}: format_version {config['format_version']!r}; this readout reads "
-                               f"Vela 2.0 packages of format_version {FORMAT_VERSION}")
+            raise ServingError(
+                f"{CONFIG}: format_version {config['format_version']!r}; this readout reads "
+                f"Vela 2.0 packages of format_version {FORMAT_VERSION}"
+            )
         marker_ids = config["marker_ids"] if isinstance(config["marker_ids"], dict) else {}
         missing = [m for m in MARKERS if m not in marker_ids]
         if missing:
@@ -131,17 +150,22 @@ class VelaMarkerHeads(StandardReadout):
         with safe_open(os.path.join(loaded.folder, WEIGHTS), framework="pt") as handle:
             tensors = {name: handle.get_tensor(name) for name in names}
         hidden = int(loaded.model.config.hidden_size)
-        self.head = VelaMarkerHead(tensors, readout=config["readout"], hidden=hidden,
-                                   projection=int(config["proj_dim"]), source=WEIGHTS).to(loaded.device)
-        self.kinds = {kind.type: kind for kind in (MarkerChoice(self), MarkerNoul(self), MarkerScore(self),
-                                                    MarkerSet(self), MarkerSpan(self))}
+        self.head = VelaMarkerHead(
+            tensors, readout=config["readout"], hidden=hidden, projection=int(config["proj_dim"]), source=WEIGHTS
+        ).to(loaded.device)
+        self.kinds = {
+            kind.type: kind
+            for kind in (MarkerChoice(self), MarkerNoul(self), MarkerScore(self), MarkerSet(self), MarkerSpan(self))
+        }
 
     def _calibration(self, calibration: dict) -> None:
         temperatures = calibration.get("temperature")
         if not isinstance(temperatures, dict) or not all(
-                isinstance(temperatures.get(t), (int, float)) and temperatures[t] > 0 for t in TEMPERATURES):
-            raise ServingError(f"{CALIBRATION}: temperature needs positive {', '.join(TEMPERATURES)}, got "
-                               f"{temperatures!r}")
+            isinstance(temperatures.get(t), (int, float)) and temperatures[t] > 0 for t in TEMPERATURES
+        ):
+            raise ServingError(
+                f"{CALIBRATION}: temperature needs positive {', '.join(TEMPERATURES)}, got {temperatures!r}"
+            )
         thresholds = calibration.get("thresholds") or {}
         if SET_THRESHOLD not in thresholds:
             raise ServingError(f"{CALIBRATION}: thresholds has no {SET_THRESHOLD!r} (the set questions' threshold)")
@@ -164,8 +188,16 @@ class VelaMarkerHeads(StandardReadout):
     def describe(self) -> dict:
         calibration = None
         if self.temperatures is not None:
-            calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
-                           "set_threshold": self.set_threshold(), "abstain": "read, not part of an answer",
-                           "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off"}
-        return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration,
-                "marker_readout": self.config.get("readout") if self.config is not None else None}
+            calibration = {
+                "source": CALIBRATION,
+                "temperatures": dict(self.temperatures),
+                "set_threshold": self.set_threshold(),
+                "abstain": "read, not part of an answer",
+                "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off",
+            }
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": calibration,
+            "marker_readout": self.config.get("readout") if self.config is not None else None,
+        }

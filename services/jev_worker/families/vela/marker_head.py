@@ -9,6 +9,7 @@ Sources (reference only): vLLM-SR's `MarkerHead` (`vllm_srun/heads/marker.py`) a
                   (readout cosine | both)  +  cls_mlp(h[O]) on the raw state (readout mlp | both)
   span logits   = normalize(w_t LN(h[word start])) . normalize(w_e LN(h[E]))^T / exp(log_tau_span)   [W, E]
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...protocols import Head
 from jev_common.checkpoint_files import ServingError
+
+from ...protocols import Head
 from .marker_layout import SequenceReadout
 
 PROJECTIONS = ("w_o", "w_q", "w_p", "w_t", "w_e")
@@ -27,8 +29,13 @@ READOUTS = ("cosine", "mlp", "both")
 
 def tensor_names(readout: str) -> tuple[str, ...]:
     """The head tensors a package with config `readout` ships."""
-    names = ("norm.weight", "norm.bias", *(f"{p}.{k}" for p in PROJECTIONS for k in ("weight", "bias")),
-             "log_tau", "log_tau_span")
+    names = (
+        "norm.weight",
+        "norm.bias",
+        *(f"{p}.{k}" for p in PROJECTIONS for k in ("weight", "bias")),
+        "log_tau",
+        "log_tau_span",
+    )
     return names + (MLP if readout in ("mlp", "both") else ())
 
 
@@ -37,8 +44,14 @@ def expected_shapes(readout: str, hidden: int, projection: int) -> dict[str, tup
     for p in PROJECTIONS:
         shapes.update({f"{p}.weight": (projection, hidden), f"{p}.bias": (projection,)})
     if readout in ("mlp", "both"):
-        shapes.update({"cls_mlp.0.weight": (2 * hidden, hidden), "cls_mlp.0.bias": (2 * hidden,),
-                       "cls_mlp.3.weight": (1, 2 * hidden), "cls_mlp.3.bias": (1,)})
+        shapes.update(
+            {
+                "cls_mlp.0.weight": (2 * hidden, hidden),
+                "cls_mlp.0.bias": (2 * hidden,),
+                "cls_mlp.3.weight": (1, 2 * hidden),
+                "cls_mlp.3.bias": (1,),
+            }
+        )
     return shapes
 
 
@@ -53,8 +66,10 @@ class VelaMarkerHead(Head):
                 raise ServingError(f"{source} has no {name!r} (the 0.3B's marker head)")
             value = tensors[name].to(torch.float32)
             if value.numel() != math.prod(shape) or (shape and tuple(value.shape) != shape):
-                raise ServingError(f"{source}: {name} is {list(value.shape)}, expected {list(shape)} (hidden "
-                                   f"{hidden}, proj_dim {projection})")
+                raise ServingError(
+                    f"{source}: {name} is {list(value.shape)}, expected {list(shape)} (hidden "
+                    f"{hidden}, proj_dim {projection})"
+                )
             self.t[name] = value.reshape(shape)
         self.hidden = hidden
 
@@ -73,7 +88,7 @@ class VelaMarkerHead(Head):
         options = states[markers]
         logits = torch.zeros(len(markers), dtype=torch.float32, device=states.device)
         if self.readout in ("cosine", "both"):
-            part = F.normalize(self._project("w_p", self._ln(states[pool[0]:pool[1]].mean(0))), dim=-1)
+            part = F.normalize(self._project("w_p", self._ln(states[pool[0] : pool[1]].mean(0))), dim=-1)
             question = self._project("w_q", self._ln(states[query]))
             option = F.normalize(self._project("w_o", self._ln(options)) + question, dim=-1)
             logits = logits + (option * part).sum(-1) / self.t["log_tau"].exp()
@@ -93,8 +108,10 @@ class VelaMarkerHead(Head):
         question's word x label logits [W, E] when it holds one."""
         states = hidden.to(torch.float32)
         read = SequenceReadout.from_labels(labels)
-        out = [self.options(states, query, (start, end), list(markers)).cpu()
-               for query, start, end, markers in read.questions]
+        out = [
+            self.options(states, query, (start, end), list(markers)).cpu()
+            for query, start, end, markers in read.questions
+        ]
         if read.labels:
             out.append(self.span(states, list(read.words), list(read.labels)).cpu())
         return out

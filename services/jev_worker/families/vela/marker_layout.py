@@ -16,6 +16,7 @@ and is read at the first sub-word of every word of the user part.
 
 The state is read into typed parts as both members read it (layout.state_parts).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,8 +93,9 @@ class MarkerSequenceBuilder(PromptBuilder):
         encoding = self.text.encode(text, add_special_tokens=False)
         return encoding.ids, [tuple(o) for o in encoding.offsets]
 
-    def sequence(self, rows: list[MarkerRow], parts: list[tuple[str, list[int], tuple[int, ...]]]
-                 ) -> tuple[list[int], SequenceReadout]:
+    def sequence(
+        self, rows: list[MarkerRow], parts: list[tuple[str, list[int], tuple[int, ...]]]
+    ) -> tuple[list[int], SequenceReadout]:
         """One row's sequence over the tokenised parts (role, ids, first token of each word); its readout
         lists the option questions in `rows` order, then the span question."""
         m = self.markers
@@ -138,16 +140,24 @@ class MarkerSequenceBuilder(PromptBuilder):
         for group in filter(None, groups):
             ids, readout = self.sequence([rows[i] for i in group], parts)
             if len(ids) > self.max_length:
-                raise UnreadableInput(f"the questions and the state need {len(ids)} tokens in one sequence; this "
-                                      f"model reads at most {self.max_length} (cutting or windowing the state is not "
-                                      "served here)")
+                raise UnreadableInput(
+                    f"the questions and the state need {len(ids)} tokens in one sequence; this "
+                    f"model reads at most {self.max_length} (cutting or windowing the state is not "
+                    "served here)"
+                )
             sequences.append(tuple(ids))
             labels.append(readout.to_labels())
             order += group  # the head answers a sequence's questions in group order (the span last)
         if plan is not None:  # each question's logits arrive where its sequence's head puts them
             at = {row: index for index, row in enumerate(order)}
-            plan = dataclasses.replace(plan, questions=tuple(
-                dataclasses.replace(q, first_row=at[q.first_row]) for q in plan.questions))
-        return PreparedRequest(prefix_ids=(), rows=tuple(sequences), row_labels=tuple(labels), image_keys=(),
-                               prefix_key=ids_key(f"{self.identity}|vela-marker|", (i for ids in sequences for i in ids)),
-                               plan=plan)
+            plan = dataclasses.replace(
+                plan, questions=tuple(dataclasses.replace(q, first_row=at[q.first_row]) for q in plan.questions)
+            )
+        return PreparedRequest(
+            prefix_ids=(),
+            rows=tuple(sequences),
+            row_labels=tuple(labels),
+            image_keys=(),
+            prefix_key=ids_key(f"{self.identity}|vela-marker|", (i for ids in sequences for i in ids)),
+            plan=plan,
+        )

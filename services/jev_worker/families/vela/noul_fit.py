@@ -5,6 +5,7 @@ the recipe's `serving.options.noul_calibration` turns it on (false turns it off)
 (vLLM Semantic Router `families/vela2/calibration.py` @ 4ac45f7c `Calibration.noul` / `noul_default`, and
 `family.py` @ 054fada1: the model option `noul_calibration`, else the package's default).
 """
+
 from __future__ import annotations
 
 import math

@@ -26,6 +26,7 @@ of its kind where this API lets instructions out (Vela's own reader requires the
   a candidate's score is the mean probability of the words its first occurrence overlaps (the packages'
   span probability), normalised over the candidates.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,24 +36,36 @@ from typing import ClassVar
 
 import torch
 
+from jev_common.checkpoint_files import ServingError, read_json
 from jev_common.errors import UnreadableInput
 from jev_common.schema import (
-    ChoiceAnswer, NoulAnswer, ScoreAnswer, SetAnswer, Span, SpanAnswer, choice_answer, choice_confidence,
+    ChoiceAnswer,
+    NoulAnswer,
+    ScoreAnswer,
+    SetAnswer,
+    Span,
+    SpanAnswer,
+    choice_answer,
+    choice_confidence,
     score_answer,
 )
 
+from ...loading.checkpoint import Requirement
 from ...prompt.builder import PreparedRequest, RowSpec, ids_key
 from ...protocols import Backend, PromptBuilder, QuestionKind
-from jev_common.checkpoint_files import ServingError, read_json
-from ...loading.checkpoint import Requirement
+from ...readouts.standard import StandardReadout
 from .backend import VelaDecoder
 from .heads import BROAD_SPAN, OPTIONS, ROUTER_SPAN, VelaHeads
-from .noul_fit import NoulFit
 from .layout import REPEAT_LIMIT, SPAN_ROLE, VelaLayout, content_text, span_text, state_parts, words_of
-from ...readouts.standard import StandardReadout
+from .noul_fit import NoulFit
 
 CONFIG, CALIBRATION, INDEX, BROAD_FILE, TOKENIZER = (
-    "config.json", "calibration.json", "model.safetensors.index.json", "broad_head.safetensors", "tokenizer.json")
+    "config.json",
+    "calibration.json",
+    "model.safetensors.index.json",
+    "broad_head.safetensors",
+    "tokenizer.json",
+)
 MEMBER = "vela2-decoder"
 NOUL_NO = "No. The statement or question is not satisfied."
 NOUL_YES = "Yes. The statement or question is satisfied."
@@ -86,9 +99,14 @@ class VelaBuilder(PromptBuilder):
         prefix = tuple(self.layout.prefix(parts))
         if self.max_length is not None:
             self._within_budget(parts, len(prefix), rows)
-        return PreparedRequest(prefix_ids=prefix, rows=tuple(row.ids for row in rows),
-                               row_labels=tuple(row.labels for row in rows), image_keys=tuple(image_keys),
-                               prefix_key=ids_key(f"{self.identity}|vela|", prefix), plan=plan)
+        return PreparedRequest(
+            prefix_ids=prefix,
+            rows=tuple(row.ids for row in rows),
+            row_labels=tuple(row.labels for row in rows),
+            image_keys=tuple(image_keys),
+            prefix_key=ids_key(f"{self.identity}|vela|", prefix),
+            plan=plan,
+        )
 
     def _within_budget(self, parts: list[tuple[str, list[int]]], prefix_length: int, rows: list[VelaRow]) -> None:
         """The packages' budget (their decoder render, then `fit`): every option question and the first span
@@ -113,9 +131,11 @@ class VelaBuilder(PromptBuilder):
             need = 3 + len(parts) + schema + sum(tokens.values())
             limit = max(MIN_PART_BUDGET, self.max_length - extra)
             if need > limit:
-                raise ValueError(f"the state and questions count {need} tokens against this model's budget of "
-                                 f"{limit} (max_length {self.max_length}); Vela 2.0 cuts the state to fit, which "
-                                 "is not served here: send a shorter state or fewer questions")
+                raise ValueError(
+                    f"the state and questions count {need} tokens against this model's budget of "
+                    f"{limit} (max_length {self.max_length}); Vela 2.0 cuts the state to fit, which "
+                    "is not served here: send a shorter state or fewer questions"
+                )
 
 
 def _roles(ctx) -> tuple[str, ...]:
@@ -186,8 +206,9 @@ class _Options(QuestionKind):
 
     def rows(self, question, ctx, where):
         text = question_text(question, ctx, where)
-        block = ctx.builder.layout.options_block(self.block, _roles(ctx), text, self.options(question, ctx, where),
-                                                 self.abstain)
+        block = ctx.builder.layout.options_block(
+            self.block, _roles(ctx), text, self.options(question, ctx, where), self.abstain
+        )
         return [VelaRow("", (OPTIONS, len(block.ids), *block.ends), ids=block.ids)]
 
 
@@ -250,8 +271,10 @@ class VelaSpan(QuestionKind):
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
         ids, offsets = ctx.builder.encode_offsets(state)
         if len(ids) > REPEAT_LIMIT:
-            raise UnreadableInput(f"{where}: the state is {len(ids)} tokens; Vela reads longer "
-                           f"span targets than {REPEAT_LIMIT} in windows, which is not served here")
+            raise UnreadableInput(
+                f"{where}: the state is {len(ids)} tokens; Vela reads longer "
+                f"span targets than {REPEAT_LIMIT} in windows, which is not served here"
+            )
         words = words_of(state, offsets)
         block = ctx.builder.layout.span_block(SPAN_ROLE, text, [SPAN_LABEL], ids, words)
         labels = (self.readout.span_head(), len(block.ids), 1, *block.starts, *block.ends, *block.words)
@@ -273,8 +296,11 @@ class VelaSpan(QuestionKind):
         best = max(range(len(probs)), key=probs.__getitem__)
         chosen = question.criteria[best]
         start = state.index(chosen)
-        return SpanAnswer(span=Span(start=start, end=start + len(chosen), text=chosen),
-                          probabilities=dict(zip(question.criteria, probs)), confidence=choice_confidence(probs))
+        return SpanAnswer(
+            span=Span(start=start, end=start + len(chosen), text=chosen),
+            probabilities=dict(zip(question.criteria, probs)),
+            confidence=choice_confidence(probs),
+        )
 
 
 class VelaHeadsReadout(StandardReadout):
@@ -295,17 +321,21 @@ class VelaHeadsReadout(StandardReadout):
         return VelaBuilder(tokenizer, recipe, identity)
 
     def requirements(self) -> list[Requirement]:
-        return [Requirement(CONFIG, ("model_type", "backbone_config", "head_dim", "max_length")),
-                Requirement(CALIBRATION, ("temperature", "thresholds")),
-                Requirement(TOKENIZER),
-                Requirement(INDEX, ("weight_map",))]
+        return [
+            Requirement(CONFIG, ("model_type", "backbone_config", "head_dim", "max_length")),
+            Requirement(CALIBRATION, ("temperature", "thresholds")),
+            Requirement(TOKENIZER),
+            Requirement(INDEX, ("weight_map",)),
+        ]
 
     def check(self, folder: str) -> None:
         super().check(folder)
         member = read_json(os.path.join(folder, CONFIG)).get("model_type")
         if member != MEMBER:
-            raise ServingError(f"readout {self.name!r} serves Vela 2.0's decoder packages ({CONFIG} model_type "
-                               f"{MEMBER!r}); this checkpoint's is {member!r}")
+            raise ServingError(
+                f"readout {self.name!r} serves Vela 2.0's decoder packages ({CONFIG} model_type "
+                f"{MEMBER!r}); this checkpoint's is {member!r}"
+            )
         weight_map = read_json(os.path.join(folder, INDEX))["weight_map"]
         from .heads import CANDIDATE, HEAD, ROUTER, SET_BIAS, SPAN
 
@@ -332,17 +362,22 @@ class VelaHeadsReadout(StandardReadout):
         hidden = int(config["backbone_config"]["hidden_size"])
         self.head = VelaHeads(tensors, hidden, "the model shards", broad)
         if self.head.candidate["key.weight"].shape[0] != int(config["head_dim"]):
-            raise ServingError(f"{CONFIG}: head_dim {config['head_dim']} but head.key.weight is "
-                               f"{list(self.head.candidate['key.weight'].shape)}")
+            raise ServingError(
+                f"{CONFIG}: head_dim {config['head_dim']} but head.key.weight is "
+                f"{list(self.head.candidate['key.weight'].shape)}"
+            )
         builder.max_length = int(config["max_length"])
-        self.kinds = {kind.type: kind for kind in (VelaChoice(self), VelaNoul(self), VelaScore(self),
-                                                    VelaSet(self), VelaSpan(self))}
+        self.kinds = {
+            kind.type: kind
+            for kind in (VelaChoice(self), VelaNoul(self), VelaScore(self), VelaSet(self), VelaSpan(self))
+        }
 
     def _calibration(self, calibration: dict) -> None:
         temperatures = calibration.get("temperature")
         needed = ("choice", "score", "set", "span")
         if not isinstance(temperatures, dict) or not all(
-                isinstance(temperatures.get(t), (int, float)) and temperatures[t] > 0 for t in needed):
+            isinstance(temperatures.get(t), (int, float)) and temperatures[t] > 0 for t in needed
+        ):
             raise ServingError(f"{CALIBRATION}: temperature needs positive {', '.join(needed)}, got {temperatures!r}")
         self.temperatures = {t: float(temperatures[t]) for t in needed}
         self.thresholds = {k: float(v) for k, v in (calibration.get("thresholds") or {}).items()}
@@ -368,9 +403,17 @@ class VelaHeadsReadout(StandardReadout):
     def describe(self) -> dict:
         calibration = None
         if self.temperatures is not None:
-            calibration = {"source": CALIBRATION, "temperatures": dict(self.temperatures),
-                           "set_threshold": self.set_threshold(), "broad_span_temperature": self.broad_temperature,
-                           "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off"}
+            calibration = {
+                "source": CALIBRATION,
+                "temperatures": dict(self.temperatures),
+                "set_threshold": self.set_threshold(),
+                "broad_span_temperature": self.broad_temperature,
+                "noul_calibration": self.noul_fit.describe() if self.noul_fit else "off",
+            }
         heads = sorted({ROUTER_SPAN: "router", BROAD_SPAN: "broad"}[k] for k in self.head.spans) if self.head else []
-        return {"readout": self.name, "question_types": sorted(self.question_types), "calibration": calibration,
-                "span_heads": heads}
+        return {
+            "readout": self.name,
+            "question_types": sorted(self.question_types),
+            "calibration": calibration,
+            "span_heads": heads,
+        }
