@@ -195,7 +195,7 @@ async def _post(
         async with session.post(url, json=body, timeout=timeout) as resp:
             raw = await resp.read()
             status = resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return "transport", time.perf_counter() - started, type(exc).__name__
     elapsed = time.perf_counter() - started
     error_type = None

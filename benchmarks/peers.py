@@ -52,7 +52,6 @@ import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -298,7 +297,7 @@ class Agreement:
         dp = max(abs(x - y) for x, y in zip(a, b))
         self.max_abs_dp = dp if self.max_abs_dp is None else max(self.max_abs_dp, dp)
 
-    def merge(self, other: "Agreement") -> "Agreement":
+    def merge(self, other: Agreement) -> Agreement:
         out = Agreement(
             self.compared + other.compared, self.argmax_agree + other.argmax_agree, None, self.missing + other.missing
         )
@@ -616,7 +615,7 @@ async def run_cell(url: str, bodies: list[dict], concurrency: int, *, timeout_s:
                     async with session.post(target, json=bodies[i], timeout=timeout) as resp:
                         raw = await resp.read()
                         status = resp.status
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     results[i] = (type(exc).__name__, time.perf_counter() - t0, None)
                     continue
                 elapsed = time.perf_counter() - t0

@@ -107,7 +107,7 @@ async def post(
         ) as response:
             await response.read()
             return response.status, time.monotonic() - started
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "left", time.monotonic() - started
 
 

@@ -74,7 +74,7 @@ class Stack:
         self.python = python
         self.services: list[Service] = []
 
-    async def __aenter__(self) -> "Stack":
+    async def __aenter__(self) -> Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         return self
 
@@ -132,7 +132,7 @@ class Stack:
                                 service.health = await resp.json()
                                 service.ready_s = time.perf_counter() - service.started_at
                                 pending.remove(service)
-                    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    except (TimeoutError, aiohttp.ClientError, ValueError):
                         pass
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(s.name for s in pending)
@@ -148,7 +148,7 @@ class Stack:
             process.send_signal(signal.SIGTERM)
         try:
             return await asyncio.wait_for(process.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             return await process.wait()

@@ -32,9 +32,9 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .corpora import load_corpus
 from .loadgen import Report, merge_reports, run_load
@@ -68,7 +68,7 @@ class WorkerDelta:
     batch_requests: float = 0.0
     batch_rows: float = 0.0
 
-    def add(self, other: "WorkerDelta") -> None:
+    def add(self, other: WorkerDelta) -> None:
         for name in ("l3_hits", "l3_misses", "batches", "batch_requests", "batch_rows"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 

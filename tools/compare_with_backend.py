@@ -196,7 +196,7 @@ async def _send(
             except ValueError:
                 body = raw.decode("utf-8", "replace")
             return Answer(resp.status, body)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Answer(None, error=f"timeout after {timeout_s:g}s")
     except aiohttp.ClientError as exc:
         return Answer(None, error=f"{type(exc).__name__}: {exc}")

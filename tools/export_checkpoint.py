@@ -39,9 +39,9 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 MANIFEST_FORMAT = "jev-export/1"
 HEAD_FILE = "decision_head.safetensors"
@@ -213,7 +213,7 @@ class LoraAdapter:
     fan_in_fan_out: bool = False
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "LoraAdapter":
+    def load(cls, path: str | os.PathLike) -> LoraAdapter:
         from safetensors import safe_open
 
         path = Path(path)

@@ -41,9 +41,9 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from tools import stack_run
 

@@ -36,7 +36,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -301,7 +300,7 @@ async def one_request(session, k: int, timeout_s: float) -> Sample:
                 if response.status not in RETRY_STATUSES:
                     break
                 retry_after = response.headers.get("Retry-After")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             error = type(exc).__name__
         failed += 1
         if attempt < 2:

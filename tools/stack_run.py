@@ -29,9 +29,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 5.0

@@ -126,7 +126,7 @@ class CacheIndex:
             raise IndexUnavailable(f"cache index unavailable ({self._last_error}); retrying after a back-off")
         try:
             result = await asyncio.wait_for(fn(self._redis()), timeout=self._timeout * 4)
-        except (rexc.RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, rexc.RedisError, OSError) as exc:
             self.errors += 1
             self.degraded_calls += 1
             self._last_error = f"{what}: {type(exc).__name__}: {str(exc)[:160]}"

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -138,7 +139,7 @@ FLOAT: Kind[float] = Kind("float", _parse_float)
 BOOL: Kind[bool] = Kind("bool", _parse_bool)
 BYTES: Kind[int] = Kind("bytes", _parse_bytes, format_bytes)
 LIST: Kind[tuple[str, ...]] = Kind("list", _parse_list)
-OPTIONAL: Kind["str | None"] = Kind("optional", _parse_optional)
+OPTIONAL: Kind[str | None] = Kind("optional", _parse_optional)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,7 @@ bytes_var = _var(BYTES)
 list_var = _var(LIST)
 
 
-def optional_var(name: str, doc: str, aliases: tuple[str, ...] = (), **options: Any) -> EnvVar["str | None"]:
+def optional_var(name: str, doc: str, aliases: tuple[str, ...] = (), **options: Any) -> EnvVar[str | None]:
     """A text variable that is None when unset or empty."""
     return EnvVar(name, OPTIONAL, None, doc, tuple(aliases), **options)
 
@@ -267,7 +268,7 @@ def custom_var(
     return EnvVar(name, Kind(parse.__name__, lambda raw, source: parse(raw)), default, doc, tuple(aliases), **options)
 
 
-def env_fields(cls: type, table: "EnvTable") -> dict[str, Any]:
+def env_fields(cls: type, table: EnvTable) -> dict[str, Any]:
     """{field: its variable read from the environment} for every field of the dataclass `cls` declared
     with `EnvVar.field()`, in field order."""
     return {f.name: table[f.metadata["env"]].get() for f in dataclasses.fields(cls) if "env" in f.metadata}

@@ -35,7 +35,7 @@ class ControlTokens:
         self.hint = hint
 
     @classmethod
-    def of(cls, tokenizer, *, extra: Iterable[str] = (), **kwargs) -> "ControlTokens":
+    def of(cls, tokenizer, *, extra: Iterable[str] = (), **kwargs) -> ControlTokens:
         """The tokenizer's special tokens (special_tokens) and `extra` ones."""
         return cls(special_tokens(tokenizer) | set(extra), **kwargs)
 

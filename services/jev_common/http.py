@@ -10,8 +10,8 @@ import json
 import logging
 import signal
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError

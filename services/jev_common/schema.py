@@ -44,7 +44,7 @@ class State(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _not_empty(self) -> "State":
+    def _not_empty(self) -> State:
         if not (self.text and self.text.strip()) and self.image is None:
             raise ValueError("state needs non-empty text or an image")
         return self
@@ -62,7 +62,7 @@ def _state_form(value) -> str:
 
 
 StateForm = Annotated[
-    Union[Annotated[State, Tag("state")], Annotated[list[Any], Tag("parts")], Annotated[dict[str, Any], Tag("object")]],
+    Annotated[State, Tag("state")] | Annotated[list[Any], Tag("parts")] | Annotated[dict[str, Any], Tag("object")],
     Discriminator(_state_form),
 ]
 NEEDS_OPTIONS = ("choice", "span", "set")  # the kinds whose options are the question
@@ -116,7 +116,7 @@ class DecisionRequest(_Strict):
         return options
 
     @model_validator(mode="after")
-    def _kind_specific(self) -> "DecisionRequest":
+    def _kind_specific(self) -> DecisionRequest:
         if self.options is None:
             if self.kind in NEEDS_OPTIONS:
                 raise ValueError(f"kind {self.kind!r} needs options (2 to {MAX_OPTIONS})")
@@ -200,7 +200,7 @@ class DecisionResponse(BaseModel):
     elapsed_seconds: float = Field(ge=0)
 
     @model_validator(mode="after")
-    def _probabilities_valid(self) -> "DecisionResponse":
+    def _probabilities_valid(self) -> DecisionResponse:
         values = list(self.probabilities) + ([self.noul] if self.noul is not None else [])
         values += list(self.yes_probabilities or [])
         if not all(math.isfinite(p) and -1e-6 <= p <= 1 + 1e-6 for p in values):
@@ -341,7 +341,7 @@ class NoulQuestion(_Question):
     criteria: NoulCriteria | None = None
 
     @model_validator(mode="after")
-    def _asks_something(self) -> "NoulQuestion":
+    def _asks_something(self) -> NoulQuestion:
         described = self.criteria is not None and (self.criteria.true is not None or self.criteria.false is not None)
         if self.instructions is None and not described:
             raise ValueError("a noul question needs instructions or a described outcome (criteria.true/false)")
@@ -427,7 +427,7 @@ class SetQuestion(_Question):
 
 
 Question = Annotated[
-    Union[NoulQuestion, ChoiceQuestion, ScoreQuestion, SpanQuestion, SetQuestion], Field(discriminator="type")
+    NoulQuestion | ChoiceQuestion | ScoreQuestion | SpanQuestion | SetQuestion, Field(discriminator="type")
 ]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score", "span", "set")
 
@@ -442,7 +442,7 @@ class AssetRef(BaseModel):
     part: str | None = None
 
     @model_validator(mode="after")
-    def _has_data(self) -> "AssetRef":
+    def _has_data(self) -> AssetRef:
         if self.part is None and self.data_base64 is None:
             raise ValueError("an asset needs `part` (multipart) or `data_base64`")
         return self
@@ -513,7 +513,7 @@ class SystemOneRequest(BaseModel):
         return _shallow(value, "state")
 
     @model_validator(mode="after")
-    def _spans_in_state(self) -> "SystemOneRequest":
+    def _spans_in_state(self) -> SystemOneRequest:
         for qid, question in self.questions.items():
             if isinstance(question, SpanQuestion):
                 if not isinstance(self.state, str):
@@ -553,7 +553,7 @@ class ScoreAnswer(BaseModel):
 
 class SpanAnswer(BaseModel):
     type: Literal["span"] = "span"
-    span: "Span"
+    span: Span
     probabilities: dict[str, float]
     confidence: float = Field(ge=0, le=1)
 
@@ -611,7 +611,7 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
-def choice_answer(names: list[str], probabilities: list[float]) -> "ChoiceAnswer":
+def choice_answer(names: list[str], probabilities: list[float]) -> ChoiceAnswer:
     """A choice answer from the options' probabilities in request order (ties: the earliest option)."""
     best = max(range(len(probabilities)), key=probabilities.__getitem__)
     return ChoiceAnswer(
@@ -619,7 +619,7 @@ def choice_answer(names: list[str], probabilities: list[float]) -> "ChoiceAnswer
     )
 
 
-def score_answer(levels: list, probabilities: list[float]) -> "ScoreAnswer":
+def score_answer(levels: list, probabilities: list[float]) -> ScoreAnswer:
     """A score answer from the levels' probabilities: score = sum(i * p_i), the legend the levels."""
     return ScoreAnswer(
         score=sum(i * p for i, p in enumerate(probabilities)),

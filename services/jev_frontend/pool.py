@@ -80,7 +80,7 @@ class BackendPool:
     async def start(self) -> None:
         try:  # a first look before serving, bounded: a dead backend must not hold the frontend's start
             await asyncio.wait_for(self.refresh(), max(1.0, self.settings.health_interval_s))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-frontend-health")
 
@@ -92,7 +92,7 @@ class BackendPool:
                 asyncio.gather(*(self._learn_models(b) for b in self.backends.values() if not b.model)),
                 max(1.0, self.settings.health_interval_s),
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def close(self) -> None:

@@ -8,7 +8,6 @@ replica), 504 backend_timeout when it does not answer within the deadline.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -163,7 +162,7 @@ class Backend:
             ) as resp:
                 body = await resp.read()
                 answer = BackendAnswer(resp.status, resp.headers, body)
-        except asyncio.TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
+        except TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
             self._failed(base, endpoint, "backend_timeout")
             raise BackendTimeout(
                 f"backend {base} did not answer {method} {path} within {timeout_s:g}s{timeout_note}",

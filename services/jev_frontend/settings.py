@@ -210,7 +210,7 @@ class Settings:
         return None if self.redis_url.strip().lower() in ("", "none", "off") else self.redis_url
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         upstream = any(name in os.environ for name in UPSTREAM_NAMES)
         bind_host, bind_port = ENV["OMNI_JEV_BIND"].get() or (
             ENV["JEV_FRONTEND_HOST"].default_for(upstream),

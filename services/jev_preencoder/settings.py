@@ -59,6 +59,6 @@ class PreencoderSettings:
     max_body_bytes: int = ENV["JEV_PREENCODER_MAX_BODY_BYTES"].field()
 
     @classmethod
-    def from_env(cls, **overrides) -> "PreencoderSettings":
+    def from_env(cls, **overrides) -> PreencoderSettings:
         settings = cls(**env_fields(cls, ENV))
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})

@@ -36,11 +36,11 @@ class PrefixCache(ABC):
     """Prefix states by prefix key (L3), owned by the scheduler (prefix_cache.py)."""
 
     @abstractmethod
-    def match(self, key: str, reusable: bool = True) -> "Match":
+    def match(self, key: str, reusable: bool = True) -> Match:
         """The state to start from, or why none: hit | miss | bypass | off."""
 
     @abstractmethod
-    def insert(self, key: str, state: "PrefixState") -> bool: ...
+    def insert(self, key: str, state: PrefixState) -> bool: ...
 
     @abstractmethod
     def evict(self, key: str) -> None: ...
@@ -66,13 +66,13 @@ class ForwardAdapter(ABC):
     reads: ClassVar[str] = "last"  # the head reads: last | row (every position of a row) | sequence
 
     @abstractmethod
-    def positions(self, start: int, length: int, batch: int, rope_delta: int, device) -> "torch.Tensor": ...
+    def positions(self, start: int, length: int, batch: int, rope_delta: int, device) -> torch.Tensor: ...
 
     @abstractmethod
-    def prefix_inputs(self, model, ids: "torch.Tensor", assets: list) -> tuple[dict, int]:
+    def prefix_inputs(self, model, ids: torch.Tensor, assets: list) -> tuple[dict, int]:
         """The prefix's forward inputs (ids, or embeddings with images spliced) and its rope delta."""
 
-    def whole_mask(self, lengths: "torch.Tensor", width: int, dtype) -> "torch.Tensor | None":
+    def whole_mask(self, lengths: torch.Tensor, width: int, dtype) -> torch.Tensor | None:
         """The attention mask of right-padded whole rows (None: causal attention hides the padding)."""
         return None
 
@@ -84,11 +84,11 @@ class Engine(ABC):
     reuses_prefix: bool = False
 
     @abstractmethod
-    def run(self, items: list["EngineItem"], groups: list["PrefixGroup"]) -> "BatchOutput":
+    def run(self, items: list[EngineItem], groups: list[PrefixGroup]) -> BatchOutput:
         """One result per item, in order (the FP32 logits of each of its rows), and the prefix states computed
         for groups whose cache lookup missed."""
 
-    def measure_reuse(self) -> "object | None":
+    def measure_reuse(self) -> object | None:
         """Once at start-up, on the model thread: the measured costs the reuse policy decides with (reuse.py's
         ReuseCosts), or None."""
         return None
@@ -104,11 +104,11 @@ class Backend(ABC):
     name: ClassVar[str]
     prefix_reuse: ClassVar[str]  # whether rows reuse the state prefix's KV (L3), or why not (stats, /health)
 
-    def check(self, recipe: "Recipe") -> None:
+    def check(self, recipe: Recipe) -> None:
         """Refuse a recipe this backend cannot run (raise ServingError)."""
 
     @abstractmethod
-    def load(self, recipe: "Recipe", folder: str, device: str, dtype: str, *, lm_head: bool) -> "LoadedModel":
+    def load(self, recipe: Recipe, folder: str, device: str, dtype: str, *, lm_head: bool) -> LoadedModel:
         """The checkpoint in `folder` on `device` (already checked by the readout)."""
 
     def l3_bytes(self, configured: int) -> int:
@@ -118,9 +118,9 @@ class Backend(ABC):
     @abstractmethod
     def build(
         self,
-        loaded: "LoadedModel",
+        loaded: LoadedModel,
         *,
-        head: "Head",
+        head: Head,
         batching: bool,
         max_batch_rows: int,
         pad_id: int,
@@ -166,7 +166,7 @@ class Head(ABC):
     several questions)."""
 
     @abstractmethod
-    def logits(self, hidden: "torch.Tensor", labels: tuple[int, ...]) -> "torch.Tensor | list[torch.Tensor]": ...
+    def logits(self, hidden: torch.Tensor, labels: tuple[int, ...]) -> torch.Tensor | list[torch.Tensor]: ...
 
 
 class RequestHead(ABC):
@@ -174,7 +174,7 @@ class RequestHead(ABC):
     answer row, in the order the readout's prompt builder planned."""
 
     @abstractmethod
-    def request_logits(self, hidden: "torch.Tensor", prepared: "PreparedRequest") -> list["torch.Tensor"]: ...
+    def request_logits(self, hidden: torch.Tensor, prepared: PreparedRequest) -> list[torch.Tensor]: ...
 
 
 # ----- prompts ----------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ class PromptBuilder(ABC):
     # characters before tokenising (the schema's cap still holds), only the prepared prompt is checked.
     cuts_state: bool = False
 
-    def __init__(self, tokenizer, recipe: "Recipe", identity: str, *, controls: "ControlTokens | None" = None):
+    def __init__(self, tokenizer, recipe: Recipe, identity: str, *, controls: ControlTokens | None = None):
         from jev_common.control_tokens import ControlTokens
 
         self.tokenizer = tokenizer
@@ -204,14 +204,14 @@ class PromptBuilder(ABC):
         """Refuse text the model's layout cannot carry (raise UnreadableInput naming `where`)."""
         self.controls.check(text, where)
 
-    def check_image(self, asset: "ImageAsset", where: str) -> None:
+    def check_image(self, asset: ImageAsset, where: str) -> None:
         """Refuse a prepared image the model's contract does not read (its asset's grid and the image facts the
         preencoder recorded: a domain error naming `where`); by default every prepared image is read."""
 
     @abstractmethod
     def prepare(
-        self, state_text: str, rows: list["RowSpec"], image_keys: tuple[str, ...] = (), plan: object = None
-    ) -> "PreparedRequest":
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
+    ) -> PreparedRequest:
         """The prefix (what L3 caches) and rows; `state_text` may hold image placeholders already."""
 
     def prefix_groups(self, questions: dict) -> list[dict]:
@@ -243,10 +243,10 @@ class QuestionKind(ABC):
         return None
 
     @abstractmethod
-    def rows(self, question, ctx: "BuildContext", where: str) -> list["RowSpec"]: ...
+    def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]: ...
 
     @abstractmethod
-    def answer(self, question, logits: list["torch.Tensor"], ctx: "BuildContext") -> "BaseModel": ...
+    def answer(self, question, logits: list[torch.Tensor], ctx: BuildContext) -> BaseModel: ...
 
 
 # ----- the single-question form ----------------------------------------------------------------
@@ -255,7 +255,7 @@ class SingleQuestionForm(ABC):
     asks it (one question, under legacy.QID) and the form's response fields from that question's answer."""
 
     @abstractmethod
-    def job(self, request, image_key: Callable[[str], str] | None) -> "Job":
+    def job(self, request, image_key: Callable[[str], str] | None) -> Job:
         """The request as a Job; `image_key(data_uri)` names an image's asset (None: no image store)."""
 
     @abstractmethod
@@ -277,8 +277,8 @@ class Readout(ABC):
     question_types: ClassVar[frozenset[str]] = frozenset()
     needs_lm_head: ClassVar[bool] = False  # load the checkpoint with its LM head (AutoModelForCausalLM)
     single_question_form: ClassVar[bool] = False  # answers the JEV-VL `kind` form too (label-token rows only)
-    head: "Head | RequestHead | None" = None
-    calibration: "Calibration | None" = None  # set by `serve` (readouts.standard.StandardReadout)
+    head: Head | RequestHead | None = None
+    calibration: Calibration | None = None  # set by `serve` (readouts.standard.StandardReadout)
     kinds: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -296,7 +296,7 @@ class Readout(ABC):
     def option(self, key: str):
         return self.options.get(key, self.known_options()[key])
 
-    def warmup_request(self, request: "SystemOneRequest") -> "SystemOneRequest | None":
+    def warmup_request(self, request: SystemOneRequest) -> SystemOneRequest | None:
         """The decision that warms the worker up before /health says ok, from the worker's own (`request`): by
         default its questions of the types this readout answers; None when the readout's contract answers no
         request without the caller's data (e.g. a screenshot as the whole state): ready once loaded."""
@@ -309,11 +309,11 @@ class Readout(ABC):
         """The backend that runs this readout's checkpoint; called after `check` (it may depend on it)."""
 
     @abstractmethod
-    def prompt_builder(self, tokenizer, recipe: "Recipe", identity: str) -> PromptBuilder: ...
+    def prompt_builder(self, tokenizer, recipe: Recipe, identity: str) -> PromptBuilder: ...
 
     # the request forms
     @abstractmethod
-    def single_question(self, recipe: "Recipe") -> SingleQuestionForm:
+    def single_question(self, recipe: Recipe) -> SingleQuestionForm:
         """How this family asks a request of the single-question form (answered only when
         `single_question_form`)."""
 
@@ -332,11 +332,11 @@ class Readout(ABC):
             requirement.check(folder, self.name)
 
     @abstractmethod
-    def load(self, loaded: "LoadedModel", builder: PromptBuilder) -> None:
+    def load(self, loaded: LoadedModel, builder: PromptBuilder) -> None:
         """Build the head and the question types answered (`serve`)."""
 
     @abstractmethod
-    def serve(self, kinds: list, calibration: "Calibration") -> None:
+    def serve(self, kinds: list, calibration: Calibration) -> None:
         """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
 
     def describe(self) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from jev_common.cache_index import WORKER_TTL_S, CacheIndex, IndexUnavailable
 

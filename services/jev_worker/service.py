@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import (
@@ -247,7 +247,7 @@ class WorkerService:
         try:
             yield
             outcome = "ok"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             outcome = "deadline_exceeded"
             raise DeadlineExceeded(f"no decision within {timeout:g} s") from None
         except DomainError as exc:

@@ -332,7 +332,7 @@ class WorkerSettings:
     internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the token file's; empty: any caller
 
     @classmethod
-    def from_env(cls, **overrides) -> "WorkerSettings":
+    def from_env(cls, **overrides) -> WorkerSettings:
         upstream = started_with_upstream_names()
         recipe = load_recipe(ENV["JEV_RECIPE"].get(upstream=upstream))
         # a level switched off (JEV_CACHE_L1=0 ...) is a zero budget; every value is still validated

@@ -36,7 +36,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from jev_common.errors import HTTP_ERROR_TYPES, ApiError, error_body, validation_error
-from jev_common.http import error_middleware, parse_model, read_json, read_model, request_id_middleware
+from jev_common.http import error_middleware, parse_model, read_json, request_id_middleware
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import (
     LATEST_ALIAS,

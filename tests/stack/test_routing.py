@@ -19,8 +19,7 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from benchmarks.stack import Stack
-from jev_common.cache_index import IndexUnavailable
-from jev_frontend.app import POOL, create_app
+from jev_frontend.app import create_app
 from jev_frontend.settings import Settings
 
 from ..unit.test_cache_index import needs_redis
@@ -127,7 +126,7 @@ async def test_routing_across_real_workers(workers):
                 assert second[url]["misses"] == first[url]["misses"]
                 assert second[url]["hits"] - first[url]["hits"] == first[url]["misses"]
             text = await (await fresh.get("/metrics")).text()
-            assert f'decision="warm"' in text
+            assert 'decision="warm"' in text
 
             # --- overload spreads: a hot state is sent to its warm replica until that one is busy
             before = {url: await decisions(direct, url) for url in (a1.url, a2.url)}

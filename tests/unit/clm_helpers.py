@@ -128,7 +128,7 @@ class UpstreamClm:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
-    async def start(self) -> "UpstreamClm":
+    async def start(self) -> UpstreamClm:
         self._thread.start()
         while not self._server.started:
             if not self._thread.is_alive():

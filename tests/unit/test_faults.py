@@ -66,7 +66,7 @@ async def stop_process(process: asyncio.subprocess.Process, sig: int = signal.SI
             process.send_signal(sig)
         try:
             await asyncio.wait_for(process.wait(), 15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             process.kill()
             await process.wait()
     return process.returncode
@@ -270,7 +270,7 @@ async def start_redis(port: int, workdir: Path) -> asyncio.subprocess.Process:
             writer.close()
             if answer.startswith(b"+PONG"):
                 return process
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             pass
         assert process.returncode is None, "redis-server exited at start"
         await asyncio.sleep(0.05)

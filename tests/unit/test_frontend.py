@@ -457,7 +457,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> int:
         proc.terminate()
         try:
             return await asyncio.wait_for(proc.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             raise

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jev_common.cache_index import CacheIndex, namespace
 from jev_common.route_key import render_state, state_route_key
 from jev_common.schema import ErrorEnvelope
-from jev_frontend.app import POOL, create_app
+from jev_frontend.app import create_app
 from jev_frontend.pool import BackendState
 from jev_frontend.router import Router
 from jev_frontend.settings import Settings, parse_backends

@@ -19,7 +19,6 @@ from jev_worker.engine.graphs import (
     choose_bucket,
     row_buckets,
 )
-from jev_worker.scheduling.prefix_cache import PrefixState
 from jev_worker.settings import CacheSettings, graph_mode
 
 from .worker_helpers import REQUESTS, assert_close, reference_row_probs, served_row_probs, worker_client

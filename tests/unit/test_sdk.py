@@ -22,7 +22,6 @@ from typesafe_sdk import (
     Score,
     TypeSafeAuthenticationError,
     TypeSafeClient,
-    TypeSafePermissionDeniedError,
     TypeSafeUnprocessableEntityError,
 )
 

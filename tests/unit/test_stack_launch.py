@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -315,7 +314,7 @@ def test_redis_started_for_the_stack_is_stopped_with_it(tmp_path):
         assert [p["name"] for p in info["processes"]] == ["redis", "api"]
     assert not stack_run.reachable(port)
     assert not redis_dir.exists()
-    assert any(line.startswith(f"local_stack: started redis (pid") for line in lines)
+    assert any(line.startswith("local_stack: started redis (pid") for line in lines)
 
 
 def test_ensure_redis_runs_a_command_with_a_redis_it_then_stops(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
-from jev_worker.app import SERVICE, create_app
+from jev_worker.app import create_app
 from jev_worker.request.legacy import prepare_legacy
 from jev_worker.settings import CacheSettings
 

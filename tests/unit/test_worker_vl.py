@@ -191,7 +191,6 @@ async def test_missing_asset_and_text_only_requests(vl_recipe, asset_dir):
 async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe, asset_dir):
     """Warm prefixes of two images (plus a text state of another length) decided concurrently share
     one masked forward with each row's own M-RoPE positions; answers equal the one-by-one ones."""
-    import asyncio
 
     bodies = [
         _body(SEEDS[0]),

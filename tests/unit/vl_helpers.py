@@ -15,7 +15,7 @@ import numpy as np
 PROMPT_TEXT = "Which shape is in the picture?"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_vl_checkpoint() -> str:
     from tools.tiny_checkpoints import make_tiny_vl
 
@@ -65,7 +65,7 @@ def request_line(uri: str, question: str = "What is shown?") -> dict:
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoder_for(checkpoint: str):
     from jev_preencoder.encode import Encoder
     from jev_preencoder.settings import PreencoderSettings

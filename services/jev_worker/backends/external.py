@@ -13,8 +13,6 @@ worker does not start (status 2). No model is loaded here, so there is no prefix
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 
 from jev_common.checkpoint_files import ServingError
@@ -73,7 +71,7 @@ class ExternalHTTP(ExternalBackend):
                     return await response.json(content_type=None)
                 except ValueError:
                     raise ExternalServerFailed(f"the external server {url} answered non-JSON: {text[:120]!r}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ExternalServerTimeout(f"the external server {url} gave no answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
             raise ExternalServerFailed(
@@ -88,7 +86,7 @@ class ExternalHTTP(ExternalBackend):
                 if response.status != 200:
                     return False, f"{url} answered HTTP {response.status}"
                 return True, await response.json(content_type=None)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False, f"{url} gave no answer within {HEALTH_TIMEOUT_S:g} s"
         except (aiohttp.ClientError, ValueError) as exc:
             return False, f"{url} cannot be reached: {type(exc).__name__}: {exc}"

@@ -446,7 +446,7 @@ class Forwards:
         )
         return self.read(hidden, lengths)
 
-    def _after_packed(self, pairs, segments: list["Segment"]) -> torch.Tensor:
+    def _after_packed(self, pairs, segments: list[Segment]) -> torch.Tensor:
         """The `segments` (packs()) of rows after their prefix states in one packed sequence, without padding: the
         distinct prefix states' KV side by side, then each segment's stem once and its rows' rests end to end. A
         stem attends to its prefix's KV and causally to itself; a row's rest to its prefix's KV, its stem and

@@ -48,7 +48,7 @@ class PromptBounds:
     cuts_state: bool = False  # the family cuts an over-long state itself: only rows are refused by characters
 
     @classmethod
-    def of(cls, config, builder) -> "PromptBounds":
+    def of(cls, config, builder) -> PromptBounds:
         positions = positions_of(config)
         family = builder.max_length
         if family:  # upstream's documented cut is the family's contract

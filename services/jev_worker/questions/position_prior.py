@@ -81,7 +81,7 @@ class PositionPrior:
     source: str | None = None
 
     @classmethod
-    def from_config(cls, block: object, source: str) -> "PositionPrior":
+    def from_config(cls, block: object, source: str) -> PositionPrior:
         from jev_common.checkpoint_files import ServingError
 
         if not isinstance(block, dict) or not isinstance(block.get("priors"), dict) or not block["priors"]:

@@ -33,7 +33,7 @@ class Calibration:
     position_prior_unused: str | None = None  # why a prior that was found is not applied (it fits another model)
 
     @classmethod
-    def from_config(cls, config: dict, source: str) -> "Calibration":
+    def from_config(cls, config: dict, source: str) -> Calibration:
         from jev_common.checkpoint_files import ServingError
 
         def number(value, what: str, positive: bool) -> float:
@@ -67,7 +67,7 @@ class Calibration:
         )
         return cls(temperatures, biases, source, prior)
 
-    def fit_prior(self, kept_apart: PositionPrior | None, checkpoint: str, layout: str) -> "Calibration":
+    def fit_prior(self, kept_apart: PositionPrior | None, checkpoint: str, layout: str) -> Calibration:
         """This calibration with the position prior that fits what is served: its own (the checkpoint's file, which
         travels with the weights) first, else `kept_apart` (a recipe's file, for a checkpoint folder that cannot be
         written), which must also name the served `checkpoint`; both must match the `layout` digest. A prior that
@@ -85,7 +85,7 @@ class Calibration:
         return replace(self, position_prior=None, position_prior_unused="; ".join(notes) or None)
 
     @classmethod
-    def from_file(cls, folder: str, name: str) -> "Calibration":
+    def from_file(cls, folder: str, name: str) -> Calibration:
         """The calibration in `folder/name`, or none when the checkpoint has no such file."""
         from jev_common.checkpoint_files import read_json
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from jev_common.assets import asset_bytes, bytes_key
 from jev_common.errors import validation_error

@@ -19,7 +19,7 @@ A family with its own single-question contract (JEV-VL: families/jev_vl/) answer
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+from collections.abc import Callable
 
 from jev_common.errors import validation_error
 from jev_common.schema import ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, State, Usage

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from jev_common.schema import CacheLevelStats
 
@@ -148,7 +149,7 @@ class WorkerCaches:
       the cache index (`on_l3_insert` / `on_l3_evict`).
     """
 
-    def __init__(self, settings: "CacheSettings", *, on_l3_insert=None, on_l3_evict=None):
+    def __init__(self, settings: CacheSettings, *, on_l3_insert=None, on_l3_evict=None):
         self.enabled = settings.enabled
         self.l1: BudgetLRU = BudgetLRU("l1", settings.l1_max if settings.l1_on else 0, bytes_of=lambda p: p.nbytes)
         self.l2: BudgetLRU = BudgetLRU("l2", settings.l2_bytes if settings.l2_on else 0, size_of=lambda a: a.nbytes)

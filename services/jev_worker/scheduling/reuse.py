@@ -25,7 +25,7 @@ class LinearCost:
         return self.fixed_s + self.per_token_s * tokens
 
     @classmethod
-    def through(cls, short: tuple[int, float], long: tuple[int, float]) -> "LinearCost":
+    def through(cls, short: tuple[int, float], long: tuple[int, float]) -> LinearCost:
         (t1, s1), (t2, s2) = short, long
         slope = (s2 - s1) / (t2 - t1) if t2 != t1 else 0.0
         return cls(s1 - slope * t1, slope)
@@ -61,7 +61,7 @@ class ReusePolicy:
         if self.mode not in REUSE_MODES:
             raise ValueError(f"L3 reuse policy must be one of {', '.join(REUSE_MODES)}, not {self.mode!r}")
 
-    def resolved(self, device_type: str) -> "ReusePolicy":
+    def resolved(self, device_type: str) -> ReusePolicy:
         if self.mode != "auto":
             return self
         return ReusePolicy("measured" if device_type == "cuda" else "always", self.costs)

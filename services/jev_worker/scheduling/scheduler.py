@@ -40,10 +40,10 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Callable
 
 from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed, Overloaded, ShuttingDown
 
@@ -230,7 +230,7 @@ class Scheduler:
         left = "answered"
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             left = "deadline"
             raise DeadlineExceeded(f"no decision within the deadline of {timeout_s:g} s") from None
         except asyncio.CancelledError:

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jev_common.recipe import load_recipe
 
-from ..family_helpers import TOL, assert_probs, served
+from ..family_helpers import assert_probs, served
 
 SYSTEM = (
     "Extract the attributes from the text. Return only a JSON object matching this schema. "

@@ -359,7 +359,7 @@ def test_marker_head_reads_as_the_package_config_says(readout):
 
 
 # ----- upstream's own fixtures and golden answers (vela_upstream.py: vLLM Semantic Router's toy fixture) ----------
-def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], "SequenceReadout"]]:
+def toy_sequences(model, state, questions: dict) -> list[tuple[list[int], SequenceReadout]]:
     """Our worker's marker sequences for a request, its own builder and question kinds on upstream's toy tokenizer
     and marker ids (the request read by the same schema and plan as a served one)."""
     import copy

@@ -133,7 +133,7 @@ class JemmBuilder(ChatPromptBuilder):
 class _Candidates(QuestionKind):
     """A question as JEMM's one single-choice request; subclasses say what its candidates are."""
 
-    def __init__(self, readout: "JemmLabels"):
+    def __init__(self, readout: JemmLabels):
         self.readout = readout
 
     @abstractmethod

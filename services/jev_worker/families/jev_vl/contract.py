@@ -137,7 +137,7 @@ class DecisionFiles:
     calibration: str | None  # the file the temperatures came from (None: upstream's defaults, 1.0)
 
     @classmethod
-    def read(cls, folder: str) -> "DecisionFiles":
+    def read(cls, folder: str) -> DecisionFiles:
         head = read_json(os.path.join(folder, HEAD_CONFIG))
         if not isinstance(head, dict):
             raise ServingError(f"{HEAD_CONFIG}: not a JSON object")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from jev_common.checkpoint_files import ServingError
 from jev_common.errors import UnsupportedQuestionType, validation_error
@@ -72,7 +72,7 @@ def softmax(values: list[float]) -> list[float]:
 class _JevKind(QuestionKind):
     """One upstream kind: its option lines, the tokens read and their slot biases."""
 
-    def __init__(self, readout: "JevVlReadout"):
+    def __init__(self, readout: JevVlReadout):
         self.readout = readout
 
     def lines(self, question, ctx: BuildContext, where: str) -> tuple[list[str], tuple[int, ...]]:

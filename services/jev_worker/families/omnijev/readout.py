@@ -101,7 +101,7 @@ class OmniJevBuilder(ChatPromptBuilder):
 
 
 class _OmniKind(QuestionKind):
-    def __init__(self, readout: "OmniJevReadout"):
+    def __init__(self, readout: OmniJevReadout):
         self.readout = readout
 
     def row(self, question, ctx: BuildContext, where: str, option: str) -> RowSpec:
@@ -132,7 +132,7 @@ class OmniChoice(_OmniKind):
         description that is not text reads as Python prints it (`k: {'a': 1}`), as upstream writes it."""
         rows = []
         for name, description in question.criteria.items():
-            text = name if description in (None, "") else "{}: {}".format(name, description)
+            text = name if description in (None, "") else f"{name}: {description}"
             ctx.builder.check_user_text(text, f"{where}.criteria[{name!r}]")
             rows.append(self.row(question, ctx, where, text))
         return rows

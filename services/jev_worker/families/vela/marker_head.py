@@ -73,7 +73,7 @@ class VelaMarkerHead(Head):
             self.t[name] = value.reshape(shape)
         self.hidden = hidden
 
-    def to(self, device) -> "VelaMarkerHead":
+    def to(self, device) -> VelaMarkerHead:
         self.t = {name: value.to(device) for name, value in self.t.items()}
         return self
 

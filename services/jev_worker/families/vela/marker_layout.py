@@ -62,7 +62,7 @@ class SequenceReadout:
         return (*out, len(self.labels), *self.labels, len(self.words), *self.words)
 
     @classmethod
-    def from_labels(cls, labels: tuple[int, ...]) -> "SequenceReadout":
+    def from_labels(cls, labels: tuple[int, ...]) -> SequenceReadout:
         values = iter(labels)
 
         def take(n: int) -> tuple[int, ...]:

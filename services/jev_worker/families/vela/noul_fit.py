@@ -22,7 +22,7 @@ class NoulFit:
     bias: float
 
     @classmethod
-    def read(cls, calibration: dict, option: bool | None) -> "NoulFit | None":
+    def read(cls, calibration: dict, option: bool | None) -> NoulFit | None:
         """The fit to apply (None: P(yes) as is), from calibration.json and the recipe's option."""
         if option is not None and not isinstance(option, bool):
             raise ServingError(f"serving.options.noul_calibration must be true, false or unset, got {option!r}")

@@ -198,7 +198,7 @@ class _Options(QuestionKind):
     block: ClassVar[str]
     abstain: ClassVar[bool]
 
-    def __init__(self, readout: "VelaHeadsReadout"):
+    def __init__(self, readout: VelaHeadsReadout):
         self.readout = readout
 
     @abstractmethod
@@ -261,7 +261,7 @@ class VelaSpan(QuestionKind):
     type = "span"
     position_free = True  # each candidate scored from the state's own word probabilities: no listing order
 
-    def __init__(self, readout: "VelaHeadsReadout"):
+    def __init__(self, readout: VelaHeadsReadout):
         self.readout = readout
 
     def rows(self, question, ctx, where):
