@@ -391,8 +391,8 @@ def not_prepared(key: str, detail: str = "") -> ImageNotPrepared:
     extra = f" ({detail})" if detail else ""
     return ImageNotPrepared(
         f"image {short_key(key)} is not prepared{extra}; run the preencoder on it first: POST "
-        '[{"image": "data:image/png;base64,..."}] to the preencoder\'s /v1/preencode, or put that '
-        "line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
+        '[{"image": "data:image/png;base64,..."}] to /v1/preencode (the frontend passes it to the preencoder), '
+        "or put that line in a manifest for python -m jev_preencoder encode --manifest FILE.jsonl --out "
         "$JEV_ASSET_DIR (the asset is named sha256 of the image bytes)"
     )
 

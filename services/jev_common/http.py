@@ -10,7 +10,7 @@ import json
 import logging
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web, web_protocol, web_server
@@ -164,9 +164,11 @@ def caller_retries(headers) -> bool:
 
 
 # ----- bodies -----------------------------------------------------------------------------------
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The request body (decompressed when it came with Content-Encoding gzip/deflate/zstd), refused
-    with 413 past max_bytes: the cap applies to what the body expands to."""
+def stream_body(request: web.Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives, in chunks (decompressed when it came with Content-Encoding
+    gzip/deflate/zstd), for a route that passes it on without holding it whole. What can be judged before a byte
+    is read is judged now (an unsupported encoding 415, a declared length past the cap 413); past `max_bytes` of
+    what the body expands to, the iteration raises BodyTooLarge, and a broken compressed stream UndecodableBody."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding == "identity":
         encoding = ""
@@ -177,18 +179,31 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
         )
     if not encoding and request.content_length is not None and request.content_length > max_bytes:
         raise BodyTooLarge(f"body is {request.content_length} bytes; the limit is {max_bytes}")
-    body = bytearray()
+    return _chunks(request, max_bytes, encoding)
+
+
+async def _chunks(request: web.Request, max_bytes: int, encoding: str) -> AsyncIterator[bytes]:
+    seen = 0
     try:
         async for chunk in request.content.iter_chunked(1 << 16):
-            body += chunk
-            if len(body) > max_bytes:
+            seen += len(chunk)
+            if seen > max_bytes:
                 raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
+            yield chunk
     except DomainError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
         if encoding:
             raise UndecodableBody(f"body could not be decoded as {encoding}: {exc}") from None
         raise
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The request body (decompressed when it came with Content-Encoding gzip/deflate/zstd), refused
+    with 413 past max_bytes: the cap applies to what the body expands to."""
+    body = bytearray()
+    async for chunk in stream_body(request, max_bytes):
+        body += chunk
     return bytes(body)
 
 

@@ -25,6 +25,7 @@ from jev_common.http import (
     read_systemone_body,
     request_deadline,
     request_id_middleware,
+    stream_body,
 )
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
@@ -91,6 +92,15 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     return headers
 
 
+def _call_timeout(settings: Settings, request: web.Request) -> tuple[float, str]:
+    """How long a backend call may take: the caller's own deadline (`x-jev-deadline-s`) plus grace, else the
+    frontend's timeout; and the note its 504 adds."""
+    deadline_s = request_deadline(request.headers)
+    if deadline_s is None:
+        return settings.timeout_s, ""
+    return deadline_s + DEADLINE_GRACE_S, f" (the request's {DEADLINE_HEADER} + grace)"
+
+
 def _named(state) -> str:
     """A backend for the start-up log: the model it serves (its /v1/models, or JEV_BACKENDS' name) and its URL."""
     return f"{state.model} at {state.url}" if state.model else f"{state.url} (its model not known yet)"
@@ -98,11 +108,8 @@ def _named(state) -> str:
 
 async def handle_systemone(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    deadline_s = request_deadline(request.headers)  # the caller's own deadline: the worker's and ours
+    timeout_s, note = _call_timeout(settings, request)  # the caller's own deadline: the worker's and ours
     body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
-    timeout_s, note = settings.timeout_s, ""
-    if deadline_s is not None:
-        timeout_s, note = deadline_s + DEADLINE_GRACE_S, f" (the request's {DEADLINE_HEADER} + grace)"
     if is_envelope(body.payload):
         envelope = parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker
         model: str | None = envelope.model
@@ -198,6 +205,30 @@ async def _send(client: Backend, backend, decision: str, call: dict):
             task.cancel()
         backend.in_flight -= 1
         client.metrics.in_flight.labels(backend.url).set(backend.in_flight)
+
+
+async def handle_preencode(request: web.Request) -> web.Response:
+    """`POST /v1/preencode`, passed on to the preencoder: the caller's key was checked here, the body streams
+    through (decompressed, within its cap, never held whole) with the internal token, and the answer passes back."""
+    settings = request.app[SETTINGS]
+    if not settings.preencoder_url:
+        raise RouteNotServed(
+            "POST /v1/preencode is not served here: this stack runs no preencoder (the frontend's "
+            "JEV_PREENCODER_URL is not set; only vision-language recipes need one)"
+        )
+    timeout_s, note = _call_timeout(settings, request)
+    body = stream_body(request, settings.max_preencode_bytes)
+    answer = await request.app[BACKEND].call(
+        "POST",
+        "/v1/preencode",
+        endpoint="preencode",
+        url=settings.preencoder_url,
+        timeout_s=timeout_s,
+        data=body,
+        headers=_backend_headers(request, request.headers.get("Content-Type") or "application/json"),
+        timeout_note=note,
+    )
+    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
 
 
 async def handle_models(request: web.Request) -> web.Response:
@@ -337,6 +368,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_post("/v1/systemone", handle_systemone)
     app.router.add_get("/v1/models", handle_models)
+    app.router.add_post("/v1/preencode", handle_preencode)
     for path in GENERATION_ROUTES:
         app.router.add_route("*", path, handle_generation)
     return app

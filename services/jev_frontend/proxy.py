@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from jev_common.errors import BackendTimeout, BackendUnavailable
+from jev_common.errors import BackendTimeout, BackendUnavailable, DomainError
 from jev_common.internal_auth import backend_headers
 from jev_common.metrics import LATENCY_BUCKETS
 
@@ -144,10 +145,12 @@ class Backend:
         endpoint: str,
         timeout_s: float,
         url: str | None = None,
-        data: bytes | None = None,
+        data: bytes | AsyncIterable[bytes] | None = None,
         headers: dict[str, str] | None = None,
         timeout_note: str = "",
     ) -> BackendAnswer:
+        """`data` may be the caller's body as it streams in (jev_common.http.stream_body): the caller's own fault
+        found while it streams (too large, undecodable) is raised as that error, not as the backend's."""
         base = url or self.settings.backend_url
         started = time.perf_counter()
         headers = {**(headers or {}), **self.credential}
@@ -168,6 +171,8 @@ class Backend:
                 f"backend {base} did not answer {method} {path} within {timeout_s:g}s{timeout_note}",
             ) from None
         except aiohttp.ClientError as exc:
+            if isinstance(exc.__cause__, DomainError):  # the streamed body's own error, raised while it was sent
+                raise exc.__cause__ from None
             self._failed(base, endpoint, "backend_unavailable")
             detail = str(exc) or type(exc).__name__
             error = BackendConnectError if isinstance(exc, aiohttp.ClientConnectorError) else BackendDisconnected
@@ -180,7 +185,7 @@ class Backend:
         return answer
 
     def _failed(self, base: str, endpoint: str, type_: str) -> None:
-        if self.settings.single_backend:
+        if self.settings.single_backend and base == self.settings.backend_url:  # the worker, not the preencoder
             self.metrics.up.set(0)
         self.metrics.errors.labels(endpoint, type_).inc()
         self.metrics.backend_errors.labels(base, type_).inc()

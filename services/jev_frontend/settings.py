@@ -89,6 +89,14 @@ ENV = EnvTable(
             "bare `url`, whose model is read from its `/v1/models`); replicas repeat the model. When set, "
             "`JEV_BACKEND_URL` is added only if it is set too",
         ),
+        str_var(
+            "JEV_PREENCODER_URL",
+            "",
+            "the preencoder's base URL (http or https): the frontend answers `POST /v1/preencode` by passing the "
+            "body on to it, streamed (callers' keys checked here, the internal token sent there); empty: the route "
+            "answers 404 (the stack serves no vision-language recipe)",
+            note="no preencoder",
+        ),
         bool_var(
             "JEV_FRONTEND_DISCOVERY",
             False,
@@ -139,6 +147,12 @@ ENV = EnvTable(
             16 << 20,
             "largest accepted request body (`512K`, `16M`, `1G` or plain bytes); larger is 413",
         ),
+        bytes_var(
+            "JEV_FRONTEND_MAX_PREENCODE_BYTES",
+            256 << 20,
+            "largest accepted `POST /v1/preencode` body (its images inline), decompressed; streamed to the "
+            "preencoder, never held whole; larger is 413",
+        ),
         int_var(
             "JEV_FRONTEND_MAX_CONNECTIONS",
             64,
@@ -171,10 +185,14 @@ class Settings:
     routing: str = ENV["JEV_ROUTING"].field()
     max_imbalance: int = ENV["JEV_ROUTING_MAX_IMBALANCE"].field()
     health_interval_s: float = ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].field()
+    max_preencode_bytes: int = ENV["JEV_FRONTEND_MAX_PREENCODE_BYTES"].field()
+    preencoder_url: str = ENV["JEV_PREENCODER_URL"].field()  # "": no preencoder behind this frontend
 
     def __post_init__(self) -> None:
         if self.backend_url:
             object.__setattr__(self, "backend_url", _check_url(self.backend_url, "JEV_BACKEND_URL"))
+        if self.preencoder_url:
+            object.__setattr__(self, "preencoder_url", _check_url(self.preencoder_url, "JEV_PREENCODER_URL"))
         object.__setattr__(self, "backends", tuple((m, _check_url(u, "JEV_BACKENDS entry")) for m, u in self.backends))
         if not self.backend_url and not self.backends and not self.discovery:
             raise ValueError("no backend: set JEV_BACKEND_URL, JEV_BACKENDS or JEV_FRONTEND_DISCOVERY=1")
@@ -190,6 +208,8 @@ class Settings:
             raise ValueError(f"JEV_FRONTEND_TIMEOUT_S must be > 0, got {self.timeout_s}")
         if self.max_body_bytes < 1:
             raise ValueError(f"JEV_FRONTEND_MAX_BODY_BYTES must be >= 1, got {self.max_body_bytes}")
+        if self.max_preencode_bytes < 1:
+            raise ValueError(f"JEV_FRONTEND_MAX_PREENCODE_BYTES must be >= 1, got {self.max_preencode_bytes}")
         if self.max_connections < 1:
             raise ValueError(f"JEV_FRONTEND_MAX_CONNECTIONS must be >= 1, got {self.max_connections}")
 
@@ -226,6 +246,8 @@ class Settings:
             ),
             timeout_s=ENV["JEV_FRONTEND_TIMEOUT_S"].get(),
             max_body_bytes=ENV["JEV_FRONTEND_MAX_BODY_BYTES"].get(),
+            max_preencode_bytes=ENV["JEV_FRONTEND_MAX_PREENCODE_BYTES"].get(),
+            preencoder_url=ENV["JEV_PREENCODER_URL"].get(),
             max_connections=ENV["JEV_FRONTEND_MAX_CONNECTIONS"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),
             internal_tokens=load_internal_tokens(INTERNAL_TOKENS.get(), INTERNAL_TOKEN_FILE.get()),

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .service import serve
 
-        serve(PreencoderSettings.from_env())
+        serve(PreencoderSettings.for_serving())
         return 0
     settings = PreencoderSettings.from_env(
         recipe=args.recipe,

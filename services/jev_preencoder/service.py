@@ -1,5 +1,9 @@
 """Service mode: POST /v1/preencode (manifest lines as a JSON array, one object, or JSONL),
-GET /health (200 once the model is loaded), GET /metrics."""
+GET /health (200 once the model is loaded), GET /metrics.
+
+A backend of the frontend: callers reach `POST /v1/preencode` through the frontend (which checks their API keys
+and sends the internal token); with a token configured (`JEV_INTERNAL_TOKENS`) a caller without it is refused
+(403, a wrong one 401). `/health` and `/metrics` stay open for probes and Prometheus."""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ from prometheus_client import Counter, Histogram
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import DomainError, NotJson, NotReady, api_error_response, validation_error
-from jev_common.http import error_middleware, read_body, run_app
+from jev_common.http import error_middleware, read_body, request_id_middleware, run_app
+from jev_common.internal_auth import backend_guard
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import HealthResponse
 
@@ -50,7 +55,14 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     seconds = Histogram(
         "jev_preencoder_request_encode_seconds", "time to encode one POST /v1/preencode", registry=metrics.registry
     )
-    app = web.Application(middlewares=[metrics.middleware, error_middleware])
+    app = web.Application(
+        middlewares=[
+            request_id_middleware,
+            metrics.middleware,
+            error_middleware,
+            backend_guard(settings.internal_tokens),
+        ]
+    )
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
 

@@ -1,5 +1,9 @@
 """Preencoder configuration from the environment: every name, default and doc line is in `ENV`
-(README's preencoder table and the `PreencoderSettings` field defaults are taken from it)."""
+(README's preencoder table and the `PreencoderSettings` field defaults are taken from it).
+
+The service (`serve`) is a backend of the frontend, like a worker: with an internal token configured it serves
+`POST /v1/preencode` only to callers that carry it (jev_common/internal_auth.py); callers reach it through the
+frontend's own `POST /v1/preencode`, where their API keys are checked."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from jev_common.assets import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from jev_common.config import LOG_LEVEL, RECIPES_DIR, EnvTable, bytes_var, env_fields, int_var, optional_var, str_var
+from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
 
 ENV = EnvTable(
     "preencoder",
@@ -37,6 +42,8 @@ ENV = EnvTable(
             "cap on width × height (checked before the pixels are decoded)",
         ),
         bytes_var("JEV_PREENCODER_MAX_BODY_BYTES", 256 << 20, "cap on a `POST /v1/preencode` body"),
+        INTERNAL_TOKENS,
+        INTERNAL_TOKEN_FILE,
         # `encode` lowers the level to WARNING when JEV_LOG_LEVEL is unset (jev_preencoder.cli)
         str_var(LOG_LEVEL.name, LOG_LEVEL.default, LOG_LEVEL.doc, shown="`INFO` (serve), `WARNING` (encode)"),
         RECIPES_DIR,
@@ -57,8 +64,18 @@ class PreencoderSettings:
     max_image_bytes: int = ENV["JEV_PREENCODER_MAX_IMAGE_BYTES"].field()
     max_image_pixels: int = ENV["JEV_PREENCODER_MAX_IMAGE_PIXELS"].field()
     max_body_bytes: int = ENV["JEV_PREENCODER_MAX_BODY_BYTES"].field()
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # (serve) empty: any caller
 
     @classmethod
     def from_env(cls, **overrides) -> PreencoderSettings:
         settings = cls(**env_fields(cls, ENV))
         return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+    @classmethod
+    def for_serving(cls) -> PreencoderSettings:
+        """The service's settings: the environment's, with the internal tokens of the token file too (read, or
+        generated, only here: `encode` is a command-line job that takes no requests)."""
+        settings = cls.from_env()
+        return replace(
+            settings, internal_tokens=load_internal_tokens(settings.internal_tokens, INTERNAL_TOKEN_FILE.get())
+        )

@@ -59,7 +59,6 @@ class Project:
             os.environ,
             JEV_FRONTEND_PUBLISH=f"127.0.0.1:{self.frontend_port}",
             JEV_PROMETHEUS_PUBLISH=str(self.prometheus_port),
-            JEV_PREENCODER_PUBLISH=str(free_port()),
             JEV_REDIS_PASSWORD=secrets.token_hex(12),
             JEV_HF_HOME=str(hf),
             JEV_MODELS_DIR=str(models),

@@ -28,7 +28,7 @@ from .engine import Project, engine_reason
 
 pytestmark = [pytest.mark.compose, pytest.mark.slow]
 HERE = Path(__file__).resolve().parent
-IMAGE, UNPREPARED = png_uri(seed=7), png_uri(seed=8)
+IMAGE, UNPREPARED, LATER = png_uri(seed=7), png_uri(seed=8), png_uri(seed=9)
 LINE = {
     "kind": "choice",
     "state": ["A photo: ", {"image": IMAGE}],
@@ -108,6 +108,16 @@ def test_an_image_question_answers_from_the_prepared_asset(vl_stack):
     error = ErrorEnvelope.model_validate(payload)
     assert status == 422 and error.type == "asset_not_prepared", payload
     assert asset_key(UNPREPARED) in error.message
+
+
+def test_an_image_prepared_through_the_frontend_is_answered(vl_stack):
+    """The preencoder is not published: callers prepare an image through the frontend's POST /v1/preencode, which
+    passes it on with the internal token."""
+    status, _, raw = scenarios.http("POST", vl_stack.base_url + "/v1/preencode", [{"image": LATER}])
+    assert status == 200, raw
+    assert json.loads(raw)["summary"].get("done") == 1, raw
+    status, _, payload = scenarios.decide(vl_stack.base_url, dict(LINE, state={"image": LATER}))
+    assert status == 200, payload
 
 
 def test_a_system_one_request_is_answered(vl_stack):

@@ -62,7 +62,11 @@ def test_jev_vl_profile_on_loopback(tmp_path):
             "question": "What is shown?",
             "options": ["a cat", "a dog", "a pattern"],
         }
+        # images are prepared through the one public edge: the frontend passes POST /v1/preencode on with the
+        # internal token, which the preencoder asks of every caller
         status, _, raw = scenarios.http("POST", urls["preencoder-jev-vl"] + "/v1/preencode", [{"image": image}])
+        assert status == 403, raw
+        status, _, raw = scenarios.http("POST", base + "/v1/preencode", [{"image": image}])
         assert status == 200, raw
         summary = json.loads(raw)["summary"]
         assert summary.get("done") == 1, summary

@@ -188,6 +188,23 @@ def test_profile_frontend_on_8080_points_at_its_backend(profile):
 
 
 @pytest.mark.parametrize("profile", PROFILES)
+def test_the_frontend_is_the_preencoders_only_way_in(profile):
+    """A profile's serving preencoder is not published: its frontend names it in JEV_PREENCODER_URL (and answers
+    POST /v1/preencode by passing it on); a profile without one leaves the route unserved."""
+    services = profile_services(DATA, profile)
+    (frontend,) = (s for s in services.values() if _module(s) == "jev_frontend")
+    serving = {n: s for n, s in services.items() if _module(s) == "jev_preencoder" and not _one_shot(s)}
+    for name, svc in serving.items():
+        assert not svc.get("ports"), f"{name} is published: callers reach it through the frontend"
+    url = _env(frontend).get("JEV_PREENCODER_URL")
+    if not serving:
+        assert not url, f"{profile}: JEV_PREENCODER_URL {url} without a preencoder"
+        return
+    ((name, preencoder),) = serving.items()
+    assert url == f"http://{name}:{_listen_port(preencoder)}", url
+
+
+@pytest.mark.parametrize("profile", PROFILES)
 def test_gpu_recipes_get_a_gpu_and_cpu_recipes_do_not(profile):
     services = profile_services(DATA, profile)
     for name, svc in services.items():
@@ -229,9 +246,12 @@ def test_jev_vl_profile_shape():
     }
     command = [interpolate(c, ENV) for c in services["preencode-jev-vl"]["command"]]
     assert command[:4] == ["python", "-m", "jev_preencoder", "encode"] and "--manifest" in command
-    assert _env(services["preencode-jev-vl"]) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""} == _env(
-        services["preencoder-jev-vl"]
-    ) | {"JEV_PREENCODER_HOST": "", "JEV_PREENCODER_PORT": ""}
+    # the job and the service encode alike (one identity); only the service listens, and takes the internal token
+    serving_only = {"JEV_PREENCODER_HOST", "JEV_PREENCODER_PORT", "JEV_INTERNAL_TOKENS", "JEV_INTERNAL_TOKEN_FILE"}
+    job, service = _env(services["preencode-jev-vl"]), _env(services["preencoder-jev-vl"])
+    assert {k: v for k, v in job.items() if k not in serving_only} == {
+        k: v for k, v in service.items() if k not in serving_only
+    }
 
 
 def _published(svc: dict) -> list[tuple[str, str, str]]:
@@ -271,12 +291,13 @@ def test_redis_requires_the_password_every_service_gets():
 
 
 def test_keys_on_the_frontends_and_the_internal_token_on_both_sides_never_a_default_one():
-    """`JEV_API_KEYS=... docker compose up`: the keys reach the frontends only; frontends and workers share an internal
-    token, JEV_INTERNAL_TOKENS or one generated into the jev-secrets volume (no token is written in the file)."""
+    """`JEV_API_KEYS=... docker compose up`: the keys reach the frontends only; frontends, workers and serving
+    preencoders share an internal token, JEV_INTERNAL_TOKENS or one generated into the jev-secrets volume (no token is
+    written in the file)."""
     keyed = {"JEV_API_KEYS": "k-1", "JEV_INTERNAL_TOKENS": "t-1"}
     for name, svc in SERVICES.items():
         module = _module(svc)
-        if module not in ("jev_worker", "jev_frontend"):
+        if module not in ("jev_worker", "jev_frontend", "jev_preencoder") or _one_shot(svc):
             continue
         env = svc.get("environment") or {}
         assert interpolate(str(env["JEV_INTERNAL_TOKENS"]), ENV) == "", f"{name} ships a default token"

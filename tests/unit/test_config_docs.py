@@ -70,7 +70,7 @@ def _env_names(names: set[str]) -> set[str]:
     [
         (worker_settings, lambda: worker_settings.WorkerSettings.from_env()),
         (frontend_settings, lambda: frontend_settings.Settings.from_env()),
-        (preencoder_settings, lambda: preencoder_settings.PreencoderSettings.from_env()),
+        (preencoder_settings, lambda: preencoder_settings.PreencoderSettings.for_serving()),
     ],
 )
 def test_every_name_a_service_reads_is_in_its_table(clean_env, module, build):
@@ -207,7 +207,7 @@ SERVICES = {
     "preencoder": (
         preencoder_settings.PreencoderSettings,
         preencoder_settings.ENV,
-        {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR"},
+        {"JEV_LOG_LEVEL", "JEV_RECIPES_DIR", "JEV_INTERNAL_TOKEN_FILE"},
         set(),
     ),
 }

@@ -283,7 +283,7 @@ def test_secrets_only_through_secret_key_refs(rendered):
             assert env["JEV_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "jev-api-keys"
         if container["name"] == "worker":  # the callers' keys are the frontend's: it reaches workers by token
             assert "JEV_API_KEYS" not in env
-        if container["name"] in ("frontend", "worker"):
+        if container["name"] in ("frontend", "worker", "preencoder"):
             token = env["JEV_INTERNAL_TOKENS"]["valueFrom"]["secretKeyRef"]
             assert token == {
                 "name": values.get("internalToken", {}).get("existingSecret") or "demo-jev-internal-token",
@@ -304,20 +304,23 @@ def test_secrets_only_through_secret_key_refs(rendered):
         )
 
 
-def test_the_frontend_knows_every_recipe_and_the_preencoder_shares_the_asset_volume(rendered):
+def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_asset_volume(rendered):
     name, values, docs = rendered
     frontend = next(c for d, c in containers(docs) if c["name"] == "frontend")
     backends = env_of(frontend)["JEV_BACKENDS"]["value"].split(",")
     workers = values.get("workers", [{"name": "cpu", "recipe": "smollm2-135m-cpu"}])
     assert backends == [f"{w['recipe']}=http://demo-jev-worker-{w['name']}:8000" for w in workers]
     claims = of_kind(docs, "PersistentVolumeClaim")
-    if values.get("preencoder", {}).get("enabled"):
+    preencoder_url = env_of(frontend).get("JEV_PREENCODER_URL", {}).get("value")
+    if values.get("preencoder", {}).get("enabled"):  # callers reach it through the frontend's POST /v1/preencode
+        service = next(d for d in of_kind(docs, "Service") if d["metadata"]["name"] == "demo-jev-preencoder")
+        assert preencoder_url == f"http://demo-jev-preencoder:{service['spec']['ports'][0]['port']}"
         (claim,) = claims
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
         preencoder = next(c for d, c in containers(docs) if c["name"] == "preencoder")
         assert not any(m.get("readOnly") for m in preencoder["volumeMounts"] if m["name"] == "assets")
     else:
-        assert not claims
+        assert not claims and preencoder_url is None
 
 
 @pytest.mark.parametrize(

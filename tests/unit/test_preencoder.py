@@ -309,3 +309,14 @@ def test_manifest_lines_name_images_the_way_requests_send_them(tmp_path, capsys)
     assert by_line[3]["status"] == "skipped" and by_line[3]["reason"] == "duplicate"
     assert by_line[4]["reason"] == "no_image" and "one image per manifest line" in by_line[4]["message"]
     assert code == 1
+
+
+def test_serve_reads_the_internal_token_and_encode_never_writes_one(tmp_path, monkeypatch):
+    """The service is a backend of the frontend: it takes JEV_INTERNAL_TOKENS and the token file (generated there
+    when missing, as the frontend and workers do); the `encode` job reads neither and leaves no file behind."""
+    token_file = tmp_path / "secrets" / "internal-token"
+    monkeypatch.setenv("JEV_INTERNAL_TOKENS", "t-listed")
+    monkeypatch.setenv("JEV_INTERNAL_TOKEN_FILE", str(token_file))
+    assert PreencoderSettings.from_env().internal_tokens == ("t-listed",) and not token_file.exists()
+    tokens = PreencoderSettings.for_serving().internal_tokens
+    assert tokens[0] == "t-listed" and tokens[1:] == (token_file.read_text().strip(),)

@@ -59,7 +59,8 @@ jev.dev/worker: {{ .worker }}
   value: {{ printf "%s://%s%s:%v/%v" $scheme $auth (include "jev.redisHost" .) $port $db | quote }}
 {{- end -}}
 
-{{/* JEV_INTERNAL_TOKENS for the frontend and every backend: the chart's generated Secret, or the operator's */}}
+{{/* JEV_INTERNAL_TOKENS for the frontend and every backend (workers, the preencoder): the chart's generated Secret,
+or the operator's */}}
 {{- define "jev.internalTokenEnv" -}}
 - name: JEV_INTERNAL_TOKENS
   valueFrom:
