@@ -342,6 +342,14 @@ def internal_token(state_dir: str | os.PathLike = STATE_DIR) -> str | None:
 
 
 SECRET_NAME = re.compile(r"KEYS$|TOKENS?$|PASSWORD$")  # values `plan` does not print
+URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:@/\s]*:)[^@/\s]+@")
+
+
+def shown(key: str, value: str) -> str:
+    """A variable's value as `plan` prints it: keys, tokens and passwords (also a password inside a URL) hidden."""
+    if value and SECRET_NAME.search(key):
+        return "(set, not shown)"
+    return URL_PASSWORD.sub(r"\g<head>(not shown)@", value)
 
 
 def shared_environ(environ: Mapping[str, str], plan: list[LocalService]) -> dict[str, str]:
@@ -566,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         for service in plan_profile(args.profile, overrides, compose=load_compose(args.compose)):
             print(f"{service.name}: {shlex.join(service.argv)}  (port {service.port}, health {service.health_url})")
             for key, value in sorted(service.env.items()):
-                print(f"    {key}={'(set, not shown)' if value and SECRET_NAME.search(key) else value}")
+                print(f"    {key}={shown(key, value)}")
         return 0
     _install_signal_handlers()
     try:

@@ -189,11 +189,12 @@ class EnvVar(Generic[T]):
             raise TypeError(f"{self.name}: the default is computed; pass it to get()")
         return default
 
-    def field(self) -> Any:
-        """A dataclass field whose default is this variable's (the field remembers the variable)."""
+    def field(self, *, secret: bool = False) -> Any:
+        """A dataclass field whose default is this variable's (the field remembers the variable). A `secret` one
+        (keys, tokens) is left out of the settings' repr, so that no log line or traceback can print it."""
         if self.default is COMPUTED:
             raise TypeError(f"{self.name}: the default is computed; it cannot be a field default")
-        return dataclasses.field(default=self.default, metadata={"env": self.name})
+        return dataclasses.field(default=self.default, metadata={"env": self.name}, repr=not secret)
 
     def text(self) -> str | None:
         """The default as env text ('64', '16M', '1'); None where it is not a constant or is empty."""

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import signal
@@ -34,7 +32,8 @@ from .errors import (
     error_response,
     validation_error,
 )
-from .internal_auth import TRUSTED
+from .identity import CallerIdentity
+from .internal_auth import TRUSTED, matches
 from .schema import summarize_details
 
 log = logging.getLogger("jev.http")
@@ -42,7 +41,7 @@ log = logging.getLogger("jev.http")
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 # How a request is carried (not what it asks: that is the body's): the caller's deadline, and who the caller is
 DEADLINE_HEADER = "x-jev-deadline-s"  # seconds this caller waits for the answer (the caller owns the deadline)
-CLIENT_HEADER = "x-jev-client"  # the fairness key, set by the frontend (API key digest or address)
+CLIENT_HEADER = "x-jev-client"  # the fairness key, set by the frontend (the key's HMAC identity or the address)
 WORKER_HEADER = "x-jev-worker"  # which worker answered a decision (its JEV_WORKER_ID)
 REVISION_HEADER = "x-jev-revision"  # the checkpoint that answered it (its pinned revision or content digest)
 CODE_VERSION_HEADER = "x-jev-code-version"  # the code that answered it (jev_common.version)
@@ -108,16 +107,15 @@ async def error_middleware(request: web.Request, handler):
 
 def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
     """`Authorization: Bearer <key>` on /v1/ routes when keys are configured; off (header ignored) otherwise."""
-    encoded = [k.encode() for k in keys]
 
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if encoded and request.path.startswith(protected_prefix):
+        if keys and request.path.startswith(protected_prefix):
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not given.strip():
                 raise ApiKeyMissing("an API key is required: send Authorization: Bearer <key>")
-            if not any(hmac.compare_digest(given.strip().encode(), key) for key in encoded):
+            if not matches(given.strip(), keys):  # every key compared, in constant time
                 raise ApiKeyInvalid("the API key is not valid")
         return await handler(request)
 
@@ -143,19 +141,11 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
     return value
 
 
-def client_key(request: web.Request) -> str:
+def client_key(request: web.Request, identity: CallerIdentity) -> str:
     """Who is asking, for fairness: the frontend's `x-jev-client` when the caller carries the internal credential
     (internal_auth.TRUSTED), else the caller's own identity (a direct caller cannot pick its own fairness key)."""
     given = request.headers.get(CLIENT_HEADER, "").strip() if request.get(TRUSTED, False) else ""
-    return given[:128] if given else caller_identity(request)
-
-
-def caller_identity(request: web.Request) -> str:
-    """A digest of the caller's API key, else its peer address (what the frontend names in `x-jev-client`)."""
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and key.strip():
-        return "key:" + hashlib.sha256(key.strip().encode()).hexdigest()[:16]
-    return "addr:" + (request.remote or "unknown")
+    return given[:128] if given else identity.of(request)
 
 
 def caller_retries(headers) -> bool:

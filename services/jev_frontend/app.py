@@ -19,7 +19,6 @@ from jev_common.http import (
     REQUEST_ID_HEADER,
     RETRY_HEADERS,
     auth_middleware,
-    caller_identity,
     error_middleware,
     parse_model,
     read_systemone_body,
@@ -27,6 +26,7 @@ from jev_common.http import (
     request_id_middleware,
     stream_body,
 )
+from jev_common.identity import CallerIdentity
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
@@ -58,6 +58,7 @@ BACKEND = web.AppKey("backend", Backend)
 POOL = web.AppKey("pool", BackendPool)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", HttpMetrics)
+IDENTITY = web.AppKey("identity", CallerIdentity)
 
 # Text-generation APIs other stacks expose. This stack is decisions only, so they get a pointed 404
 # instead of being forwarded.
@@ -75,8 +76,9 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     """What the worker needs of the caller's headers: the body's type, x-jev-* (the deadline among them), the
     SDK's retry headers (a retry may join its first attempt's work) and the request id (so both services log
     and answer the same id); and who the caller is, for the worker's fairness (`x-jev-client`, set here
-    whatever the caller sent). The API key stays here: the frontend checked it; the backend call carries the
-    internal token instead (proxy.Backend), never one a caller sent."""
+    whatever the caller sent: the key's HMAC identity, jev_common.identity, or the address). The API key stays
+    here: the frontend checked it; the backend call carries the internal token instead (proxy.Backend), never one
+    a caller sent."""
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
@@ -88,7 +90,7 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
             and (k.lower().startswith(DECISION_HEADER_PREFIX) or k.lower() in RETRY_HEADERS)
         }
     )
-    headers[CLIENT_HEADER] = caller_identity(request)  # the caller may not name its own fairness key
+    headers[CLIENT_HEADER] = request.app[IDENTITY].of(request)  # the caller may not name its own fairness key
     return headers
 
 
@@ -342,6 +344,7 @@ def create_app(settings: Settings) -> web.Application:
     app[POOL] = pool
     app[ROUTER] = Router(settings, pool, index)
     app[METRICS] = metrics
+    app[IDENTITY] = CallerIdentity.for_tokens(settings.internal_tokens)
 
     async def backend_client(_app: web.Application):
         await backend.start()

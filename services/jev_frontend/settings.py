@@ -175,8 +175,8 @@ class Settings:
     timeout_s: float = ENV["JEV_FRONTEND_TIMEOUT_S"].field()
     max_body_bytes: int = ENV["JEV_FRONTEND_MAX_BODY_BYTES"].field()
     max_connections: int = ENV["JEV_FRONTEND_MAX_CONNECTIONS"].field()
-    api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
-    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the file's; the first is sent
+    api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field(secret=True)  # empty: auth off
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field(secret=True)  # + the file's; the first is sent
     # (model or "", url); with backend_url="" it is the whole list
     backends: tuple[tuple[str, str], ...] = ENV["JEV_BACKENDS"].field()
     discovery: bool = ENV["JEV_FRONTEND_DISCOVERY"].field()

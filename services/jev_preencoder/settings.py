@@ -64,7 +64,7 @@ class PreencoderSettings:
     max_image_bytes: int = ENV["JEV_PREENCODER_MAX_IMAGE_BYTES"].field()
     max_image_pixels: int = ENV["JEV_PREENCODER_MAX_IMAGE_PIXELS"].field()
     max_body_bytes: int = ENV["JEV_PREENCODER_MAX_BODY_BYTES"].field()
-    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # (serve) empty: any caller
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field(secret=True)  # (serve) empty: any caller
 
     @classmethod
     def from_env(cls, **overrides) -> PreencoderSettings:

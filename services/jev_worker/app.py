@@ -16,6 +16,7 @@ from jev_common.http import (
     request_deadline,
     request_id_middleware,
 )
+from jev_common.identity import CallerIdentity
 from jev_common.internal_auth import backend_guard
 from jev_common.schema import (
     LATEST_ALIAS,
@@ -79,6 +80,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         client_max_size=settings.max_body_bytes,
     )
     app[SERVICE] = service
+    identity = CallerIdentity.for_tokens(settings.internal_tokens)  # direct callers, named as the frontend names them
 
     async def lifecycle(_app: web.Application):
         task = asyncio.create_task(service.start())
@@ -113,7 +115,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
 
     async def systemone(request: web.Request) -> web.Response:
         deadline_s = request_deadline(request.headers, settings.max_deadline_s)
-        caller = Caller(client_key(request), caller_retries(request.headers))
+        caller = Caller(client_key(request, identity), caller_retries(request.headers))
         body = await read_systemone_body(request, settings.max_body_bytes)
         if not is_envelope(body.payload):
             if body.parts:

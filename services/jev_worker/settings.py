@@ -328,8 +328,10 @@ class WorkerSettings:
     threads: int = ENV["JEV_TORCH_THREADS"].field()
     cuda_graphs: str = ENV["JEV_CUDA_GRAPHS"].field()
     l3_reuse: str = ENV["JEV_L3_REUSE"].field()
-    api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
-    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the token file's; empty: any caller
+    api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field(secret=True)  # empty: auth off
+    internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field(
+        secret=True
+    )  # + the token file's; empty: any caller
 
     @classmethod
     def from_env(cls, **overrides) -> WorkerSettings:

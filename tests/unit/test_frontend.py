@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from jev_common.identity import CallerIdentity
 from jev_common.schema import DecisionResponse, ErrorEnvelope
 from jev_frontend.app import BACKEND, create_app
 from jev_frontend.settings import Settings
@@ -139,6 +140,15 @@ async def test_every_backend_call_carries_the_internal_token_and_never_the_calle
     async with backend.serve() as url, frontend(url) as client:  # no token here: nothing of the caller's passes
         await client.post("/v1/systemone", json=CHOICE, headers={"x-jev-internal-token": "guessed"})
     assert "x-jev-internal-token" not in backend.received[-1][1]
+
+
+async def test_the_fairness_key_is_the_keys_hmac_identity_never_the_key():
+    backend = ScriptedBackend()
+    async with backend.serve() as url, frontend(url, api_keys=("k-1",), internal_tokens=("t-1",)) as client:
+        assert (await client.post("/v1/systemone", json=CHOICE, headers={"Authorization": "Bearer k-1"})).status == 200
+    (_body, headers) = backend.received[-1]
+    assert headers["x-jev-client"] == CallerIdentity.for_tokens(("t-1",)).of_key("k-1")
+    assert "k-1" not in " ".join(headers.values())  # the key itself never reaches the backend
 
 
 async def test_decision_from_fake_worker_with_cache_header(fake):

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from jev_common.http import client_key, error_middleware
+from jev_common.identity import CallerIdentity
 from jev_common.internal_auth import (
     INTERNAL_TOKEN_HEADER,
     backend_guard,
@@ -25,7 +26,7 @@ TOKEN, OLD, KEY = "t-new", "t-old", "k-direct"
 @contextlib.asynccontextmanager
 async def backend(tokens=(), api_keys=()):
     async def who(request: web.Request) -> web.Response:
-        return web.json_response({"client": client_key(request)})
+        return web.json_response({"client": client_key(request, CallerIdentity.for_tokens(tokens))})
 
     app = web.Application(
         middlewares=[error_middleware, backend_guard(tokens, api_keys, internal_prefixes=("/v1/cache/",))]
@@ -103,3 +104,17 @@ def test_the_frontend_sends_its_first_token_and_compares_in_constant_time():
 async def test_malformed_credentials_are_missing_not_errors(given):
     async with backend((TOKEN,)) as client:
         assert (await call(client, Authorization=given))[0] == 403
+
+
+def test_no_settings_repr_shows_a_key_or_a_token():
+    from jev_common.recipe import load_recipe
+    from jev_frontend.settings import Settings
+    from jev_preencoder.settings import PreencoderSettings
+    from jev_worker.settings import WorkerSettings
+
+    for settings in (
+        Settings(api_keys=("k-sec",), internal_tokens=("t-sec",)),
+        WorkerSettings(recipe=load_recipe("smollm2-135m-cpu"), api_keys=("k-sec",), internal_tokens=("t-sec",)),
+        PreencoderSettings(internal_tokens=("t-sec",)),
+    ):
+        assert "k-sec" not in repr(settings) and "t-sec" not in repr(settings)

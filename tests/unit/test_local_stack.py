@@ -216,3 +216,15 @@ def test_start_profile_reports_a_service_that_dies(tmp_path):
         with ls.start_profile("t", compose=compose, state_dir=tmp_path, startup_timeout_s=30, log=lambda *_: None):
             pass
     assert "boom" in str(info.value)
+
+
+def test_plan_never_prints_a_key_a_token_or_a_password(capsys):
+    overrides = [
+        "frontend-cpu.JEV_API_KEYS=k-secret",
+        "frontend-cpu.JEV_INTERNAL_TOKENS=t-secret",
+        "frontend-cpu.JEV_REDIS_URL=redis://default:p-secret@10.0.0.1:6379/0",
+    ]
+    assert ls.main(["plan", "--profile", "cpu", *[arg for item in overrides for arg in ("--set", item)]]) == 0
+    printed = capsys.readouterr().out
+    assert "JEV_API_KEYS=(set, not shown)" in printed and "redis://default:(not shown)@10.0.0.1:6379/0" in printed
+    assert not any(secret in printed for secret in ("k-secret", "t-secret", "p-secret"))
