@@ -24,7 +24,8 @@ class DomainError(Exception):
     """Something a request cannot get, named by its class; `ERRORS` gives its status and error type.
 
     `loc` locates a validation failure in the body; `details` are FastAPI-shaped validation details when a
-    parser found several; `retry_after` (seconds) is a hint for errors a client may retry."""
+    parser found several; `retry_after` (seconds) is a hint for errors a client may retry; `headers` are more
+    headers its answer carries (the rate limits' `x-ratelimit-*`)."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class DomainError(Exception):
         kind: str = "value_error",
         details: list[dict] | None = None,
         retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.message = message
@@ -41,6 +43,7 @@ class DomainError(Exception):
         self.kind = kind
         self.details = details
         self.retry_after = retry_after
+        self.headers = dict(headers or {})
 
     # read from ERRORS (the one mapping), for logs, metrics and tests
     @property
@@ -141,6 +144,12 @@ class Overloaded(DomainError):
     """The queue is full; retry shortly."""
 
 
+class RateLimited(DomainError):
+    """(frontend) The caller's API key (or address, with keys off) used up its requests or prompt tokens per
+    minute (`JEV_RATE_LIMITS`); the answer says when to retry (Retry-After, retry-after-ms) and the limits
+    (`x-ratelimit-*`)."""
+
+
 class ClientOverloaded(Overloaded):
     """One client (API key, or address without keys) has as much work in flight as it may; the others are
     still served. Retry after the Retry-After seconds."""
@@ -213,6 +222,7 @@ ERRORS: dict[type[DomainError], ErrorSpec] = {
     RouteNotServed: ErrorSpec(404, "not_found"),
     Overloaded: ErrorSpec(429, "overloaded", retry_after=1),
     ClientOverloaded: ErrorSpec(429, "overloaded", retry_after=1),
+    RateLimited: ErrorSpec(429, "rate_limit_error", retry_after=1),
     Stalled: ErrorSpec(503, "stalled"),
     NotReady: ErrorSpec(503, "not_ready"),
     ShuttingDown: ErrorSpec(503, "unavailable", retry_after=1),
@@ -288,6 +298,7 @@ def http_error(exc: DomainError) -> ApiError:
     spec = spec_of(exc)
     retry_after = exc.retry_after if exc.retry_after is not None else spec.retry_after
     headers = {"Retry-After": f"{max(1, round(retry_after))}"} if retry_after is not None else {}
+    headers.update(exc.headers)
     details = exc.details
     if details is None and spec.type == "validation_error":
         details = [{"loc": ["body", *exc.loc], "msg": exc.message, "type": exc.kind}]

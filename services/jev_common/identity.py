@@ -20,25 +20,32 @@ IDENTITY_HEX = 16  # 64 bits: distinct for any realistic number of keys, short i
 
 
 class CallerIdentity:
-    """Names callers; made once per service from its internal tokens (`for_tokens`)."""
+    """Names callers; made once per service from its internal tokens (`for_tokens`). `by_key=False` (a frontend
+    with keys off) names every caller by its address: a key nobody checks would let a caller pick its own name."""
 
-    def __init__(self, secret: bytes):
+    def __init__(self, secret: bytes, *, by_key: bool = True):
         self._secret = secret
+        self.by_key = by_key
 
     @classmethod
-    def for_tokens(cls, tokens: tuple[str, ...]) -> CallerIdentity:
+    def for_tokens(cls, tokens: tuple[str, ...], *, by_key: bool = True) -> CallerIdentity:
         """Keyed by the first internal token (the one a frontend sends), domain-separated so the secret is not the
         token itself; with none, by a fixed label."""
         if not tokens:
-            return cls(NO_TOKEN_LABEL)
-        return cls(hmac.new(tokens[0].encode(), b"jev caller identity", hashlib.sha256).digest())
+            return cls(NO_TOKEN_LABEL, by_key=by_key)
+        return cls(hmac.new(tokens[0].encode(), b"jev caller identity", hashlib.sha256).digest(), by_key=by_key)
+
+    @property
+    def namespace(self) -> str:
+        """The deployment's name where callers of several deployments could meet (one Redis): its secret's digest."""
+        return hmac.new(self._secret, b"jev deployment namespace", hashlib.sha256).hexdigest()[:12]
 
     def of_key(self, key: str) -> str:
         return "key:" + hmac.new(self._secret, key.encode(), hashlib.sha256).hexdigest()[:IDENTITY_HEX]
 
     def of(self, request: web.Request) -> str:
         """The caller's API key (`Authorization: Bearer`), named; else its peer address."""
-        key = bearer_key(request)
+        key = bearer_key(request) if self.by_key else None
         return self.of_key(key) if key else "addr:" + (request.remote or "unknown")
 
 

@@ -32,6 +32,7 @@ from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
+from .buckets import Buckets
 from .metrics_merge import merged_exposition
 from .pool import BackendPool
 from .proxy import (
@@ -42,6 +43,7 @@ from .proxy import (
     BackendMetrics,
     BackendUnreachable,
 )
+from .ratelimit import RateLimiter
 from .router import Router
 from .settings import Settings
 
@@ -59,6 +61,7 @@ POOL = web.AppKey("pool", BackendPool)
 ROUTER = web.AppKey("router", Router)
 METRICS = web.AppKey("metrics", HttpMetrics)
 IDENTITY = web.AppKey("identity", CallerIdentity)
+LIMITER = web.AppKey("limiter", RateLimiter)
 
 # Text-generation APIs other stacks expose. This stack is decisions only, so they get a pointed 404
 # instead of being forwarded.
@@ -269,6 +272,8 @@ async def handle_health(request: web.Request) -> web.Response:
         "default_model": pool.default_model() or None,
         "routing": settings.routing,
     }
+    if request.app[LIMITER].enabled:
+        detail["rate_limits"] = request.app[LIMITER].health()
     if not any(b.up for b in pool.backends.values()):
         message = "no backend is in rotation" if backends else "no backend is configured or registered yet"
         return web.json_response(
@@ -279,7 +284,8 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def _single_health(request: web.Request, settings: Settings, pool: BackendPool) -> web.Response:
-    """The worker's own health, status and body unchanged (the upstream contract compares them)."""
+    """The worker's own health, status and body unchanged (the upstream contract compares them); with rate limits
+    on, its `detail` also says where they are kept."""
     backend = next(iter(pool.backends.values()))
     answer = await request.app[BACKEND].call("GET", "/health", endpoint="health", timeout_s=settings.timeout_s)
     if answer.status != 200 and answer.status < 400:
@@ -287,7 +293,22 @@ async def _single_health(request: web.Request, settings: Settings, pool: Backend
             f"backend {settings.backend_url} answered GET /health with unexpected status {answer.status}",
         )
     backend.up = answer.status == 200
-    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+    body = answer.body
+    if request.app[LIMITER].enabled:
+        body = _with_detail(body, "rate_limits", request.app[LIMITER].health())
+    return web.Response(status=answer.status, body=body, headers=answer.passthrough_headers())
+
+
+def _with_detail(body: bytes, name: str, value: object) -> bytes:
+    """A JSON health body with `detail[name] = value` added (a body that is not such JSON is left as it is)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(payload, dict) or not isinstance(payload.setdefault("detail", {}), dict):
+        return body
+    payload["detail"][name] = value
+    return json.dumps(payload).encode()
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -335,8 +356,17 @@ def create_app(settings: Settings) -> web.Application:
     if not settings.single_backend and settings.index_url:
         index = CacheIndex(settings.index_url, "jev-frontend", owner_id="frontend")
     pool = BackendPool(settings, backend, backend.metrics, index)
+    identity = CallerIdentity.for_tokens(settings.internal_tokens, by_key=bool(settings.api_keys))
+    buckets = Buckets(settings.index_url if settings.rate_limits else None, identity.namespace)
+    limiter = RateLimiter(settings.rate_limits, settings.api_keys, identity, buckets, metrics.registry)
     app = web.Application(
-        middlewares=[request_id_middleware, metrics.middleware, error_middleware, auth_middleware(settings.api_keys)],
+        middlewares=[
+            request_id_middleware,
+            metrics.middleware,
+            error_middleware,
+            auth_middleware(settings.api_keys),
+            limiter.middleware(),  # after the key is checked: a wrong key takes nothing from anyone's bucket
+        ],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
@@ -344,7 +374,8 @@ def create_app(settings: Settings) -> web.Application:
     app[POOL] = pool
     app[ROUTER] = Router(settings, pool, index)
     app[METRICS] = metrics
-    app[IDENTITY] = CallerIdentity.for_tokens(settings.internal_tokens)
+    app[IDENTITY] = identity
+    app[LIMITER] = limiter
 
     async def backend_client(_app: web.Application):
         await backend.start()
@@ -364,6 +395,7 @@ def create_app(settings: Settings) -> web.Application:
         await pool.close()
         if index is not None:
             await index.close()
+        await buckets.close()
         await backend.close()
 
     app.cleanup_ctx.append(backend_client)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from yarl import URL
 
@@ -25,9 +26,12 @@ from jev_common.config import (
     float_var,
     int_var,
     list_var,
+    optional_var,
     str_var,
 )
 from jev_common.internal_auth import INTERNAL_TOKEN_FILE, INTERNAL_TOKENS, load_internal_tokens
+
+from .limits import RateLimits, parse_rate_limits
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -113,8 +117,9 @@ ENV = EnvTable(
             "JEV_REDIS_URL",
             "redis://127.0.0.1:6379/0",
             "the cache index, read for warm prefixes (route "
-            "keys), images in L2 and discovery; `none` = route by this frontend's own memory and load only. "
-            "Not used with a single backend",
+            "keys), images in L2 and discovery (not with a single backend), and the rate limits' buckets, shared by "
+            "every frontend on it; `none` = route by this frontend's own memory and load only, and keep the rate "
+            "limits per frontend",
         ),
         str_var(
             "JEV_ROUTING",
@@ -161,6 +166,22 @@ ENV = EnvTable(
         list_var("JEV_API_KEYS", (), "comma-separated API keys accepted by the frontend", note="auth off"),
         INTERNAL_TOKENS,
         INTERNAL_TOKEN_FILE,
+        custom_var(
+            "JEV_RATE_LIMITS",
+            parse_rate_limits,
+            RateLimits(),
+            "requests and prompt tokens per minute, comma-separated `NAME=RPM:TPM` entries: `default=60:20000` for "
+            "every caller (each API key, or each address with keys off), `sha256:<hex>=600:200000` for the key whose "
+            'sha256 starts with those 12-64 hex digits (`printf %s "$KEY" | sha256sum`); an empty or 0 RPM/TPM is '
+            "no limit on it. Kept in Redis (`JEV_REDIS_URL`), so every frontend enforces one limit; 429 "
+            "`rate_limit_error` past it",
+            shown="(empty: no limits)",
+        ),
+        optional_var(
+            "JEV_RATE_LIMITS_FILE",
+            "a file of `JEV_RATE_LIMITS` entries, one or more a line (`#` comments), read at start, its entries over "
+            "the variable's (mount it from a ConfigMap or Secret)",
+        ),
         LOG_LEVEL,
     ],
 )
@@ -187,6 +208,7 @@ class Settings:
     health_interval_s: float = ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].field()
     max_preencode_bytes: int = ENV["JEV_FRONTEND_MAX_PREENCODE_BYTES"].field()
     preencoder_url: str = ENV["JEV_PREENCODER_URL"].field()  # "": no preencoder behind this frontend
+    rate_limits: RateLimits = ENV["JEV_RATE_LIMITS"].field()  # + the file's; empty: no limits
 
     def __post_init__(self) -> None:
         if self.backend_url:
@@ -258,4 +280,15 @@ class Settings:
             routing=ENV["JEV_ROUTING"].get().strip().lower(),
             max_imbalance=ENV["JEV_ROUTING_MAX_IMBALANCE"].get(),
             health_interval_s=ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].get(),
+            rate_limits=_rate_limits(ENV["JEV_RATE_LIMITS"].get(), ENV["JEV_RATE_LIMITS_FILE"].get()),
         )
+
+
+def _rate_limits(listed: RateLimits, path: str | None) -> RateLimits:
+    if not path:
+        return listed
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"JEV_RATE_LIMITS_FILE {path}: {exc.strerror}") from None
+    return listed.merged(parse_rate_limits(text, f"JEV_RATE_LIMITS_FILE {path}"))

@@ -306,6 +306,8 @@ def test_keys_on_the_frontends_and_the_internal_token_on_both_sides_never_a_defa
         assert "jev-secrets:/var/lib/jev/secrets" in (svc.get("volumes") or []), name
         if module == "jev_frontend":
             assert interpolate(str(env["JEV_API_KEYS"]), keyed) == "k-1", name
+            assert interpolate(str(env["JEV_RATE_LIMITS"]), {"JEV_RATE_LIMITS": "default=5"}) == "default=5", name
+            assert interpolate(str(env["JEV_RATE_LIMITS"]), ENV) == "", f"{name} ships a default limit"
         else:
             assert "JEV_API_KEYS" not in env, f"{name}: the callers' keys are the frontend's"
     assert "jev-secrets" in DATA["volumes"]

@@ -201,7 +201,7 @@ SERVICES = {
     "frontend": (
         frontend_settings.Settings,
         frontend_settings.ENV,
-        {"OMNI_JEV_BIND", "JEV_LOG_LEVEL", "JEV_INTERNAL_TOKEN_FILE"},
+        {"OMNI_JEV_BIND", "JEV_LOG_LEVEL", "JEV_INTERNAL_TOKEN_FILE", "JEV_RATE_LIMITS_FILE"},
         set(),
     ),  # the file: read into tokens
     "preencoder": (
@@ -224,7 +224,7 @@ SHOWN = {
         "JEV_RECIPES_DIR",
         "JEV_CODE_VERSION",
     },
-    "frontend": {"OMNI_JEV_BIND", "JEV_DEFAULT_MODEL"},
+    "frontend": {"OMNI_JEV_BIND", "JEV_DEFAULT_MODEL", "JEV_RATE_LIMITS"},
     "preencoder": {"JEV_DTYPE", "JEV_LOG_LEVEL", "JEV_RECIPES_DIR"},
 }
 

@@ -78,6 +78,7 @@ MATRIX = {
             "service": {"type": "LoadBalancer"},
             "ingress": {"enabled": True, "className": "nginx"},
             "autoscaling": {"enabled": True},
+            "rateLimits": "default=60:20000,sha256:9f86d081884c7d65=600:",
         },
         "metrics": {"serviceMonitor": {"enabled": True}},
         "workers": [
@@ -295,6 +296,9 @@ def test_secrets_only_through_secret_key_refs(rendered):
     else:  # generated at install (never a default in the chart), kept across upgrades by lookup
         token = base64.b64decode(generated[0]["data"]["internal-token"]).decode()
         assert len(token) == 48 and token.isalnum()
+    frontend_env = env_of(next(c for d, c in containers(docs) if c["name"] == "frontend"))
+    rate_limits = values.get("frontend", {}).get("rateLimits")  # in the release's Redis: one limit for all replicas
+    assert frontend_env.get("JEV_RATE_LIMITS", {}).get("value") == rate_limits
     if name == "external-redis-and-extras":
         assert not of_kind(docs, "StatefulSet") and not of_kind(docs, "Secret")
         frontend = next(c for d, c in containers(docs) if c["name"] == "frontend")
@@ -353,6 +357,7 @@ def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_ass
             "gpus on the cpu image",
         ),
         ({"redis": {"enabled": False}}, "no external Redis host"),
+        ({"frontend": {"rateLimits": "k-secret-key=10:100"}}, "a key itself in the rate limits"),
         (
             {
                 "workers": [

@@ -34,3 +34,8 @@ def test_a_request_is_named_by_its_bearer_key_else_its_address():
     assert identity.of(request(f"Bearer  {KEY} ")) == identity.of_key(KEY)
     for header in (None, "", "Bearer", "Basic abc"):
         assert identity.of(request(header)).startswith("addr:")
+
+
+def test_with_keys_off_a_caller_cannot_pick_its_name_with_a_bearer():
+    identity = CallerIdentity.for_tokens(("t-1",), by_key=False)
+    assert identity.of(request(f"Bearer {KEY}")) == identity.of(request()) == "addr:unknown"  # no peer in a mock
