@@ -384,18 +384,28 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['wall']:.0f} s; prior: {json.dumps(result['prior'])[:300]}",
         flush=True,
     )
-    for mode in MODES:
-        live, errors = result["reports"][mode][1], len(result["reports"][mode][0].errors)
-        if live or errors or result["cost"][mode]["mismatch"]:
-            print(
-                f"# {mode}: {len(live)} requests outside the plan, {errors} errors, "
-                f"{result['cost'][mode]['mismatch']} token counts unlike the worker's",
-                flush=True,
-            )
+    broken = failures(result)
+    for line in broken:
+        print(f"# FAILED {line}", flush=True)
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(rows(result), indent=1))
-    return 0
+    return 1 if broken else 0
+
+
+def failures(result: dict) -> list[str]:
+    """The modes whose figures cannot be trusted: jevbench asked a request outside the recorded plan, scoring
+    raised, or the worker counted other prompt tokens than its own prompt builder does."""
+    out = []
+    for mode in MODES:
+        live, errors = result["reports"][mode][1], len(result["reports"][mode][0].errors)
+        mismatch = result["cost"][mode]["mismatch"]
+        if live or errors or mismatch:
+            out.append(
+                f"{mode}: {len(live)} requests outside the plan, {errors} errors, {mismatch} token counts unlike "
+                "the worker's"
+            )
+    return out
 
 
 if __name__ == "__main__":

@@ -91,7 +91,9 @@ def cpu_description() -> str:
 
 
 def child_env(wait: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "PYTHONPATH")}
+    from benchmarks.stack import NOT_INHERITED
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "PYTHONPATH", *NOT_INHERITED)}
     # "spin": libgomp's default (spin, then sleep), kept by the worker because the variable is set; "-": unset
     if wait != "-":
         env["OMP_WAIT_POLICY"] = "PASSIVE" if wait == "passive" else ""

@@ -1006,6 +1006,9 @@ def main(argv: list[str] | None = None) -> int:
     if result["errors"]:
         print("errors: " + json.dumps(result["errors"]))
     print(f"written: {out / 'peers.json'}, {out / 'peers.md'}" + (f", {png}" if png else ""))
+    if result["errors"]:  # a cell whose requests failed: its row compares what was not answered
+        print(f"FAILED: requests not answered 200 in {', '.join(result['errors'])}", file=sys.stderr)
+        return 1
     return 0
 
 

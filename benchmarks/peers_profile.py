@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     if not set(args.workload) <= set(peers.WORKLOADS) or not set(args.concurrency) <= set(peers.CONCURRENCY):
         parser.error("unknown workload or concurrency")
-    for summary in asyncio.run(profile(args)):
+    summaries = asyncio.run(profile(args))
+    for summary in summaries:
         print(
             f"\n{summary['arm']} {summary['ours_env'] or ''} {summary['workload']} c={summary['concurrency']}: "
             f"{summary['requests_ok']}/{summary['requests_sent']} ok, p50 {summary['p50_ms'] or 0:.1f} ms, "
@@ -172,7 +173,20 @@ def main(argv: list[str] | None = None) -> int:
             for name, share in summary[title][: args.top]:
                 print(f"  {share * 100:5.1f}%  {name}")
         print(f"raw stacks: {summary['raw']}")
-    return 0
+    broken = failures(summaries)
+    for line in broken:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if broken else 0
+
+
+def failures(summaries: list[dict]) -> list[str]:
+    """Cells whose profile is not of the load it names: requests that were not answered 200, or no sample."""
+    return [
+        f"{s['arm']} {s['workload']} c={s['concurrency']}: {s['requests_ok']}/{s['requests_sent']} answered 200, "
+        f"{s['samples']} samples"
+        for s in summaries
+        if s["requests_ok"] < s["requests_sent"] or not s["requests_sent"] or not s["samples"]
+    ]
 
 
 if __name__ == "__main__":

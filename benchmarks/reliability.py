@@ -16,8 +16,14 @@
 
     python -m benchmarks.reliability [--tiny] [--skip sdk,clients,jevcompat] [--clients 100 --seconds 20]
 
-Prints one JSON line per part and a table at the end; the CPU is named. `--tiny` runs every part on a tiny
-random checkpoint at small sizes (SMOKE_SIZES unless given; the smoke run in make test).
+The worker runs as behind the frontend: with an internal token (generated per run), which every call of the
+benchmark carries, so the clients part's `x-jev-client` (one fairness key per simulated client) is honoured as the
+frontend's would be; the SDK and jevcompat send it as their API key. Prints one JSON line per part (`ok`, and
+`failed` with the reasons when a part broke: an error, a 5xx, an oversized request not refused, a worker still
+busy after its caller left, a conformance failure) and exits 1 when any part it ran failed. A part that cannot
+apply to the served model is skipped, its line saying why (jevcompat where the model reads fewer tokens than the
+suite's 255-option question has: the tiny checkpoint's 4,096). `--tiny` runs every part on a tiny random
+checkpoint at small sizes (SMOKE_SIZES unless given; the smoke run in make test).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import os
 import random
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -37,10 +44,15 @@ import aiohttp
 
 from benchmarks.cpu_speed import Busy, cpu_description, jevcompat_255
 from benchmarks.stack import Stack, get_text
+from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 
 BIG_STATE = "word " * 200_000  # 1 MB
 FULL_SIZES = {"options": 255, "leave": 2.0, "clients": 100, "seconds": 20.0}
 SMOKE_SIZES = {"options": 8, "leave": 0.2, "clients": 2, "seconds": 1.0}  # --tiny: the tiny checkpoint's sizes
+PARTS = ("bounds", "disconnect", "sdk", "clients", "jevcompat")
+TOKEN = secrets.token_hex(16)  # the worker's internal token for this run; every call carries it
+CREDENTIAL = {INTERNAL_TOKEN_HEADER: TOKEN}
+PROBE_S = 10.0  # a prompt's length is judged before any forward: a too-long one is refused well within this
 
 
 def envelope(state, instructions="Is the lamp on?") -> dict:
@@ -103,7 +115,10 @@ async def post(
     started = time.monotonic()
     try:
         async with session.post(
-            url + "/v1/systemone", json=body, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            url + "/v1/systemone",
+            json=body,
+            headers={**CREDENTIAL, **(headers or {})},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as response:
             await response.read()
             return response.status, time.monotonic() - started
@@ -141,7 +156,7 @@ def sdk_call(url: str, options: int) -> dict:
     body = choice(options)["questions"]["queue"]
     started = time.monotonic()
     try:
-        with TypeSafeClient(api_key="unused", base_url=url) as client:  # every setting at its default
+        with TypeSafeClient(api_key=TOKEN, base_url=url) as client:  # every setting at its default (the token: a key)
             answer = client.system_one(
                 state=jevcompat_255()["state"],
                 questions={"queue": Choice(instructions=body["instructions"], criteria=body["criteria"])},
@@ -201,7 +216,11 @@ def jevcompat_busy(url: str) -> dict:
         started = time.monotonic()
         command = str(Path(sys.executable).parent / "jevcompat")  # the suite's own console script
         done = subprocess.run(
-            [command, "test", url, "--json", f"{out}/report.json"], capture_output=True, text=True, timeout=3600
+            [command, "test", url, "--key-env", "JEV_BENCH_TOKEN", "--json", f"{out}/report.json"],
+            env={**os.environ, "JEV_BENCH_TOKEN": TOKEN},  # the token as its API key: never on a command line
+            capture_output=True,
+            text=True,
+            timeout=3600,
         )
         seconds = time.monotonic() - started
         report = json.loads(open(f"{out}/report.json").read())
@@ -215,12 +234,83 @@ def jevcompat_busy(url: str) -> dict:
     }
 
 
+async def jevcompat_applies(url: str) -> str | None:
+    """Why jevcompat cannot apply to the served model, or None when it can: the suite's largest request (its
+    255-option choice) is sent as the suite sends it, and a model that reads fewer tokens refuses it before any
+    forward (422, `prompt too long`). One that reads it is left at once (its forward stops when its caller leaves)."""
+    from jevcompat.checks import TICKET
+
+    body = jevcompat_255()
+    body["state"] = TICKET  # the suite's own state
+    timeout = aiohttp.ClientTimeout(total=PROBE_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.post(url + "/v1/systemone", json=body, headers=CREDENTIAL) as response,
+        ):
+            status, payload = response.status, await response.json(content_type=None)
+    except TimeoutError:
+        return None  # computing it: the model reads it
+    detail = payload.get("detail") if isinstance(payload, dict) else None
+    message = detail[0].get("msg", "") if isinstance(detail, list) and detail else ""
+    if status == 422 and message.startswith("prompt too long"):
+        return f"the suite's 255-option question does not fit the served model: {message}"
+    return None
+
+
+def judge(part: str, got) -> list[str]:
+    """What broke in a part's result (empty: it ran as it should). An unfavourable measurement is not a failure
+    (the SDK timing out on a model too slow for its budget is what the part measures); an error is."""
+    problems = []
+    if part == "bounds":
+        for name, outcome in got.items():
+            if isinstance(outcome, dict):
+                status = outcome["status"]
+                wanted = status == 200 if name == "small after" else isinstance(status, int) and 400 <= status < 500
+                if not wanted:
+                    problems.append(f"{name}: answered {status}")
+    elif part == "disconnect":
+        if got["client"] not in ("left", 200):
+            problems.append(f"the disconnecting client got {got['client']}")
+        if got["idle_after_disconnect_s"] == float("inf"):
+            problems.append("the worker was still busy 120 s after its caller left")
+    elif part == "sdk":
+        for run in got:
+            if not run["caller_got"].startswith("answer") and run["caller_got"] != "TypeSafeAPITimeoutError":
+                problems.append(f"the SDK ({run['load']}) got {run['caller_got']}")
+    elif part == "clients":
+        errors = {k: v for k, v in got["statuses"].items() if k.isdigit() and int(k) >= 500}
+        if errors:
+            problems.append(f"answered 5xx: {errors}")
+        if not got["computed_is_answered_plus_unwanted"]:
+            problems.append(f"rows computed != answered + unwanted: {got['counters']}")
+    elif part == "jevcompat" and got["exit"] != 0:
+        problems.append(f"jevcompat exited {got['exit']} (verdict {got['verdict']}, MUST {got['MUST']})")
+    return problems
+
+
+async def run_part(part: str, args, url: str, pid: int):
+    if part == "bounds":
+        return await part_bounds(url, pid)
+    if part == "disconnect":
+        return await part_disconnect(url, pid, args.options, args.leave)
+    if part == "sdk":
+        return [await part_sdk(url, args.options, busy) for busy in (False, True)]
+    if part == "jevcompat":
+        return await asyncio.to_thread(jevcompat_busy, url)
+    return await part_clients(url, args.clients, args.seconds, args.client_options)
+
+
 async def run(args) -> list[dict]:
     results = []
-    env = {"JEV_REDIS_URL": "redis://127.0.0.1:1/0", "JEV_WORKER_REGISTER_TTL_S": "0", "JEV_CACHE_L1": "0"}
+    env = {
+        "JEV_REDIS_URL": "redis://127.0.0.1:1/0",
+        "JEV_WORKER_REGISTER_TTL_S": "0",
+        "JEV_CACHE_L1": "0",
+        "JEV_INTERNAL_TOKENS": TOKEN,
+    }
     tiny_dir = None
     if args.tiny:
-        from tests.fakes.net import free_port  # noqa: F401 - the tests' helpers are importable here
         from tools.tiny_checkpoints import make_tiny_text
 
         tiny_dir = tempfile.mkdtemp(prefix="jev-tiny-")
@@ -231,19 +321,19 @@ async def run(args) -> list[dict]:
             worker = await stack.worker("worker", **env)
             await stack.wait_healthy()
             pid = worker.process.pid
-            parts = [p for p in ("bounds", "disconnect", "sdk", "clients", "jevcompat") if p not in args.skip]
-            for part in parts:
-                if part == "bounds":
-                    got = await part_bounds(worker.url, pid)
-                elif part == "disconnect":
-                    got = await part_disconnect(worker.url, pid, args.options, args.leave)
-                elif part == "sdk":
-                    got = [await part_sdk(worker.url, args.options, busy) for busy in (False, True)]
-                elif part == "jevcompat":
-                    got = await asyncio.to_thread(jevcompat_busy, worker.url)
+            for part in (p for p in PARTS if p not in args.skip):
+                skipped = await jevcompat_applies(worker.url) if part == "jevcompat" else None
+                if skipped:
+                    line = {"part": part, "skipped": skipped}
                 else:
-                    got = await part_clients(worker.url, args.clients, args.seconds, args.client_options)
-                line = {"part": part, "result": got}
+                    try:
+                        got = await run_part(part, args, worker.url, pid)
+                        problems = judge(part, got)
+                    except Exception as exc:  # noqa: BLE001 - a part that raised failed; the others still run
+                        got, problems = None, [f"{type(exc).__name__}: {exc}"]
+                    line = {"part": part, "result": got, "ok": not problems}
+                    if problems:
+                        line["failed"] = problems
                 print(json.dumps(line), flush=True)
                 results.append(line)
     return results
@@ -273,11 +363,19 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.skip = {p for p in args.skip.split(",") if p}
+    if args.skip - set(PARTS):
+        parser.error(f"--skip: unknown parts {sorted(args.skip - set(PARTS))}; the parts are {','.join(PARTS)}")
     if not 2 <= args.options <= 255:
         parser.error("--options 2..255")
     print(f"# CPU: {cpu_description()}", flush=True)
-    asyncio.run(run(args))
-    return 0
+    lines = asyncio.run(run(args))
+    for line in lines:
+        if "skipped" in line:
+            print(f"# skipped {line['part']}: {line['skipped']}", file=sys.stderr)
+    failed = [line for line in lines if line.get("failed")]
+    for line in failed:
+        print(f"# FAILED {line['part']}: {'; '.join(line['failed'])}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

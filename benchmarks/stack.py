@@ -32,8 +32,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# What a shell may hold that would change who a benchmark's services serve and how much: never inherited, only given
+# (`extra`), so a benchmark's direct calls to a worker (its /v1/cache/*, reliability's x-jev-client) meet the
+# credentials and limits the benchmark chose, whatever the shell that started it had set.
+NOT_INHERITED = (
+    "JEV_API_KEYS",
+    "JEV_INTERNAL_TOKENS",
+    "JEV_INTERNAL_TOKEN_FILE",
+    "JEV_RATE_LIMITS",
+    "JEV_RATE_LIMITS_FILE",
+)
+
+
 def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {key: value for key, value in os.environ.items() if key not in NOT_INHERITED}
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO / "services"), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )

@@ -92,16 +92,23 @@ def test_routing_smallest(tiny_model, tmp_path):
 
 def test_reliability_tiny():
     """As docs/benchmarks.md writes it (`--tiny`, no sizes): the tiny checkpoint's sizes, so the disconnecting
-    client's choice is answered or left, not refused for options the tiny vocabulary cannot label."""
+    client's choice is answered or left, not refused for options the tiny vocabulary cannot label; every part it
+    runs passes (run() asserts exit 0), and jevcompat, whose 255-option question the 4,096-token checkpoint cannot
+    read, is skipped with the reason."""
     lines = [
         json.loads(line)
         for line in run("benchmarks.reliability", "--tiny", "--skip", "sdk").splitlines()
         if line.startswith("{")
     ]
-    parts = {line["part"]: line["result"] for line in lines}
-    assert parts["bounds"]["1MB state"]["status"] == 422 and parts["bounds"]["small after"]["status"] == 200
-    assert parts["disconnect"]["client"] != 422, parts["disconnect"]
-    assert parts["clients"]["clients"] == 2 and parts["clients"]["computed_is_answered_plus_unwanted"]
+    parts = {line["part"]: line for line in lines}
+    assert all(line["ok"] for name, line in parts.items() if name != "jevcompat"), lines
+    assert parts["bounds"]["result"]["1MB state"]["status"] == 422
+    assert parts["bounds"]["result"]["small after"]["status"] == 200
+    assert parts["disconnect"]["result"]["client"] != 422, parts["disconnect"]
+    assert (
+        parts["clients"]["result"]["clients"] == 2 and parts["clients"]["result"]["computed_is_answered_plus_unwanted"]
+    )
+    assert "4,096" in parts["jevcompat"]["skipped"] and "result" not in parts["jevcompat"]
 
 
 def test_peers_reference_and_our_arm(tiny_model, tmp_path):
