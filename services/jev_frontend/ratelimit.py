@@ -49,10 +49,11 @@ class RateLimiter:
         self.shared = Gauge(
             "jev_frontend_rate_limit_shared",
             "1 while the rate limits' buckets are in Redis (one limit across replicas), 0 while this frontend "
-            "keeps its own (Redis unreachable: each replica enforces the full limit alone)",
+            "keeps its own (Redis unreachable or not configured: each replica enforces the full limit alone) or no "
+            "limits are set",
             registry=registry,
         )
-        self.shared.set(int(buckets.shared))
+        self.shared.set(int(self.enabled and buckets.shared))
         if api_keys:
             for prefix in limits.unmatched(api_keys):
                 log.warning("JEV_RATE_LIMITS: sha256:%s matches none of JEV_API_KEYS; that entry limits nobody", prefix)

@@ -197,6 +197,16 @@ async def test_prompt_tokens_are_debited_from_the_answer_and_limit_the_next_requ
         assert (await a.get("/v1/models")).status == 200  # only the work routes are limited
 
 
+async def test_an_admitted_request_refused_later_still_says_where_its_caller_stands():
+    async with frontends(
+        1, REDIS_URL, internal_tokens=(f"t-{uuid.uuid4().hex}",), rate_limits=parse_rate_limits("default=5")
+    ) as (a,):
+        response = await a.post("/v1/systemone", data=b"{not json", headers={"Content-Type": "application/json"})
+        assert response.status == 422  # the frontend's own refusal, after the request was counted
+        assert response.headers["x-ratelimit-limit-requests"] == "5"
+        assert response.headers["x-ratelimit-remaining-requests"] == "4"
+
+
 async def test_with_redis_unreachable_each_frontend_enforces_the_full_limit_alone():
     limits = parse_rate_limits("default=2")
     with closed_port() as port:
