@@ -229,8 +229,11 @@ def jevcompat_busy(url: str) -> dict:
         "load": "one core busy",
         "seconds": round(seconds, 1),
         "exit": done.returncode,
-        "verdict": report.get("verdict"),
+        "verdict": summary.get("verdict"),  # conformant, not conformant, incomplete (a timeout), not tested
         **{level: summary.get(level) for level in ("MUST", "SHOULD")},
+        "untested_musts": summary.get("untested_musts", []),
+        "inconclusive": [str(item)[:200] for item in report.get("inconclusive", [])][:5],
+        "case_errors": [str(item)[:200] for item in report.get("case_errors", [])][:5],
     }
 
 
@@ -284,8 +287,9 @@ def judge(part: str, got) -> list[str]:
             problems.append(f"answered 5xx: {errors}")
         if not got["computed_is_answered_plus_unwanted"]:
             problems.append(f"rows computed != answered + unwanted: {got['counters']}")
-    elif part == "jevcompat" and got["exit"] != 0:
-        problems.append(f"jevcompat exited {got['exit']} (verdict {got['verdict']}, MUST {got['MUST']})")
+    elif part == "jevcompat" and got["exit"] != 0:  # incomplete (a request timed out) is not a pass either
+        why = got.get("inconclusive") or got.get("case_errors") or got.get("untested_musts") or ""
+        problems.append(f"jevcompat exited {got['exit']}, {got['verdict']}: MUST {got['MUST']} {why}".rstrip())
     return problems
 
 
