@@ -149,7 +149,7 @@ class Buckets:
         return await self._apply(identity, limit, 0, max(0, int(tokens)))
 
     async def _apply(self, identity: str, limit: Limit, take: int, debit: int) -> Levels:
-        if self.redis_url is None and self._client is None:
+        if not self.redis_url and self._client is None:  # no Redis configured: this frontend's own, always
             return self.memory.apply(identity, limit, take, debit)
         if self._clock() < self._down_until:
             return self.memory.apply(identity, limit, take, debit)
