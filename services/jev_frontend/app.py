@@ -32,6 +32,7 @@ from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 from .metrics_merge import merged_exposition
+from .page import Page
 from .pool import BackendPool
 from .proxy import (
     DECISION_HEADER_PREFIX,
@@ -339,4 +340,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/v1/models", handle_models)
     for path in GENERATION_ROUTES:
         app.router.add_route("*", path, handle_generation)
+    app.add_routes(Page(settings, pool, backend).routes())  # GET /: the playground and status view
     return app
