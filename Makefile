@@ -47,7 +47,10 @@ down:
 	@if docker info >/dev/null 2>&1; then docker compose --profile $(PROFILE) down; fi; \
 	exec $$(test -x $(VPY) && echo $(VPY) || echo $(PY)) -m tools.local_stack down $(LOCAL_STACK_ARGS)
 
+# the page's browser test needs Debian's chromium and chromium-driver: installed here where missing (root with
+# apt-get); where they cannot be, tests/stack/test_page_browser.py skips and says why
 test: venv
+	bash tools/ensure_browser.sh || echo "browser: not installed; the page's browser test will skip"
 	bash tools/ensure_redis.sh -- $(VPY) -m pytest -q tests
 
 bench: venv

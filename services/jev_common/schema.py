@@ -603,6 +603,8 @@ class ModelInfo(BaseModel):
     # them): the checkpoint's identity (its pinned revision, or a digest of a local folder) and the code version
     x_revision: str | None = None
     x_code_version: str | None = None
+    # what the state may hold: "vision-language" models read images (`assets`), "text" ones do not
+    x_modality: Literal["text", "vision-language"] | None = None
     x_coherence: list[str] | None = None  # the request's x_coherence modes this model accepts
     x_coherence_types: dict[str, CoherenceEntry] | None = None  # per question type with an option order
 

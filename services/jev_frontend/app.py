@@ -34,6 +34,7 @@ from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 from .buckets import Buckets
 from .metrics_merge import merged_exposition
+from .page import Page
 from .pool import BackendPool
 from .proxy import (
     DECISION_HEADER_PREFIX,
@@ -406,4 +407,5 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_post("/v1/preencode", handle_preencode)
     for path in GENERATION_ROUTES:
         app.router.add_route("*", path, handle_generation)
+    app.add_routes(Page(settings, pool, backend).routes())  # GET /: the playground and status view
     return app

@@ -262,7 +262,9 @@ class BackendPool:
         out = [seen[name] for name in sorted(seen)]
         default = self.default_model()
         if default in seen:
-            made_by = {k: seen[default][k] for k in ("x_revision", "x_code_version") if k in seen[default]}
+            made_by = {
+                k: seen[default][k] for k in ("x_revision", "x_code_version", "x_modality") if k in seen[default]
+            }
             out.append(
                 {
                     "name": LATEST_ALIAS,

@@ -55,6 +55,7 @@ def model_list(
     made_by = {
         "x_revision": revision,
         "x_code_version": code_version,
+        "x_modality": recipe.model.modality,
         "x_coherence": coherence[0],
         "x_coherence_types": coherence[1],
     }

@@ -88,3 +88,20 @@ def test_prometheus_targets_are_compose_services():
                     assert host in services, target
                     seen += 1
     assert seen >= 4
+
+
+def test_the_images_carry_the_frontends_page():
+    """Both images COPY services/ whole, and no .dockerignore exclusion drops the page's files
+    (jev_frontend/static/, read when the frontend starts)."""
+    from fnmatch import fnmatch
+
+    from jev_frontend.page import FILES, STATIC_DIR
+
+    for text in (CPU, CUDA):
+        assert re.search(r"^COPY services/ /app/services/$", text, re.M)
+    lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    excluded = [line.replace("**/", "*") for line in lines[1:] if not line.startswith("!")]
+    for name in FILES:
+        path = (STATIC_DIR / name).relative_to(ROOT).as_posix()
+        assert path.startswith("services/") and (ROOT / path).is_file()
+        assert not any(fnmatch(path, pattern) or fnmatch(name, pattern) for pattern in excluded), path
