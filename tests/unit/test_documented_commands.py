@@ -38,6 +38,18 @@ def test_documented_module_runs_as_written(module):
     assert done.returncode == 0, f"python -m {module} --help: {done.stderr[-800:]}"
 
 
+def test_no_doc_asks_for_a_pythonpath_the_venv_makes_unneeded():
+    """`make venv` names services/ in the venv, so no doc tells a user to set PYTHONPATH=services:. for a command
+    (issue 49: docs/frontend.md still did); a line may name it as what a tool sets itself (pytest.ini, the Makefile)."""
+    stale = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in DOCS
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "PYTHONPATH=services" in line and not re.search(r"\bsets?\b", line)
+    ]
+    assert not stale, stale
+
+
 SERVICE_COMMAND = re.compile(r"python -m (jev_(?:worker|frontend|preencoder)|tests\.fakes\.[a-z_]+)")
 
 
