@@ -197,6 +197,13 @@ class LocalService:
     def url(self) -> str | None:
         return f"http://{LOOPBACK}:{self.port}" if self.port else None
 
+    @property
+    def port_var(self) -> str | None:
+        """The variable that sets this service's port (`--set NAME.JEV_WORKER_PORT=...` moves it), if any."""
+        return next(
+            (k for k, v in self.env.items() if re.fullmatch(r"JEV_[A-Z]+_PORT", k) and v == str(self.port)), None
+        )
+
 
 def plan_profile(
     profile: str,
@@ -428,7 +435,9 @@ def start_profile(
     run_dir = stack_run.new_run_dir(state_dir)
     log_dir = stack_run.new_log_dir(state_dir)
     try:
-        stack_run.check_ports({s.name: s.port for s in plan if s.port})
+        stack_run.check_ports(
+            {s.name: s.port for s in plan if s.port}, {s.name: s.port_var for s in plan if s.port_var}
+        )
         for name, port in externals.items():
             if start_redis and name == "redis":
                 proc = stack_run.start_redis(port, run_dir, REPO_ROOT, log)

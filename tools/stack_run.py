@@ -81,15 +81,35 @@ def reachable(port: int, host: str = LOOPBACK) -> bool:
     return False
 
 
-def check_ports(ports: dict[str, int]) -> None:
-    """Raise StackError naming every planned port that is already taken, before anything starts."""
-    busy = [f"{LOOPBACK}:{port} ({name})" for name, port in ports.items() if port and port_in_use(port)]
-    if busy:
-        raise StackError(
-            "port already in use: " + ", ".join(busy) + ". Another process listens there "
-            "(a stack started earlier? `make down` stops a local one); free the port or "
-            "publish elsewhere (JEV_FRONTEND_PUBLISH, --set SERVICE.JEV_..._PORT=...)"
-        )
+def free_port_after(port: int, avoid: set[int]) -> int:
+    """The first port above `port` that nothing listens on and `avoid` does not hold."""
+    candidate = port + 1
+    while candidate in avoid or port_in_use(candidate):
+        candidate += 1
+    return candidate
+
+
+def check_ports(ports: dict[str, int], port_vars: dict[str, str] | None = None) -> None:
+    """Raise StackError naming every planned port that is already taken, before anything starts, with the
+    `make up LOCAL_STACK_ARGS="--set SERVICE.VAR=PORT"` that starts the stack on free ones instead
+    (port_vars: service -> the variable that sets its port)."""
+    busy = {name: port for name, port in ports.items() if port and port_in_use(port)}
+    if not busy:
+        return
+    planned = {port for port in ports.values() if port}
+    sets = []
+    for name, port in busy.items():
+        if (port_vars or {}).get(name):
+            free = free_port_after(port, planned)
+            planned.add(free)
+            sets.append(f"--set {name}.{port_vars[name]}={free}")
+    how = f'make up LOCAL_STACK_ARGS="{" ".join(sets)}"' if sets else "--set SERVICE.JEV_..._PORT=PORT"
+    raise StackError(
+        "port already in use: "
+        + ", ".join(f"{LOOPBACK}:{port} ({name})" for name, port in busy.items())
+        + ". Another process listens there (a stack started earlier? `make down` stops a local one). "
+        f"Free it, or start this stack on free ports: {how} (README, 'Set up': LOCAL_STACK_ARGS)"
+    )
 
 
 class RunLock:

@@ -94,3 +94,31 @@ def test_make_venv_puts_the_services_on_the_venvs_path(tmp_path):
     for command in (["-m", "jev_preencoder", "encode", "--help"], ["-m", "tests.fakes.fake_worker", "--help"]):
         done = subprocess.run([str(python), *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"python {' '.join(command)}: {done.stderr[-800:]}"
+
+
+def test_torch_index_url_installs_torch_from_it_first(tmp_path):
+    """`make up TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` (README, "First run"): torch's pinned version
+    from that index before the requirements, so pip does not take PyPI's CUDA build; without it, pip's own index."""
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}
+
+    def planned(*extra: str) -> list[str]:
+        done = subprocess.run(
+            ["make", "-n", "-B", f"{venv}/.installed", f"VENV={venv}", *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    index = "https://download.pytorch.org/whl/cpu"
+    lines = planned(f"TORCH_INDEX_URL={index}")
+    torch = next(i for i, line in enumerate(lines) if f"--index-url {index}" in line)
+    assert "grep -E '^torch==' requirements.txt" in lines[torch]
+    assert torch < next(i for i, line in enumerate(lines) if "-r requirements-dev.txt" in line)
+    assert not any("--index-url" in line for line in planned())
+    pinned = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch==")]
+    assert len(pinned) == 1, pinned

@@ -279,3 +279,22 @@ def test_each_run_logs_to_its_own_folder_and_a_failure_shows_this_runs_lines_onl
     assert "run two" in dump and "last words of run two" in dump
     assert "run one" not in dump
     assert "it/s" not in dump and "%|" not in dump, dump  # progress bars are not log lines
+
+
+def test_the_readmes_local_stack_args_move_the_ports_and_the_urls_follow():
+    """README.md's `make up LOCAL_STACK_ARGS="--set ..."` (block `local-stack-args`), its arguments as written,
+    given to the plan `make up` would start: the worker and the frontend on the ports it names, the frontend's
+    backend URL on the worker's new port."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^```bash local-stack-args\n(.*?)^```", readme, re.M | re.S).group(1).strip()
+    (command,) = block.splitlines()
+    assert command.startswith('make up LOCAL_STACK_ARGS="')
+    args = shlex.split(command.split("=", 1)[1])[0].split()
+    overrides = ls._parse_sets([value for flag, value in zip(args, args[1:]) if flag == "--set"])
+    plan = {s.name: s for s in ls.plan_profile("cpu", overrides, environ={})}
+    assert plan["worker-cpu"].port == 8001 and plan["frontend-cpu"].port == 8081
+    assert plan["frontend-cpu"].env["JEV_BACKEND_URL"] == "http://127.0.0.1:8001"
