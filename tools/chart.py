@@ -71,7 +71,6 @@ def _helm():
 def load_values(files: Sequence[str | Path] = (), sets: Sequence[str] = ()) -> dict:
     """The values `-f FILE ... --set KEY=VALUE ...` give, in Helm's order (files, then sets; later ones win)."""
     helm = _helm()
-
     values: dict = {}
     for name in files:
         loaded = yaml.safe_load(Path(name).read_text(encoding="utf-8")) or {}
@@ -235,7 +234,6 @@ def schema_errors(values: dict, chart: Path = CHART) -> list[str]:
 def check_values(values: dict, chart: Path = CHART) -> None:
     """Raise ChartError naming every field the schema refuses, in words (Helm's message if only Helm refuses)."""
     helm = _helm()
-
     lines = schema_errors(values, chart)
     if not lines:
         with helm.Chart.load(str(chart)) as loaded:
@@ -269,7 +267,6 @@ UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, 
 def render(values: dict | None = None, *, name: str = "jev", namespace: str = "jev", chart: Path = CHART) -> dict:
     """{template path: manifest text} for these values (checked first), as `helm template` renders them."""
     helm = _helm()
-
     values = values or {}
     check_values(values, chart)
     with helm.Chart.load(str(chart)) as loaded:
