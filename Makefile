@@ -4,8 +4,11 @@ PY ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PROFILE ?= cpu
-# extra arguments for tools/local_stack.py (e.g. --state-dir DIR, --compose FILE, --set SERVICE.KEY=VALUE)
+# extra arguments for tools/local_stack.py (e.g. --state-dir DIR, --compose FILE, --set SERVICE.KEY=VALUE; README, "Set up")
 LOCAL_STACK_ARGS ?=
+# an index to take torch from first (https://download.pytorch.org/whl/cpu: the CPU wheel, as images/cpu.Dockerfile
+# does, instead of PyPI's CUDA build and its 2.7 GB of nvidia libraries); empty: pip's own index
+TORCH_INDEX_URL ?=
 export PYTHONPATH := $(CURDIR)/services:$(CURDIR)
 # one progress line every 5 s while pip works quietly
 PROGRESS := $(PY) tools/progress.py
@@ -25,6 +28,7 @@ $(VENV)/bin/jev: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-dev-nodeps.txt requirements-model.txt
 	test -x $(VPY) || $(PROGRESS) "install: creating $(VENV)" -- $(PY) -m venv $(VENV)
 	$(PROGRESS) "install: upgrading pip" -- $(VPY) -m pip install --quiet --upgrade pip
+	$(if $(TORCH_INDEX_URL),$(PROGRESS) "install: torch from $(TORCH_INDEX_URL)" -- $(VPY) -m pip install --quiet --index-url $(TORCH_INDEX_URL) "$$(grep -E '^torch==' requirements.txt)")
 	$(PROGRESS) "install: requirements-dev.txt" -- $(VPY) -m pip install --quiet -r requirements-dev.txt
 	$(PROGRESS) "install: requirements-model.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-model.txt
 	$(PROGRESS) "install: requirements-dev-nodeps.txt" -- $(VPY) -m pip install --quiet --no-deps -r requirements-dev-nodeps.txt

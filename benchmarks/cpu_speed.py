@@ -194,7 +194,7 @@ def served(rounds: int) -> dict:
             PYTHONPATH=f"{SERVICES}:{REPO}",
             JEV_WORKER_HOST="127.0.0.1",
             JEV_WORKER_PORT=str(port),
-            JEV_REDIS_URL="redis://127.0.0.1:1/0",
+            JEV_REDIS_URL="",  # no cache index: nothing to announce, no connection errors to print
             JEV_WORKER_REGISTER_TTL_S="0",
             JEV_DEADLINE_S="300",
             JEV_CACHE="0",

@@ -91,7 +91,7 @@ async def run(args) -> list[dict]:
     from jev_worker.settings import WorkerSettings
 
     overrides = {
-        "redis_url": "redis://127.0.0.1:1/0",
+        "redis_url": "",  # no cache index: nothing to announce, no connection errors to print
         "register_ttl_s": 0.0,
         "max_batch_rows": args.batch_rows,
         "max_per_client": 0,

@@ -308,7 +308,7 @@ async def run_part(part: str, args, url: str, pid: int):
 async def run(args) -> list[dict]:
     results = []
     env = {
-        "JEV_REDIS_URL": "redis://127.0.0.1:1/0",
+        "JEV_REDIS_URL": "",
         "JEV_WORKER_REGISTER_TTL_S": "0",
         "JEV_CACHE_L1": "0",
         "JEV_INTERNAL_TOKENS": TOKEN,

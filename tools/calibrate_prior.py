@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["JEV_RECIPE"] = args.recipe
     if args.model_path:
         os.environ["JEV_MODEL_PATH"] = args.model_path
-    os.environ.setdefault("JEV_REDIS_URL", "redis://127.0.0.1:1/0")  # no cache index needed
+    os.environ.setdefault("JEV_REDIS_URL", "")  # no cache index: nothing to announce or to log
     os.environ.setdefault("JEV_WORKER_REGISTER_TTL_S", "0")
     logging.basicConfig(level=logging.ERROR)  # the absent cache index is not worth a warning per request
     from jev_worker.settings import WorkerSettings

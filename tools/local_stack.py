@@ -197,6 +197,13 @@ class LocalService:
     def url(self) -> str | None:
         return f"http://{LOOPBACK}:{self.port}" if self.port else None
 
+    @property
+    def port_var(self) -> str | None:
+        """The variable that sets this service's port (`--set NAME.JEV_WORKER_PORT=...` moves it), if any."""
+        return next(
+            (k for k, v in self.env.items() if re.fullmatch(r"JEV_[A-Z]+_PORT", k) and v == str(self.port)), None
+        )
+
 
 def plan_profile(
     profile: str,
@@ -384,10 +391,11 @@ def _ordered(plan: list[LocalService]) -> list[LocalService]:
 class RunningStack(dict):
     """{service: url} of a started stack, plus its processes (supervisor's view)."""
 
-    def __init__(self, urls: dict[str, str], processes: list[stack_run.Proc], run_dir: Path):
+    def __init__(self, urls: dict[str, str], processes: list[stack_run.Proc], run_dir: Path, log_dir: Path):
         super().__init__(urls)
         self.processes = processes
         self.run_dir = run_dir
+        self.log_dir = log_dir  # this run's service logs (<state_dir>/logs/latest while it is the newest)
 
     def check(self) -> None:
         """Raise StackError when a process of the stack has exited."""
@@ -415,7 +423,8 @@ def start_profile(
     service that exits or whose health says it gave up stops the launch at once (StackError with its
     last log lines). Redis (the compose `redis` service) is expected on the host, or with
     start_redis=True started for this stack in a per-run folder when none answers. On exit, also
-    on a failed start, every process is stopped, last started first. Logs: <state_dir>/logs/<service>.log.
+    on a failed start, every process is stopped, last started first. Logs: one folder per run,
+    <state_dir>/logs/<run>/<service>.log, and <state_dir>/logs/latest names this run's.
     """
     compose = load_compose() if compose is None else compose
     state_dir = Path(state_dir)
@@ -432,8 +441,11 @@ def start_profile(
     lock.acquire()
     processes: list[stack_run.Proc] = []
     run_dir = stack_run.new_run_dir(state_dir)
+    log_dir = stack_run.new_log_dir(state_dir)
     try:
-        stack_run.check_ports({s.name: s.port for s in plan if s.port})
+        stack_run.check_ports(
+            {s.name: s.port for s in plan if s.port}, {s.name: s.port_var for s in plan if s.port_var}
+        )
         for name, port in externals.items():
             if start_redis and name == "redis":
                 proc = stack_run.start_redis(port, run_dir, REPO_ROOT, log)
@@ -457,6 +469,7 @@ def start_profile(
             "profile": profile,
             "started": time.time(),
             "run_dir": str(run_dir),
+            "log_dir": str(log_dir),
             "urls": {},
             "processes": [],
         }
@@ -474,7 +487,7 @@ def start_profile(
                 service.argv,
                 {**base_env, **service.env},
                 REPO_ROOT,
-                state_dir / "logs" / f"{service.name}.log",
+                log_dir / f"{service.name}.log",
                 service.url,
             )
             processes.append(proc)
@@ -493,7 +506,7 @@ def start_profile(
         urls = {service.name: service.url for service in plan if service.url}
         info["urls"] = urls
         record()
-        yield RunningStack(urls, processes, run_dir)
+        yield RunningStack(urls, processes, run_dir, log_dir)
     except stack_run.StackError as exc:
         log(f"local_stack: {exc}")  # the cause first, then the lines saying what was stopped
         exc.reported = True

@@ -11,6 +11,9 @@ Nothing here knows about compose; tools/local_stack.py plans the processes and c
   it from another shell.
 * Redis started for the stack runs as one of its processes, in a per-run folder under
   `<state_dir>/runs/`, removed when the stack stops.
+* Each run writes its services' logs to a folder of its own, `<state_dir>/logs/<run>/<service>.log`, with
+  `<state_dir>/logs/latest` naming the newest; the last LOG_RUNS_KEPT runs are kept. A failing service's last
+  lines come from its log of this run only, progress bars left out.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +40,7 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_S = 5.0
 PROGRESS_S = 5.0
+LOG_RUNS_KEPT = 10
 _PR_SET_PDEATHSIG = 1
 
 
@@ -76,15 +81,35 @@ def reachable(port: int, host: str = LOOPBACK) -> bool:
     return False
 
 
-def check_ports(ports: dict[str, int]) -> None:
-    """Raise StackError naming every planned port that is already taken, before anything starts."""
-    busy = [f"{LOOPBACK}:{port} ({name})" for name, port in ports.items() if port and port_in_use(port)]
-    if busy:
-        raise StackError(
-            "port already in use: " + ", ".join(busy) + ". Another process listens there "
-            "(a stack started earlier? `make down` stops a local one); free the port or "
-            "publish elsewhere (JEV_FRONTEND_PUBLISH, --set SERVICE.JEV_..._PORT=...)"
-        )
+def free_port_after(port: int, avoid: set[int]) -> int:
+    """The first port above `port` that nothing listens on and `avoid` does not hold."""
+    candidate = port + 1
+    while candidate in avoid or port_in_use(candidate):
+        candidate += 1
+    return candidate
+
+
+def check_ports(ports: dict[str, int], port_vars: dict[str, str] | None = None) -> None:
+    """Raise StackError naming every planned port that is already taken, before anything starts, with the
+    `make up LOCAL_STACK_ARGS="--set SERVICE.VAR=PORT"` that starts the stack on free ones instead
+    (port_vars: service -> the variable that sets its port)."""
+    busy = {name: port for name, port in ports.items() if port and port_in_use(port)}
+    if not busy:
+        return
+    planned = {port for port in ports.values() if port}
+    sets = []
+    for name, port in busy.items():
+        if (port_vars or {}).get(name):
+            free = free_port_after(port, planned)
+            planned.add(free)
+            sets.append(f"--set {name}.{port_vars[name]}={free}")
+    how = f'make up LOCAL_STACK_ARGS="{" ".join(sets)}"' if sets else "--set SERVICE.JEV_..._PORT=PORT"
+    raise StackError(
+        "port already in use: "
+        + ", ".join(f"{LOOPBACK}:{port} ({name})" for name, port in busy.items())
+        + ". Another process listens there (a stack started earlier? `make down` stops a local one). "
+        f"Free it, or start this stack on free ports: {how} (README, 'Set up': LOCAL_STACK_ARGS)"
+    )
 
 
 class RunLock:
@@ -153,7 +178,7 @@ class Proc:
 
 def spawn(name: str, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, url: str | None = None) -> Proc:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
+    with open(log_path, "wb") as out:
         popen = subprocess.Popen(
             argv,
             env=env,
@@ -203,11 +228,27 @@ def _readable(line: str) -> str:
     return text
 
 
-def tail(path: Path, lines: int = 20) -> str:
+# tqdm's bar ("desc:  40%|####      | 109/272 [00:05<00:07, 21.3it/s]") and its count-only form ("12it [00:01, ...]")
+_PROGRESS_BAR = re.compile(r"\d+%\|.*\|\s*[\d.]+[kMG]?/[\d.]+[kMG]?|\d+it \[\d+:\d\d")
+
+
+def is_progress_bar(line: str) -> bool:
+    """A progress bar's line (raw, or wrapped as a JSON log line's msg): what a log dump leaves out."""
     try:
-        return "\n".join(_readable(line) for line in path.read_text(errors="replace").splitlines()[-lines:])
+        entry = json.loads(line)
+    except ValueError:
+        entry = None
+    text = str(entry.get("msg", "")) if isinstance(entry, dict) else line
+    return bool(_PROGRESS_BAR.search(text))
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log, readable, progress bars left out."""
+    try:
+        kept = [line for line in path.read_text(errors="replace").splitlines() if not is_progress_bar(line)]
     except OSError:
         return ""
+    return "\n".join(_readable(line) for line in kept[-lines:])
 
 
 def last_message(path: Path) -> str:
@@ -259,6 +300,9 @@ def failure_of(body: dict) -> str | None:
     return None
 
 
+_STEP = re.compile(r"step \d+/\d+")
+
+
 def wait_healthy(
     proc: Proc,
     url: str,
@@ -269,9 +313,11 @@ def wait_healthy(
     progress_s: float = PROGRESS_S,
 ) -> None:
     """Until url answers 2xx. Fails at once when the process exits, when its health says it gave up,
-    or when an earlier service dies; a progress line (state, elapsed, last log line) every progress_s."""
+    or when an earlier service dies; a progress line (state, elapsed, last log line) every progress_s, and one
+    as soon as its health names a new loading step (`step k/n`), so no step goes unseen."""
     started = time.monotonic()
     next_line = started + progress_s
+    shown_step = None
     while True:
         status, body = probe(url)
         if status is not None and 200 <= status < 300:
@@ -290,8 +336,10 @@ def wait_healthy(
                 f"{proc.name} not healthy at {url} after {timeout_s:.0f} s; last lines of "
                 f"{proc.log_path}:\n{tail(proc.log_path)}"
             )
-        if now >= next_line:
-            detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
+        detail = body.get("detail") if isinstance(body.get("detail"), dict) else {}
+        step = _STEP.match(str(detail.get("stage") or ""))
+        if now >= next_line or (step and step.group(0) != shown_step):
+            shown_step = step.group(0) if step else shown_step
             state = detail.get("state") or ("not answering yet" if status is None else f"HTTP {status}")
             if detail.get("stage"):
                 state += f" ({detail['stage']})"
@@ -340,6 +388,29 @@ def start_redis(port: int, run_dir: Path, cwd: Path, log: Callable[[str], None] 
 def new_run_dir(state_dir: Path) -> Path:
     (state_dir / "runs").mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=state_dir / "runs"))
+
+
+_LOG_RUN = re.compile(r"\d{8}-\d{6}-\d{9}-\d+$")  # sorts by start time: date, time, nanoseconds, pid
+
+
+def new_log_dir(state_dir: Path, keep: int = LOG_RUNS_KEPT) -> Path:
+    """A fresh `<state_dir>/logs/<run>/` for this run's service logs, `logs/latest` pointing at it (replaced in one
+    rename), and the runs before the last `keep` removed."""
+    logs = Path(state_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    now = time.time_ns()
+    folder = logs / f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(now / 1e9))}-{now % 10**9:09d}-{os.getpid()}"
+    folder.mkdir()
+    staged = logs / f".latest-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
+    staged.symlink_to(folder.name)
+    staged.replace(logs / "latest")
+    runs = sorted(p for p in logs.iterdir() if _LOG_RUN.match(p.name) and p.is_dir() and not p.is_symlink())
+    for old in runs[: max(0, len(runs) - keep)]:
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+    return folder
 
 
 # ----- down --------------------------------------------------------------------------------------

@@ -97,12 +97,22 @@ def _log_uncaught(logger: logging.Logger):
     return hook, thread_hook
 
 
+PROGRESS_BARS_OFF = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1"}
+
+
+def no_progress_bars() -> None:
+    """Switch tqdm's and huggingface_hub's progress bars off unless the environment says otherwise. tqdm reads
+    TQDM_DISABLE once, when it is imported (transformers' GGUF loader uses it directly), so a service calls this
+    before importing torch or transformers; setup_logging calls it too, for whatever is imported later."""
+    for key, value in PROGRESS_BARS_OFF.items():
+        os.environ.setdefault(key, value)
+
+
 def setup_logging(service: str, *, capture_stderr: bool = True) -> logging.Logger:
     """JSON-lines logging on stderr at JEV_LOG_LEVEL; see the module doc for capture_stderr."""
     target = sys.stderr.target if isinstance(sys.stderr, JsonLinesStream) else sys.stderr
     if capture_stderr:
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TQDM_DISABLE", "1")
+        no_progress_bars()
         sys.stderr = JsonLinesStream(target)
     handler = logging.StreamHandler(target)
     handler.setFormatter(_JsonFormatter())

@@ -7,8 +7,10 @@ import logging
 import sys
 
 from jev_common.cpu import prefer_passive_waits
+from jev_common.logs import no_progress_bars
 
 prefer_passive_waits()  # before torch is imported (jev_common.cpu says why)
+no_progress_bars()  # before tqdm is imported: the GGUF loader's bar is not a log line (jev_common.logs says why)
 
 from jev_common.checkpoint_files import ServingError  # noqa: E402
 from jev_common.http import run_app  # noqa: E402

@@ -15,7 +15,7 @@ from jev_common.cpu import compute_threads
 
 from .engine import kernels
 from .engine.graphs import capture_for
-from .loading.load_progress import LoadProgress
+from .loading.load_progress import MEASURE_REUSE, LoadProgress
 from .loading.loader import LoadedModel, pick_device
 from .prompt.bounds import PromptBounds
 from .scheduling.abandon import LayerChecks
@@ -83,11 +83,18 @@ class LocalModel:
     def _load(self) -> None:
         s = self.settings
         torch.set_num_threads(compute_threads(s.threads))
+        device = pick_device(s.device)
+        reuse = ReusePolicy(s.l3_reuse).resolved(device.type)
+        if not reuse.measures:  # known before the first step, so the counter counts only the steps that run
+            self.progress.skip(MEASURE_REUSE)
         self.progress.enter("checking the checkpoint")
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
+        l3 = self.caches.size_l3(self.serving.backend)
+        if not l3.enabled:
+            self.progress.skip(MEASURE_REUSE)
         self.progress.enter("loading the weights", f"from {self.serving.folder}")
-        kernels.use_on(pick_device(s.device))  # before transformers imports the model's modules
+        kernels.use_on(device)  # before transformers imports the model's modules
         self.loaded = self.serving.load(s.device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
         self.kernels = kernels.describe(self.loaded.model.config)  # fixed once loaded: not re-read per /health
@@ -102,7 +109,6 @@ class LocalModel:
         self.builder = readout.prompt_builder(tokenizer, self.recipe, self.identity)
         readout.load(self.loaded, self.builder)
         self.bounds = PromptBounds.of(self.loaded.model.config, self.builder)
-        l3 = self.caches.size_l3(self.serving.backend)
         self.prefix_cache = L3PrefixCache(l3, ReusePolicy(s.l3_reuse), self.loaded.device.type)
         self.engine = self.serving.backend.build(
             self.loaded,
@@ -117,7 +123,7 @@ class LocalModel:
             pack_tokens=s.pack_tokens,
         )
         if self.prefix_cache.reuse.measures and l3.enabled:
-            self.progress.enter("measuring L3 reuse on the device")
+            self.progress.enter(MEASURE_REUSE)
             costs = self.engine.measure_reuse()
             if costs is not None:
                 self.prefix_cache.reuse.costs = costs

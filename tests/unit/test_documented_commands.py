@@ -38,6 +38,18 @@ def test_documented_module_runs_as_written(module):
     assert done.returncode == 0, f"python -m {module} --help: {done.stderr[-800:]}"
 
 
+def test_no_doc_asks_for_a_pythonpath_the_venv_makes_unneeded():
+    """`make venv` names services/ in the venv, so no doc tells a user to set PYTHONPATH=services:. for a command
+    (issue 49: docs/frontend.md still did); a line may name it as what a tool sets itself (pytest.ini, the Makefile)."""
+    stale = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in DOCS
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if "PYTHONPATH=services" in line and not re.search(r"\bsets?\b", line)
+    ]
+    assert not stale, stale
+
+
 SERVICE_COMMAND = re.compile(r"python -m (jev_(?:worker|frontend|preencoder)|tests\.fakes\.[a-z_]+)")
 
 
@@ -82,3 +94,46 @@ def test_make_venv_puts_the_services_on_the_venvs_path(tmp_path):
     for command in (["-m", "jev_preencoder", "encode", "--help"], ["-m", "tests.fakes.fake_worker", "--help"]):
         done = subprocess.run([str(python), *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, f"python {' '.join(command)}: {done.stderr[-800:]}"
+
+
+def test_torch_index_url_installs_torch_from_it_first(tmp_path):
+    """`make up TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` (README, "First run"): torch's pinned version
+    from that index before the requirements, so pip does not take PyPI's CUDA build; without it, pip's own index."""
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")}
+
+    def planned(*extra: str) -> list[str]:
+        done = subprocess.run(
+            ["make", "-n", "-B", f"{venv}/.installed", f"VENV={venv}", *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    index = "https://download.pytorch.org/whl/cpu"
+    lines = planned(f"TORCH_INDEX_URL={index}")
+    torch = next(i for i, line in enumerate(lines) if f"--index-url {index}" in line)
+    assert "grep -E '^torch==' requirements.txt" in lines[torch]
+    assert torch < next(i for i, line in enumerate(lines) if "-r requirements-dev.txt" in line)
+    assert not any("--index-url" in line for line in planned())
+    pinned = [line for line in (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch==")]
+    assert len(pinned) == 1, pinned
+
+
+def test_the_benchmark_table_gives_ranges_or_says_how_a_figure_was_measured():
+    """docs/benchmarks.md's first table: no `~20 s` that a busy 2-core machine takes 3-15 times over (issue 49). A
+    time is a range (quiet to busy), or says it is the quiet figure or the tool's own limit, or there is none."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = text[text.index("| command | what it does |") :].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 8, rows
+    for row in rows:
+        cell = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert "~" not in cell, row
+        for figure in cell.split(";"):
+            if re.search(r"\d+ ?(s|min)\b", figure):
+                assert re.search(r"\d+ ?(s|min)? – \d+|\d+–\d+ min|quiet|limit", figure), (figure, row)

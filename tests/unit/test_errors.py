@@ -105,3 +105,12 @@ def test_readouts_and_backends_raise_no_http():
         ]
     ):
         assert not re.search(r"\bApiError\b", path.read_text()), f"{path.name} raises ApiError"
+
+
+def test_the_readmes_error_list_names_every_error_type():
+    """README.md, "Errors": a user reading it meets every error_type an answer can carry (issue 49: it left out
+    invalid_encoding, a bad gzip body's 400)."""
+    readme = (SERVICES.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Errors") : readme.index("**Deadlines and stopping.**")]
+    missing = sorted({spec.type for spec in DOMAIN_ERRORS.values()} - set(re.findall(r"`([a-z_]+)`", section)))
+    assert not missing, f"README.md's error list leaves out {missing}"

@@ -9,16 +9,16 @@ from __future__ import annotations
 import base64
 import copy
 import re
-from pathlib import Path
 
 import pytest
-import yaml
 
 helm = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "jev"
-KUBERNETES = "1.33.0"  # the oldest Kubernetes the chart is validated against (Chart.yaml kubeVersion admits 1.27+)
+from tools import chart as chart_tool  # noqa: E402
+
+CHART = chart_tool.CHART
+KUBERNETES = chart_tool.KUBERNETES
 WORKLOADS = ("Deployment", "StatefulSet")
 
 GPU_WORKER = {
@@ -98,34 +98,10 @@ MATRIX = {
 }
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a mapping with the same key twice (Kubernetes would keep only one)."""
-
-
-def _no_duplicates(loader, node, deep=False):
-    keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
-    duplicated = {key for key in keys if keys.count(key) > 1}
-    if duplicated:
-        raise yaml.constructor.ConstructorError(
-            None, None, f"duplicate keys {sorted(map(str, duplicated))}", node.start_mark
-        )
-    return loader.construct_mapping(node, deep)
-
-
-UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def render(values: dict) -> list[dict]:
-    with helm.Chart.load(str(CHART)) as chart:
-        chart.validate_schema(values)
-        manifests = chart.render(values, name="demo", namespace="jev")
-    return [
-        doc
-        for name, text in manifests.items()
-        if name.endswith(".yaml")
-        for doc in yaml.load_all(text, Loader=UniqueKeyLoader)
-        if doc
-    ]
+    """What `python -m tools.chart render` renders (values checked against the schema first), as objects; a YAML
+    mapping with the same key twice is refused (Kubernetes would keep only one)."""
+    return chart_tool.documents(chart_tool.render(values, name="demo", namespace="jev"))
 
 
 @pytest.fixture(scope="module", params=sorted(MATRIX))
@@ -379,5 +355,5 @@ def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_ass
     ],
 )
 def test_the_schema_refuses(values, why):
-    with pytest.raises(Exception):
+    with pytest.raises(chart_tool.ChartError):  # in words: tests/unit/test_chart_tool.py
         render(values)

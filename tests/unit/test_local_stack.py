@@ -228,3 +228,85 @@ def test_plan_never_prints_a_key_a_token_or_a_password(capsys):
     printed = capsys.readouterr().out
     assert "JEV_API_KEYS=(set, not shown)" in printed and "redis://default:(not shown)@10.0.0.1:6379/0" in printed
     assert not any(secret in printed for secret in ("k-secret", "t-secret", "p-secret"))
+
+
+def _noisy_service(port: int, exit_code: int | None) -> dict:
+    """A service that logs which run it is (T_RUN), prints a progress bar as a JSON-wrapped warning and a raw one,
+    then serves (exit_code None) or exits."""
+    program = textwrap.dedent(f"""
+        import json, os, sys
+        print(json.dumps({{"level": "info", "logger": "t", "msg": "run " + os.environ["T_RUN"]}}), flush=True)
+        bar = "Converting and de-quantizing GGUF tensors...:  40%|####      | 109/272 [00:05<00:07, 21.3it/s]"
+        print(json.dumps({{"level": "warning", "logger": "stderr", "msg": bar}}), flush=True)
+        print("Loading weights: 100%|##########| 21/21 [00:00<00:00, 693.52it/s]", flush=True)
+        print(json.dumps({{"level": "error", "logger": "t", "msg": "last words of run " + os.environ["T_RUN"]}}))
+        sys.stdout.flush()
+        if {exit_code!r} is not None:
+            sys.exit({exit_code!r})
+        os.environ.update(T_HOST="127.0.0.1", T_PORT="{port}")
+        exec({SERVER!r})
+    """)
+    return {
+        "build": ".",
+        "profiles": ["t"],
+        "command": ["python", "-c", program],
+        "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{port}/health"]},
+    }
+
+
+def test_each_run_logs_to_its_own_folder_and_a_failure_shows_this_runs_lines_only(tmp_path, monkeypatch):
+    """Issue 49: logs were appended across runs, so a failing service's dump could show an earlier run's lines
+    and progress bars tagged `warning`."""
+    port = _free_port()
+    monkeypatch.setenv("T_RUN", "one")
+    with ls.start_profile(
+        "t",
+        compose={"services": {"svc": _noisy_service(port, None)}},
+        state_dir=tmp_path,
+        startup_timeout_s=30,
+        log=lambda *_: None,
+    ) as stack:
+        first = stack.log_dir
+    assert (tmp_path / "logs" / "latest").resolve() == first.resolve()
+    assert "run one" in (first / "svc.log").read_text()
+
+    monkeypatch.setenv("T_RUN", "two")
+    with (
+        pytest.raises(RuntimeError, match="exited with 3") as info,
+        ls.start_profile(
+            "t",
+            compose={"services": {"svc": _noisy_service(port, 3)}},
+            state_dir=tmp_path,
+            startup_timeout_s=30,
+            log=lambda *_: None,
+        ),
+    ):
+        pass
+    second = (tmp_path / "logs" / "latest").resolve()
+    assert second != first.resolve() and first.is_dir()  # the earlier run's log is kept, apart
+    log = (second / "svc.log").read_text()
+    assert "run two" in log and "run one" not in log
+    dump = str(info.value)
+    assert second.name in dump, dump  # the dump names this run's log file
+    assert "run two" in dump and "last words of run two" in dump
+    assert "run one" not in dump
+    assert "it/s" not in dump and "%|" not in dump, dump  # progress bars are not log lines
+
+
+def test_the_readmes_local_stack_args_move_the_ports_and_the_urls_follow():
+    """README.md's `make up LOCAL_STACK_ARGS="--set ..."` (block `local-stack-args`), its arguments as written,
+    given to the plan `make up` would start: the worker and the frontend on the ports it names, the frontend's
+    backend URL on the worker's new port."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"^```bash local-stack-args\n(.*?)^```", readme, re.M | re.S).group(1).strip()
+    (command,) = block.splitlines()
+    assert command.startswith('make up LOCAL_STACK_ARGS="')
+    args = shlex.split(command.split("=", 1)[1])[0].split()
+    overrides = ls._parse_sets([value for flag, value in zip(args, args[1:]) if flag == "--set"])
+    plan = {s.name: s for s in ls.plan_profile("cpu", overrides, environ={})}
+    assert plan["worker-cpu"].port == 8001 and plan["frontend-cpu"].port == 8081
+    assert plan["frontend-cpu"].env["JEV_BACKEND_URL"] == "http://127.0.0.1:8001"

@@ -58,3 +58,20 @@ def test_the_encode_cli_keeps_its_human_output():
         "setup_logging('preencoder', capture_stderr=False)\nprint('FAILED x', file=sys.stderr)"
     )
     assert done.stderr == "FAILED x\n"
+
+
+def test_the_worker_switches_progress_bars_off_before_tqdm_is_imported():
+    """tqdm reads TQDM_DISABLE once, at import: the worker's entry module imports transformers (and tqdm) before
+    setup_logging runs, so it must switch the bars off first. Else the GGUF loader's bar lands in the worker's log
+    as hundreds of `warning` lines (issue 49)."""
+    program = textwrap.dedent("""
+        import sys
+        import jev_worker.__main__  # what `python -m jev_worker` imports before main() runs
+        assert "tqdm" in sys.modules, "the check needs tqdm imported by the worker's modules"
+        from tqdm.auto import tqdm
+        for _ in tqdm(range(3), desc="de-quantizing"):  # as transformers' GGUF loader calls it: no disable=
+            pass
+    """)
+    done = _run(program)
+    assert done.returncode == 0, done.stderr
+    assert "de-quantizing" not in done.stderr, done.stderr

@@ -165,6 +165,43 @@ def test_busy_port_is_reported_before_anything_starts(tmp_path):
     assert not fake.leftovers() and not (fake.state / "stack.json").exists()
 
 
+def test_a_busy_port_names_the_make_up_command_that_moves_it(tmp_path):
+    """The refusal gives the exact `make up LOCAL_STACK_ARGS="--set SERVICE.VAR=PORT"` (the service's own port
+    variable, a port free now), and the plan that command makes listens there."""
+    import re
+    import socket
+
+    ports = {"api": free_port(), "edge": free_port()}
+    compose = {
+        "services": {
+            name: {
+                "build": ".",
+                "profiles": ["t"],
+                "command": ["python", "-c", "pass"],
+                "environment": {f"JEV_{name.upper()}_PORT": str(port)},
+                "healthcheck": {"test": ["CMD", "x", f"http://127.0.0.1:{port}/health"]},
+            }
+            for name, port in ports.items()
+        }
+    }
+    path = tmp_path / "compose.yml"
+    path.write_text(yaml.safe_dump(compose))
+    args = ["--profile", "t", "--compose", str(path), "--state-dir", str(tmp_path / "state"), "--no-redis"]
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports["edge"]))
+        holder.listen(1)
+        code, out, _ = _run([sys.executable, "-m", "tools.local_stack", "up", *args])
+        assert code == 1, out
+        found = re.search(r'make up LOCAL_STACK_ARGS="--set edge\.JEV_EDGE_PORT=(\d+)"', out)
+        assert found, out
+        moved = int(found.group(1))
+        assert moved not in ports.values() and not stack_run.port_in_use(moved)
+        code, out, _ = _run(
+            [sys.executable, "-m", "tools.local_stack", "plan", *args, "--set", f"edge.JEV_EDGE_PORT={moved}"]
+        )
+    assert code == 0 and f"JEV_EDGE_PORT={moved}" in out and f"(port {moved}," in out, out
+
+
 def test_second_launch_is_refused_and_sigterm_stops_the_first(tmp_path, cleanup):
     fake = Fake(tmp_path, api={}, edge={})
     first = _start(fake.cli("up"))
