@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -312,6 +314,8 @@ async def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {"JEV_REDIS_URL": "redis://127.0.0.1:1/0", "JEV_WORKER_REGISTER_TTL_S": "0", "JEV_LOG_LEVEL": "warning"}
+    if args.torch_threads:
+        env["JEV_TORCH_THREADS"] = str(args.torch_threads)
     if args.tiny:
         from tools.tiny_checkpoints import make_tiny_text
 
@@ -362,6 +366,8 @@ async def run(args) -> dict:
         "cpu": cpu_description(),
         "model": "tiny" if args.tiny else "smollm2-135m-cpu",
         "worker_health": {k: health.get(k) for k in ("model", "device", "dtype", "threads") if k in health},
+        "torch_threads": args.torch_threads or "default",
+        "loadavg_end": round(os.getloadavg()[0], 1),
         "bulk_caps": bulk_env,
         "capped_bulk_batch": bound,
         "interactive_alone": alone,
@@ -400,6 +406,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny random checkpoint and a small workload (smoke)")
@@ -411,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         "--interactive-s", type=float, default=None, help="seconds of interactive callers alone (40; tiny 1)"
     )
     parser.add_argument("--naive-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--torch-threads", type=int, default=0, help="the worker's JEV_TORCH_THREADS (0: its default, every CPU)"
+    )
     parser.add_argument("--naive-first", action="store_true", help="run the naive client before jev batch")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "bulk"))
     args = parser.parse_args(argv)
@@ -422,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else full)
-    print(f"# CPU: {cpu_description()}", flush=True)
+    print(f"# CPU: {cpu_description()}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the stack's processes too, as Ctrl-C does
     started = time.perf_counter()
     result = asyncio.run(run(args))
     result["wall_s"] = round(time.perf_counter() - started, 1)

@@ -370,3 +370,29 @@ async def test_the_priority_header_marks_the_caller_bulk_and_refuses_other_value
         assert seen[0].flow != seen[2].flow  # a client's bulk work is a flow of its own
         response = await client.post("/v1/systemone", json=ask(), headers={PRIORITY_HEADER: "urgent"})
         assert response.status == 422 and PRIORITY_HEADER in str(await response.json())
+
+
+async def test_through_the_worker_an_interactive_request_overtakes_a_bulk_backlog(worker_settings):
+    """16 bulk requests of one key queued (bulk batches of at most 4 rows), then one interactive request of the same
+    key: at most one bulk batch (the one running) is answered between its queueing and its answer."""
+    async with worker_client(worker_settings(bulk_max_rows=4, max_per_client=32, max_queue=64)) as (client, service):
+        answered: list[str] = []
+
+        async def post(i: int, bulk: bool):
+            headers = {PRIORITY_HEADER: "bulk"} if bulk else {}
+            response = await client.post("/v1/systemone", json=ask(i, state=f"state {i % 3}"), headers=headers)
+            assert response.status == 200
+            answered.append("bulk" if bulk else "interactive")
+
+        layers = len(layer_stack(service.loaded.model))
+        with slow_layers(service, 0.2 / layers):  # each batch about 0.2 s
+            backlog = [asyncio.ensure_future(post(i, bulk=True)) for i in range(16)]
+            await until(lambda: service.scheduler.running and service.scheduler.depth == 16)
+            interactive = asyncio.ensure_future(post(100, bulk=False))
+            await until(lambda: any(not job.bulk for job in service.scheduler._pending))  # queued behind the backlog
+            bulk_before = len(answered)
+            await interactive
+            bulk_meanwhile = len(answered) - 1 - bulk_before
+            await asyncio.gather(*backlog)
+        assert bulk_meanwhile <= 4, answered
+        assert answered.index("interactive") < 9, answered  # well before the backlog drained
