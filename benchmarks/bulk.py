@@ -34,9 +34,9 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -316,10 +316,12 @@ async def run(args) -> dict:
     env = {"JEV_REDIS_URL": "redis://127.0.0.1:1/0", "JEV_WORKER_REGISTER_TTL_S": "0", "JEV_LOG_LEVEL": "warning"}
     if args.torch_threads:
         env["JEV_TORCH_THREADS"] = str(args.torch_threads)
+    if args.l3_bytes:
+        env["JEV_CACHE_L3_BYTES"] = args.l3_bytes
     if args.tiny:
         from tools.tiny_checkpoints import make_tiny_text
 
-        env["JEV_MODEL_PATH"] = str(make_tiny_text(tempfile.mkdtemp(prefix="jev-bulk-tiny-")))
+        env["JEV_MODEL_PATH"] = str(make_tiny_text(out / "tiny-checkpoint"))
         env["JEV_DTYPE"] = "float32"
     rows = []
     async with Stack(out / "logs") as stack:
@@ -332,7 +334,9 @@ async def run(args) -> dict:
         await naive(url, batch_lines("warm", 2, 2), 2)  # first forwards (allocator, kernels) out of the way
         bound = await capped_bulk_batch_s(url, worker.url, bulk_env["rows"], bulk_env["tokens"])
         print(json.dumps({"capped_bulk_batch": bound}), flush=True)
-        folder = Path(tempfile.mkdtemp(prefix="jev-bulk-"))
+        folder = out / "files"  # the tables and jev batch's outputs
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
         alone_latencies: list[float] = []
 
         async def interactive_alone(tag: str) -> None:
@@ -365,8 +369,10 @@ async def run(args) -> dict:
     return {
         "cpu": cpu_description(),
         "model": "tiny" if args.tiny else "smollm2-135m-cpu",
-        "worker_health": {k: health.get(k) for k in ("model", "device", "dtype", "threads") if k in health},
+        "worker": {k: health.get("detail", {}).get(k) for k in ("recipe", "checkpoint", "serving")},
         "torch_threads": args.torch_threads or "default",
+        "l3_bytes": args.l3_bytes or "recipe",
+        "args": vars(args),
         "loadavg_end": round(os.getloadavg()[0], 1),
         "bulk_caps": bulk_env,
         "capped_bulk_batch": bound,
@@ -423,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-concurrency", type=int, default=8)
     parser.add_argument(
         "--torch-threads", type=int, default=0, help="the worker's JEV_TORCH_THREADS (0: its default, every CPU)"
+    )
+    parser.add_argument(
+        "--l3-bytes", help="the worker's JEV_CACHE_L3_BYTES (default the recipe's, 512M: about 65 of these prefixes)"
     )
     parser.add_argument("--naive-first", action="store_true", help="run the naive client before jev batch")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "bulk"))
