@@ -1,1 +1,1 @@
-"""`jev`: a small command line for trying the stack by hand (`python -m jev ask ...`)."""
+"""`jev`: a small command line: one decision by hand (`jev ask ...`), a whole dataset (`jev batch ...`)."""

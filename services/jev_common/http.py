@@ -42,6 +42,8 @@ REQUEST_ID_HEADER = "x-typesafe-request-id"
 # How a request is carried (not what it asks: that is the body's): the caller's deadline, and who the caller is
 DEADLINE_HEADER = "x-jev-deadline-s"  # seconds this caller waits for the answer (the caller owns the deadline)
 CLIENT_HEADER = "x-jev-client"  # the fairness key, set by the frontend (the key's HMAC identity or the address)
+PRIORITY_HEADER = "x-jev-priority"  # `bulk` lowers the caller's own priority (jev batch); `interactive` is the default
+PRIORITIES = ("interactive", "bulk")
 WORKER_HEADER = "x-jev-worker"  # which worker answered a decision (its JEV_WORKER_ID)
 REVISION_HEADER = "x-jev-revision"  # the checkpoint that answered it (its pinned revision or content digest)
 CODE_VERSION_HEADER = "x-jev-code-version"  # the code that answered it (jev_common.version)
@@ -137,6 +139,21 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
         raise InvalidRequest(
             f"header {DEADLINE_HEADER} must be a number of seconds in (0, {limit_s:g}], got {raw[:50]!r}",
             ("headers", DEADLINE_HEADER),
+        )
+    return value
+
+
+def request_priority(headers) -> str:
+    """The caller's priority (`x-jev-priority`): `interactive` (also when absent) or `bulk`. Any caller may mark its
+    own work bulk, which only lowers its priority; any other value is refused (422), never read as a default."""
+    raw = headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return "interactive"
+    value = raw.strip().lower()
+    if value not in PRIORITIES:
+        raise InvalidRequest(
+            f"header {PRIORITY_HEADER} must be one of {', '.join(PRIORITIES)}, got {raw[:50]!r}",
+            ("headers", PRIORITY_HEADER),
         )
     return value
 

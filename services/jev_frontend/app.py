@@ -15,6 +15,7 @@ from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNo
 from jev_common.http import (
     CLIENT_HEADER,
     DEADLINE_HEADER,
+    PRIORITY_HEADER,
     REQUEST_ID,
     REQUEST_ID_HEADER,
     RETRY_HEADERS,
@@ -24,6 +25,7 @@ from jev_common.http import (
     read_systemone_body,
     request_deadline,
     request_id_middleware,
+    request_priority,
     stream_body,
 )
 from jev_common.identity import CallerIdentity
@@ -55,7 +57,7 @@ RETRIED_ELSEWHERE = (
     "unavailable",
     "not_ready",
 )  # a worker's 503s that mean "not here": draining (ShuttingDown), loading
-SET_HERE = (CLIENT_HEADER, INTERNAL_TOKEN_HEADER)  # headers a caller may not send on to a backend
+SET_HERE = (CLIENT_HEADER, INTERNAL_TOKEN_HEADER, PRIORITY_HEADER)  # headers a caller may not send on as it wrote them
 SETTINGS = web.AppKey("settings", Settings)
 BACKEND = web.AppKey("backend", Backend)
 POOL = web.AppKey("pool", BackendPool)
@@ -80,9 +82,10 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
     """What the worker needs of the caller's headers: the body's type, x-jev-* (the deadline among them), the
     SDK's retry headers (a retry may join its first attempt's work) and the request id (so both services log
     and answer the same id); and who the caller is, for the worker's fairness (`x-jev-client`, set here
-    whatever the caller sent: the key's HMAC identity, jev_common.identity, or the address). The API key stays
-    here: the frontend checked it; the backend call carries the internal token instead (proxy.Backend), never one
-    a caller sent."""
+    whatever the caller sent: the key's HMAC identity, jev_common.identity, or the address), with its priority
+    (`x-jev-priority: bulk` passed on as the one value that differs from the default: a caller may lower its own
+    priority, never raise it). The API key stays here: the frontend checked it; the backend call carries the
+    internal token instead (proxy.Backend), never one a caller sent."""
     headers = {REQUEST_ID_HEADER: request[REQUEST_ID]}
     if content_type:
         headers["Content-Type"] = content_type
@@ -95,6 +98,8 @@ def _backend_headers(request: web.Request, content_type: str | None = None) -> d
         }
     )
     headers[CLIENT_HEADER] = request.app[IDENTITY].of(request)  # the caller may not name its own fairness key
+    if request_priority(request.headers) == "bulk":
+        headers[PRIORITY_HEADER] = "bulk"
     return headers
 
 
@@ -115,6 +120,7 @@ def _named(state) -> str:
 async def handle_systemone(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     timeout_s, note = _call_timeout(settings, request)  # the caller's own deadline: the worker's and ours
+    request_priority(request.headers)  # a value the worker would refuse is refused here, before any body is read
     body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
     if is_envelope(body.payload):
         envelope = parse_model(SystemOneRequest, body.payload)  # junk never reaches the worker

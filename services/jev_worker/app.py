@@ -15,6 +15,7 @@ from jev_common.http import (
     read_systemone_body,
     request_deadline,
     request_id_middleware,
+    request_priority,
 )
 from jev_common.identity import CallerIdentity
 from jev_common.internal_auth import backend_guard
@@ -116,7 +117,11 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
 
     async def systemone(request: web.Request) -> web.Response:
         deadline_s = request_deadline(request.headers, settings.max_deadline_s)
-        caller = Caller(client_key(request, identity), caller_retries(request.headers))
+        caller = Caller(
+            client_key(request, identity),
+            caller_retries(request.headers),
+            bulk=request_priority(request.headers) == "bulk",
+        )
         body = await read_systemone_body(request, settings.max_body_bytes)
         if not is_envelope(body.payload):
             if body.parts:

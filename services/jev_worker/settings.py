@@ -38,6 +38,14 @@ REUSE_MODES = ("auto", "always", "measured")  # scheduling/reuse.py: whether an 
 reuse_mode = one_of(*REUSE_MODES)
 
 
+def positive_number(raw: str) -> float:
+    """A custom_var parser: a number > 0."""
+    value = float(raw.strip())
+    if not value > 0:  # also false for nan
+        raise ValueError(f"expected a number > 0, got {raw!r}")
+    return value
+
+
 def _recipe_default(spec: type, name: str):
     """The recipe schema's default for one field (what a recipe that does not set it gets)."""
     return spec.model_fields[name].default
@@ -152,6 +160,27 @@ ENV = EnvTable(
             "`prefix` (jobs sharing a prefix already in the batch, then prefixes resident in L3, then the rest, "
             "each in fair order; a shared prefix costs the batch only its rows' tokens), `fifo` (fair order "
             "alone)",
+        ),
+        custom_var(
+            "JEV_BULK_WEIGHT",
+            positive_number,
+            0.25,
+            "the fair-queue weight of work a caller marks bulk (`x-jev-priority: bulk`, what `jev batch` sends) "
+            "against 1 for interactive work: a client's bulk work is a flow of its own whose rows cost 1/weight, "
+            "so interactive callers (the same key's too) are served first; bulk work holds at most half of "
+            "`JEV_MAX_QUEUE`",
+        ),
+        int_var(
+            "JEV_BULK_MAX_ROWS",
+            8,
+            "rows one bulk batch may take (batches are of one class: a batch led by interactive work takes no "
+            "bulk work), so an interactive request waits behind at most one such batch",
+        ),
+        int_var(
+            "JEV_BULK_MAX_TOKENS",
+            1024,
+            "prompt tokens one bulk batch may take (as `JEV_MAX_BATCH_TOKENS` counts them, within it); `0` = "
+            "`JEV_MAX_BATCH_TOKENS` alone",
         ),
         float_var(
             "JEV_MAX_WAIT_MS",
@@ -316,6 +345,9 @@ class WorkerSettings:
     max_batch_rows: int = ENV["JEV_MAX_BATCH_ROWS"].field()
     max_batch_tokens: int = ENV["JEV_MAX_BATCH_TOKENS"].field()
     schedule: str = ENV["JEV_SCHEDULE"].field()
+    bulk_weight: float = ENV["JEV_BULK_WEIGHT"].field()
+    bulk_max_rows: int = ENV["JEV_BULK_MAX_ROWS"].field()
+    bulk_max_tokens: int = ENV["JEV_BULK_MAX_TOKENS"].field()
     max_wait_ms: float = ENV["JEV_MAX_WAIT_MS"].field()
     cache: CacheSettings = DEFAULT_CACHE
     asset_dir: str = ENV["JEV_ASSET_DIR"].field()
@@ -370,6 +402,9 @@ class WorkerSettings:
             max_batch_rows=ENV["JEV_MAX_BATCH_ROWS"].get(recipe.batching.max_batch_rows),
             max_batch_tokens=ENV["JEV_MAX_BATCH_TOKENS"].get(),
             schedule=ENV["JEV_SCHEDULE"].get(),
+            bulk_weight=ENV["JEV_BULK_WEIGHT"].get(),
+            bulk_max_rows=ENV["JEV_BULK_MAX_ROWS"].get(),
+            bulk_max_tokens=ENV["JEV_BULK_MAX_TOKENS"].get(),
             max_wait_ms=ENV["JEV_MAX_WAIT_MS"].get(recipe.batching.max_wait_ms),
             cache=cache,
             asset_dir=ENV["JEV_ASSET_DIR"].get(),

@@ -168,6 +168,19 @@ def test_prefix_scheduling_tiny():
     assert set(summary["l3_hit_rate"]) == {"fifo", "prefix"}
 
 
+def test_bulk_tiny(tmp_path):
+    """benchmarks.bulk as docs/benchmarks.md writes it (`--tiny`): the real stack on the tiny checkpoint, `jev batch`
+    in its own process and the naive client, each alone and beside interactive callers, every request answered."""
+    out = run("benchmarks.bulk", "--tiny", "--out", str(tmp_path), timeout=300)
+    lines = out.strip().splitlines()
+    summary = json.loads(next(line for line in lines if line.startswith('{"summary"')))["summary"]
+    assert summary["throughput_ratio_batch_over_naive"] > 0 and set(summary["l3_hit"]) == {"batch", "naive"}
+    assert summary["interactive_p99_ms"]["beside batch"] is not None and summary["bound_ms"] is not None
+    result = json.loads((tmp_path / "results.json").read_text())
+    batch = next(row for row in result["rows"] if row["arm"] == "batch")
+    assert batch["exit"] == 0 and batch["answered"] == batch["output_lines"] == 24
+
+
 def test_cpu_speed_tiny():
     """cpu_speed's run path (its child processes, quiet and busy, the table) on a tiny checkpoint with one
     configuration: its smallest real run loads the embedded model once per configuration (214 s)."""

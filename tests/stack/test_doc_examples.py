@@ -4,6 +4,7 @@ python example must exit 0 and print. The `jev` command line runs against the sa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,39 @@ def test_jev_cli_against_the_stack(stack, argv, head):
     assert len(rows) == expected and sum(line.startswith(">") for line in rows) == 1, done.stdout
     assert abs(sum(float(line.split()[-1]) for line in rows) - 1.0) < 0.01, done.stdout
     assert "model smollm2-135m-cpu" in lines[-1]
+
+
+def test_jev_batch_answers_every_line_of_each_input_form(stack, tmp_path):
+    """docs/batch.md's three input forms against the real stack: every line answered, in the output shape."""
+    questions = {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"Billing": None, "Tech": None}}}
+
+    def ask(state: str, question: str) -> dict:
+        return {"model": "jev-latest", "state": state, "questions": {"q": {"type": "noul", "instructions": question}}}
+
+    batch_lines = [
+        {"custom_id": f"t{i}", "method": "POST", "url": "/v1/systemone", "body": ask(f"Ticket {i // 2}.", f"Q{i}?")}
+        for i in range(4)
+    ]
+    (tmp_path / "batch.jsonl").write_text("".join(json.dumps(line) + "\n" for line in batch_lines))
+    (tmp_path / "plain.jsonl").write_text(
+        "".join(json.dumps(ask("The door is open.", f"Q{i}?")) + "\n" for i in (1, 2))
+    )
+    (tmp_path / "rows.csv").write_text("id,body\nr1,I was charged twice.\nr2,The app crashes.\n")
+    (tmp_path / "questions.json").write_text(json.dumps(questions))
+    env = dict(os.environ, JEV_URL=stack[8080], PYTHONPATH=str(ROOT / "services"), PYTHONIOENCODING="utf-8")
+    forms = {
+        "batch.jsonl": ([], {"t0", "t1", "t2", "t3"}),
+        "plain.jsonl": ([], {"line-1", "line-2"}),
+        "rows.csv": (["--questions", str(tmp_path / "questions.json"), "--id-column", "id"], {"r1", "r2"}),
+    }
+    for name, (extra, ids) in forms.items():
+        out = tmp_path / f"{name}.out.jsonl"
+        argv = ["-m", "jev", "batch", str(tmp_path / name), "-o", str(out), *extra]
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert {line["custom_id"] for line in lines} == ids and len(lines) == len(ids), name
+        for line in lines:
+            assert line["error"] is None and line["response"]["status_code"] == 200
+            assert line["response"]["body"]["model"] == "smollm2-135m-cpu" and line["response"]["request_id"]
+        assert "none failed" in done.stderr and "L3 hit" in done.stderr

@@ -128,6 +128,22 @@ async def test_forwards_original_bytes_and_passes_answer_through_unchanged():
     assert headers["X-TypeSafe-Retry-Count"] == "1"  # the SDK's retry headers too (a retry joins its work)
 
 
+async def test_a_caller_may_mark_its_work_bulk_and_nothing_else():
+    """`x-jev-priority: bulk` (jev batch) reaches the worker, written as the worker reads it; a value the worker would
+    refuse is refused here (422, nothing forwarded); `interactive`, the default, is not sent on."""
+    backend = ScriptedBackend()
+    async with backend.serve() as url, frontend(url) as client:
+        for value in (" BULK", "interactive"):
+            resp = await client.post("/v1/systemone", json=CHOICE, headers={"x-jev-priority": value})
+            assert resp.status == 200
+        resp = await client.post("/v1/systemone", json=CHOICE, headers={"x-jev-priority": "realtime"})
+        assert resp.status == 422 and "x-jev-priority" in envelope(await resp.read()).detail[0].msg
+    sent = [headers for _body, headers in backend.received]
+    assert len(sent) == 2
+    assert sent[0]["x-jev-priority"] == "bulk" and "x-jev-priority" not in sent[1]
+    assert sent[0]["x-jev-client"] == sent[1]["x-jev-client"]  # the fairness key is the frontend's either way
+
+
 async def test_every_backend_call_carries_the_internal_token_and_never_the_callers():
     backend = ScriptedBackend()
     async with backend.serve() as url, frontend(url, internal_tokens=("t-new", "t-old")) as client:

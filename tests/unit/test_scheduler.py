@@ -9,13 +9,18 @@ import contextlib
 import gc
 import logging
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jev_common.http import DEADLINE_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
+from jev_common.errors import Overloaded
+from jev_common.http import DEADLINE_HEADER, PRIORITY_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
 from jev_worker.scheduling.abandon import layer_stack
+from jev_worker.scheduling.scheduler import Caller, Scheduler, flight_key
 from jev_worker.watchdog import Watchdog
 
+from .test_prefix_scheduling import NoEngine, item
 from .worker_helpers import worker_client
 
 
@@ -258,3 +263,136 @@ async def test_a_queued_request_whose_caller_left_frees_its_place_at_once(worker
             third = await client.post("/v1/systemone", json=ask(2))
             assert third.status == 200
             assert (await running).status == 200
+
+
+# --- bulk work (x-jev-priority: bulk): a lower weight, capped batches, never ahead of interactive work --------------
+
+
+def bulk_scheduler(**overrides) -> Scheduler:
+    options = (
+        dict(max_queue=200, batching=True, max_batch_rows=8, max_wait_ms=0, bulk_weight=0.25, bulk_max_rows=4)
+        | overrides
+    )
+    return Scheduler(NoEngine(), ThreadPoolExecutor(1), **options)
+
+
+def enqueue(s: Scheduler, client: str, prefixes: str, bulk: bool, prefix_tokens: int = 100) -> None:
+    for prefix in prefixes:
+        n = len(s._pending)
+        job = item(prefix, n, prefix_tokens)
+        s._new_job(job, flight_key(job), Caller(client, bulk=bulk).flow, 60.0, bulk=bulk)
+        s._pending[-1].waiters = 1
+
+
+def classes(batch) -> list[str]:
+    return ["bulk" if job.bulk else "interactive" for job in batch]
+
+
+async def test_an_interactive_request_waits_behind_at_most_one_capped_bulk_batch_of_its_own_key():
+    s = bulk_scheduler()
+    enqueue(s, "key:k", "A" * 20, bulk=True)  # a batch of 20 rows on one state, queued first
+    enqueue(s, "key:k", "Z", bulk=False)  # then the same key asks one question interactively
+    assert classes(s._take_batch()) == ["bulk"] * 4  # the bulk batch that was due, capped at 4 rows
+    assert classes(s._take_batch()) == ["interactive"]  # next: not behind the key's own bulk backlog
+    assert classes(s._take_batch()) == ["bulk"] * 4
+
+
+async def test_a_batch_led_by_interactive_work_takes_no_bulk_job_even_of_its_prefix():
+    s = bulk_scheduler()
+    enqueue(s, "a", "A", bulk=False)
+    enqueue(s, "b", "AAAA", bulk=True)
+    assert classes(s._take_batch()) == ["interactive"]
+    assert classes(s._take_batch()) == ["bulk"] * 4
+
+
+async def test_a_bulk_batch_is_capped_in_tokens_too():
+    """Three bulk jobs of different 100-token prefixes: a 250-token bulk cap takes two; interactive work keeps the
+    batch budget."""
+    s = bulk_scheduler(bulk_max_tokens=250, max_batch_tokens=1000)
+    enqueue(s, "b", "ABC", bulk=True)
+    assert len(s._take_batch()) == 2
+    s = bulk_scheduler(bulk_max_tokens=250, max_batch_tokens=1000)
+    enqueue(s, "a", "ABC", bulk=False)
+    assert len(s._take_batch()) == 3
+
+
+async def test_backlogged_bulk_work_gets_its_weight_of_the_rows():
+    """Both flows backlogged: bulk rows cost 1/weight = 4, so interactive work is served four rows to bulk's one
+    (a 4-row bulk batch, then two 8-row interactive batches, and so on)."""
+    s = bulk_scheduler()
+    enqueue(s, "b", "B" * 40, bulk=True)
+    enqueue(s, "a", "I" * 80, bulk=False)
+    served = Counter()
+    for _ in range(9):
+        batch = s._take_batch()
+        assert len(set(classes(batch))) == 1  # a batch is of one class
+        served.update(classes(batch))
+    assert served == {"interactive": 48, "bulk": 12}
+
+
+async def test_bulk_work_holds_at_most_half_the_queue():
+    s = bulk_scheduler(max_queue=4)
+    enqueue(s, "b", "AB", bulk=True)
+    with pytest.raises(Overloaded, match="bulk work holds half"):
+        enqueue(s, "c", "C", bulk=True)
+    enqueue(s, "a", "DE", bulk=False)  # interactive callers still get the other half
+    assert s.depth == 4
+
+
+async def test_an_interactive_caller_joining_queued_bulk_work_takes_it_out_of_the_bulk_lane():
+    s = bulk_scheduler()
+    enqueue(s, "b", "ABCDEFGH", bulk=True)
+    last = s._pending[-1]
+    joined = asyncio.ensure_future(s.submit(last.item, 60.0, Caller("a")))  # the same prompt, asked interactively
+    await until(lambda: last.waiters == 2)
+    assert s._flights[last.key] is last and last.promoted
+    first = s._take_batch()
+    assert classes(first) == ["bulk"] * 4 and last not in first  # the bulk batch that was due, without it
+    assert s._take_batch() == [last]  # then it, as interactive work, ahead of the rest of the bulk lane
+    last.future.set_result("answer")
+    assert await joined == "answer"
+
+
+async def test_the_priority_header_marks_the_caller_bulk_and_refuses_other_values(worker_settings):
+    async with worker_client(worker_settings()) as (client, service):
+        seen = []
+        original = service.scheduler.submit
+
+        async def spy(item, timeout_s, caller):
+            seen.append(caller)
+            return await original(item, timeout_s, caller)
+
+        service.scheduler.submit = spy
+        for value, bulk in (("bulk", True), (" Bulk ", True), ("interactive", False), (None, False)):
+            headers = {} if value is None else {PRIORITY_HEADER: value}
+            response = await client.post("/v1/systemone", json=ask(len(seen)), headers=headers)
+            assert response.status == 200 and seen[-1].bulk is bulk, value
+        assert seen[0].flow != seen[2].flow  # a client's bulk work is a flow of its own
+        response = await client.post("/v1/systemone", json=ask(), headers={PRIORITY_HEADER: "urgent"})
+        assert response.status == 422 and PRIORITY_HEADER in str(await response.json())
+
+
+async def test_through_the_worker_an_interactive_request_overtakes_a_bulk_backlog(worker_settings):
+    """16 bulk requests of one key queued (bulk batches of at most 4 rows), then one interactive request of the same
+    key: at most one bulk batch (the one running) is answered between its queueing and its answer."""
+    async with worker_client(worker_settings(bulk_max_rows=4, max_per_client=32, max_queue=64)) as (client, service):
+        answered: list[str] = []
+
+        async def post(i: int, bulk: bool):
+            headers = {PRIORITY_HEADER: "bulk"} if bulk else {}
+            response = await client.post("/v1/systemone", json=ask(i, state=f"state {i % 3}"), headers=headers)
+            assert response.status == 200
+            answered.append("bulk" if bulk else "interactive")
+
+        layers = len(layer_stack(service.loaded.model))
+        with slow_layers(service, 0.2 / layers):  # each batch about 0.2 s
+            backlog = [asyncio.ensure_future(post(i, bulk=True)) for i in range(16)]
+            await until(lambda: service.scheduler.running and service.scheduler.depth == 16)
+            interactive = asyncio.ensure_future(post(100, bulk=False))
+            await until(lambda: any(not job.bulk for job in service.scheduler._pending))  # queued behind the backlog
+            bulk_before = len(answered)
+            await interactive
+            bulk_meanwhile = len(answered) - 1 - bulk_before
+            await asyncio.gather(*backlog)
+        assert bulk_meanwhile <= 4, answered
+        assert answered.index("interactive") < 9, answered  # well before the backlog drained

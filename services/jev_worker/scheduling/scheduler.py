@@ -29,6 +29,12 @@ batch with the states to start from, and inserts the states the runner computed 
   start-time fair queuing: a job's virtual start is the later of the scheduler's virtual time and the end of
   its client's previous job (a job costs its rows), and the smallest start goes first. A client that floods
   queues behind its own work; a client arriving then starts at the current virtual time, next in line.
+- **Bulk.** A caller may mark its work bulk (`x-jev-priority: bulk`, what `jev batch` sends): it only lowers the
+  caller's own priority. A client's bulk work is a flow of its own (with its own `max_per_client`, so it never
+  queues the same client's interactive requests behind it) whose jobs cost their rows divided by `bulk_weight`;
+  bulk jobs together hold at most half the queue. A batch is of one class, its first job's: a batch led by
+  interactive work takes no bulk job, and a bulk batch takes at most `bulk_max_rows` rows and `bulk_max_tokens`
+  tokens, so an interactive request waits behind at most one capped bulk batch.
 
 `abort` (on shutdown) answers every job at once and stops the running batch the same way.
 """
@@ -63,6 +69,12 @@ class Caller:
 
     client: str = ANONYMOUS
     retries: bool = False
+    bulk: bool = False  # the caller marked its work bulk (x-jev-priority: bulk)
+
+    @property
+    def flow(self) -> str:
+        """The fair queue's flow: the client, and its bulk work as a flow of its own."""
+        return f"{self.client} (bulk)" if self.bulk else self.client
 
 
 def flight_key(item: EngineItem) -> str:
@@ -83,7 +95,7 @@ def _retrieve(future: asyncio.Future) -> None:
 class Flight:
     item: EngineItem
     key: str
-    client: str
+    client: str  # the fair queue's flow (Caller.flow)
     expires: float  # time.monotonic() of the latest waiter's deadline
     future: asyncio.Future
     seq: int = 0
@@ -91,6 +103,8 @@ class Flight:
     waiters: int = 0
     linger_until: float = 0.0  # wanted without waiters until then (a retrying caller left)
     aborted: bool = False
+    bulk: bool = False  # a bulk caller's job (counted against the bulk share of the queue)
+    promoted: bool = False  # an interactive caller joined it: batched as interactive work from then on
     queued_at: float = field(default_factory=time.perf_counter)
 
     @property
@@ -109,6 +123,10 @@ class Flight:
     def row_tokens(self) -> int:
         """What the job costs a batch whose prefix state it shares: its rows' tokens."""
         return self.tokens - len(self.item.prepared.prefix_ids)
+
+    @property
+    def batched_as_bulk(self) -> bool:
+        return self.bulk and not self.promoted
 
     def wanted(self) -> bool:
         """Someone waits (or may come back) for this job's answer (safe to ask from the model thread)."""
@@ -138,6 +156,9 @@ class Scheduler:
         prefix_aware: bool = True,
         max_per_client: int = 0,
         linger_s: float = 5.0,
+        bulk_weight: float = 0.25,
+        bulk_max_rows: int = 8,
+        bulk_max_tokens: int = 1024,
         on_batch: Callable[[int, int, float], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
@@ -154,6 +175,11 @@ class Scheduler:
         self.max_batch_rows = max(1, max_batch_rows)
         self.max_batch_tokens = max(0, max_batch_tokens)  # 0: rows alone bound a batch
         self.max_wait_s = max(0.0, max_wait_ms) / 1000
+        if not bulk_weight > 0:
+            raise ValueError(f"bulk_weight must be > 0, got {bulk_weight}")
+        self.bulk_weight = bulk_weight
+        self.bulk_max_rows = max(1, bulk_max_rows)
+        self.bulk_max_tokens = max(0, bulk_max_tokens)  # 0: the batch token budget alone
         self.checks = checks
         self._on_batch = on_batch
         self._on_depth = on_depth
@@ -163,7 +189,8 @@ class Scheduler:
         self._batch: list[Flight] = []  # the batch on the model thread now
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
         self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
-        self._per_client: Counter[str] = Counter()  # jobs queued or running per client
+        self._per_client: Counter[str] = Counter()  # jobs queued or running per client (per flow)
+        self._bulk_jobs = 0  # bulk jobs queued or running
         self._finish: dict[str, float] = {}  # client -> virtual finish of its latest job (fair queuing)
         self._vtime = 0.0  # virtual time: the start of the latest job taken
         self._seq = count()
@@ -223,8 +250,11 @@ class Scheduler:
         job = self._flights.get(key)
         if job is not None and not job.future.done() and not job.aborted:
             self._event("joined", job.rows)
+            if job.batched_as_bulk and not caller.bulk:  # an interactive caller never waits in the bulk lane
+                job.promoted = True
+                job.start = min(job.start, max(self._vtime, self._finish.get(caller.flow, 0.0)))
         else:
-            job = self._new_job(item, key, caller.client, timeout_s)
+            job = self._new_job(item, key, caller.flow, timeout_s, bulk=caller.bulk)
         job.waiters += 1
         job.expires = max(job.expires, time.monotonic() + timeout_s)
         left = "answered"
@@ -245,9 +275,12 @@ class Scheduler:
                 self._drop(job)
                 self._report_depth()
 
-    def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Flight:
+    def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float, bulk: bool = False) -> Flight:
+        """A job of the fair queue's flow `client` (Caller.flow); `bulk`: a bulk caller's job."""
         if self.load >= self.max_queue:
             raise Overloaded(f"worker queue is full ({self.max_queue} requests); retry shortly")
+        if bulk and self._bulk_jobs >= max(1, self.max_queue // 2):
+            raise Overloaded(f"bulk work holds half the worker queue ({self._bulk_jobs} requests); retry shortly")
         if self.max_per_client and self._per_client[client] >= self.max_per_client:
             self._event("client_limited", len(item.prepared.rows))
             raise ClientOverloaded(
@@ -256,7 +289,7 @@ class Scheduler:
             )
         loop = asyncio.get_running_loop()
         start = max(self._vtime, self._finish.get(client, 0.0))  # start-time fair queuing, a job costs its rows
-        self._finish[client] = start + len(item.prepared.rows)
+        self._finish[client] = start + len(item.prepared.rows) / (self.bulk_weight if bulk else 1.0)
         job = Flight(
             item=item,
             key=key,
@@ -265,10 +298,12 @@ class Scheduler:
             future=loop.create_future(),
             seq=next(self._seq),
             start=start,
+            bulk=bulk,
         )
         job.future.add_done_callback(_retrieve)
         self._flights[key] = job
         self._per_client[client] += 1
+        self._bulk_jobs += bulk
         self._pending.append(job)
         self._report_depth()
         self._wakeup.set()
@@ -284,6 +319,7 @@ class Scheduler:
     def _release(self, job: Flight) -> None:
         """The job leaves the queue or the model thread: its client's slot and its flight entry are free."""
         self._per_client[job.client] -= 1
+        self._bulk_jobs -= job.bulk
         if self._per_client[job.client] <= 0:
             del self._per_client[job.client]
             if self._finish.get(job.client, 0.0) <= self._vtime:  # nothing of its own ahead: forget it
@@ -356,16 +392,16 @@ class Scheduler:
         self._vtime = max(self._vtime, first.start)
         batch, rows, tokens = [first], first.rows, first.tokens
         if self.batching:
+            bulk = first.batched_as_bulk
+            max_rows, max_tokens = self._budget(bulk)
             prefixes = {first.prefix_key}
-            rest = order[1:]
+            rest = [job for job in order[1:] if job.batched_as_bulk == bulk]  # a batch is of its first job's class
             resident = {key for key in {job.prefix_key for job in rest} if self.prefix_cache.resident(key)}
             while rest:
                 job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], prefixes, resident), k)))
                 shares = job.prefix_key in prefixes or job.prefix_key in resident
                 cost = job.row_tokens if shares else job.tokens
-                if rows + job.rows <= self.max_batch_rows and (
-                    not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens
-                ):
+                if rows + job.rows <= max_rows and (not max_tokens or tokens + cost <= max_tokens):
                     batch.append(job)
                     prefixes.add(job.prefix_key)
                     rows += job.rows
@@ -373,6 +409,13 @@ class Scheduler:
         taken = set(map(id, batch))
         self._pending = [job for job in live if id(job) not in taken]
         return batch
+
+    def _budget(self, bulk: bool) -> tuple[int, int]:
+        """A batch's row and token budgets (tokens 0: unbounded): a bulk batch's are capped further."""
+        if not bulk:
+            return self.max_batch_rows, self.max_batch_tokens
+        tokens = [t for t in (self.max_batch_tokens, self.bulk_max_tokens) if t]
+        return min(self.max_batch_rows, self.bulk_max_rows), min(tokens, default=0)
 
     def _affinity(self, job: Flight, prefixes: set[str], resident: set[str]) -> int:
         """Which jobs fill a batch first (smaller first, fair order within): prefix-aware, the batch's own
