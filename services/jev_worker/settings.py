@@ -176,7 +176,8 @@ ENV = EnvTable(
         float_var(
             "JEV_MAX_WAIT_MS",
             _recipe_default(BatchingSpec, "max_wait_ms"),
-            "wait this long for batch siblings when only one job is queued",
+            "a lone job on an idle device waits this long for others to batch with; `0`: it starts at once, and "
+            "batches form from what queued while the previous one ran (the next is formed behind the running one)",
             from_recipe=True,
         ),
         bool_var(
