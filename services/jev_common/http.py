@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +47,7 @@ PRIORITIES = ("interactive", "bulk")
 WORKER_HEADER = "x-jev-worker"  # which worker answered a decision (its JEV_WORKER_ID)
 REVISION_HEADER = "x-jev-revision"  # the checkpoint that answered it (its pinned revision or content digest)
 CODE_VERSION_HEADER = "x-jev-code-version"  # the code that answered it (jev_common.version)
+DEVICE_SECONDS_HEADER = "x-jev-device-seconds"  # benchmark mode: the device's measured wait for a decision
 SDK_HEADER = "x-typesafe-sdk"  # typesafe-sdk sends it on every attempt
 RETRY_COUNT_HEADER = "x-typesafe-retry-count"  # ... and this on its retries
 RETRY_HEADERS = (SDK_HEADER, RETRY_COUNT_HEADER)
@@ -69,7 +70,7 @@ def validation_details(exc: ValidationError) -> list[dict]:
 
 
 def new_request_id() -> str:
-    return "req_" + uuid.uuid4().hex
+    return "req_" + os.urandom(16).hex()  # as random as uuid4's 122 bits, without building a UUID
 
 
 @web.middleware

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -118,6 +119,7 @@ def _named(state) -> str:
 
 
 async def handle_systemone(request: web.Request) -> web.Response:
+    started = time.perf_counter()
     settings = request.app[SETTINGS]
     timeout_s, note = _call_timeout(settings, request)  # the caller's own deadline: the worker's and ours
     request_priority(request.headers)  # a value the worker would refuse is refused here, before any body is read
@@ -143,7 +145,9 @@ async def handle_systemone(request: web.Request) -> web.Response:
         timeout_note=note,
     )
     answer = await _routed(request.app, model, route_key, images, call)
-    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+    response = web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+    request.app[BACKEND].metrics.overhead.observe(max(0.0, time.perf_counter() - started - answer.seconds))
+    return response
 
 
 async def _routed(app: web.Application, model: str | None, route_key: str, images: list[str], call: dict):

@@ -11,10 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.cpu import compute_threads
 
 from .engine import kernels
 from .engine.graphs import capture_for
+from .engine.runner import ModelRunner
+from .engine.simulated import SHAPES
 from .loading.load_progress import MEASURE_REUSE, LoadProgress
 from .loading.loader import LoadedModel, pick_device
 from .prompt.bounds import PromptBounds
@@ -81,12 +84,13 @@ class LocalModel:
             on_abandoned=self.metrics.observe_abandoned,
             on_event=self.metrics.observe_flight,
         )
-        self.scheduler.start()
 
     def _load(self) -> None:
         s = self.settings
         torch.set_num_threads(compute_threads(s.threads))
-        device = pick_device(s.device)
+        simulated = SHAPES[s.simulated_shapes] if s.device == "simulated" else None
+        load_device = "cpu" if simulated is not None else s.device  # a simulated device's checkpoint: tokenizer, head
+        device = pick_device(load_device)
         reuse = ReusePolicy(s.l3_reuse).resolved(device.type)
         if not reuse.measures:  # known before the first step, so the counter counts only the steps that run
             self.progress.skip(MEASURE_REUSE)
@@ -98,7 +102,7 @@ class LocalModel:
             self.progress.skip(MEASURE_REUSE)
         self.progress.enter("loading the weights", f"from {self.serving.folder}")
         kernels.use_on(device)  # before transformers imports the model's modules
-        self.loaded = self.serving.load(s.device, s.dtype)
+        self.loaded = self.serving.load(load_device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
         self.kernels = kernels.describe(self.loaded.model.config)  # fixed once loaded: not re-read per /health
         self.progress.enter("building the prompt layout, head and engine")
@@ -124,7 +128,13 @@ class LocalModel:
             kv_budget_bytes=l3.budget,
             prefill_chunk=s.prefill_chunk_tokens,
             pack_tokens=s.pack_tokens,
+            simulated=simulated,
         )
+        if simulated is not None and not isinstance(self.engine, ModelRunner):
+            raise ServingError(
+                f"the simulated device replaces the generic runner's forwards; backend "
+                f"{self.serving.backend.name!r} runs its own engine"
+            )
         if self.prefix_cache.reuse.measures and l3.enabled:
             self.progress.enter(MEASURE_REUSE)
             costs = self.engine.measure_reuse()
@@ -145,11 +155,18 @@ class LocalModel:
             await self.scheduler.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def device(self) -> str:
+        """Where the forwards run: the torch device, or `simulated` (engine/simulated.py)."""
+        if self.settings.device == "simulated":
+            return "simulated"
+        return str(self.loaded.device) if self.loaded is not None else self.settings.device
+
     def describe(self) -> dict:
         if self.loaded is None:
             return {}
         return {
-            "device": str(self.loaded.device),
+            "device": self.device,
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),

@@ -34,6 +34,7 @@ from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec
 schedule_mode = one_of("prefix", "fifo")  # scheduling/scheduler.py: how a batch is filled
 GRAPH_MODES = ("auto", "on", "off")  # engine/graphs.py: CUDA graphs
 graph_mode = one_of(*GRAPH_MODES)
+simulated_shapes = one_of("1.5b", "7.35b")  # engine/simulated.py SHAPES
 REUSE_MODES = ("auto", "always", "measured")  # scheduling/reuse.py: whether an L3 hit is used
 reuse_mode = one_of(*REUSE_MODES)
 
@@ -69,7 +70,26 @@ ENV = EnvTable(
         ),
         str_var("JEV_WORKER_HOST", "0.0.0.0", "listen address", ("JEV_VL_HOST",), upstream="127.0.0.1"),
         int_var("JEV_WORKER_PORT", 8000, "listen port", ("JEV_VL_PORT",), upstream=8001),
-        str_var("JEV_DEVICE", "auto", "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`"),
+        str_var(
+            "JEV_DEVICE",
+            "auto",
+            "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`; `simulated` (benchmarks only, with "
+            "`JEV_BENCHMARK=1`): the forwards of a GPU priced by a cost model and waited out, the rest real "
+            "(docs/benchmarks.md, host overhead)",
+        ),
+        custom_var(
+            "JEV_SIMULATED_SHAPES",
+            simulated_shapes,
+            "1.5b",
+            "the model a `simulated` device prices (`1.5b`, `7.35b`: Qwen2-shaped, BF16): its KV bytes per token "
+            "and its forwards measured on one H200; the checkpoint loaded gives the tokenizer and the head",
+        ),
+        bool_var(
+            "JEV_BENCHMARK",
+            False,
+            "benchmark mode: allows `JEV_DEVICE=simulated` and adds `x-jev-device-seconds` (the device's measured "
+            "wait for the request's batches) to every decision",
+        ),
         str_var(
             "JEV_DTYPE",
             _recipe_default(ModelSpec, "dtype"),
@@ -185,7 +205,8 @@ ENV = EnvTable(
         float_var(
             "JEV_MAX_WAIT_MS",
             _recipe_default(BatchingSpec, "max_wait_ms"),
-            "wait this long for batch siblings when only one job is queued",
+            "a lone job on an idle device waits this long for others to batch with; `0`: it starts at once, and "
+            "batches form from what queued while the previous one ran (the next is formed behind the running one)",
             from_recipe=True,
         ),
         bool_var(
@@ -239,7 +260,11 @@ ENV = EnvTable(
         str_var(
             "JEV_ASSET_DIR", "/var/lib/jev/assets", "where the preencoder writes image assets", ("JEV_VL_IMGCACHE",)
         ),
-        str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "cache index"),
+        str_var(
+            "JEV_REDIS_URL",
+            "redis://127.0.0.1:6379/0",
+            "cache index (prepared images, resident prefixes, the worker's record); `none` or empty: none",
+        ),
         str_var("JEV_WORKER_ID", COMPUTED, "owner name for prefixes registered in the index", shown="`hostname:port`"),
         str_var(
             "JEV_WORKER_URL",
@@ -271,6 +296,13 @@ ENV = EnvTable(
             "it is set: idle OpenMP threads sleep instead of spinning, so another busy process on the host no longer "
             "slows a forward several-fold",
             note="auto",
+        ),
+        float_var(
+            "JEV_GIL_SWITCH_MS",
+            0.2,
+            "the interpreter's thread switch interval (`sys.setswitchinterval`, Python's default 5): how long the model "
+            "thread may wait for the event loop to let it run between two batches; short, so a fast device is not "
+            "left idle while the loop parses requests (docs/benchmarks.md, host overhead)",
         ),
         list_var(
             "JEV_API_KEYS",
@@ -331,6 +363,8 @@ class WorkerSettings:
     port: int = ENV["JEV_WORKER_PORT"].field()
     model_path: str | None = ENV["JEV_MODEL_PATH"].field()
     device: str = ENV["JEV_DEVICE"].field()
+    simulated_shapes: str = ENV["JEV_SIMULATED_SHAPES"].field()
+    benchmark: bool = ENV["JEV_BENCHMARK"].field()
     dtype: str = ENV["JEV_DTYPE"].field()
     max_queue: int = ENV["JEV_MAX_QUEUE"].field()
     deadline_s: float = ENV["JEV_DEADLINE_S"].field()
@@ -358,12 +392,27 @@ class WorkerSettings:
     register_ttl_s: float = ENV["JEV_WORKER_REGISTER_TTL_S"].field()
     max_body_bytes: int = ENV["JEV_WORKER_MAX_BODY_BYTES"].field()
     threads: int = ENV["JEV_TORCH_THREADS"].field()
+    gil_switch_ms: float = ENV["JEV_GIL_SWITCH_MS"].field()
     cuda_graphs: str = ENV["JEV_CUDA_GRAPHS"].field()
     l3_reuse: str = ENV["JEV_L3_REUSE"].field()
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field(secret=True)  # empty: auth off
     internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field(
         secret=True
     )  # + the token file's; empty: any caller
+
+    @property
+    def index_url(self) -> str | None:
+        """JEV_REDIS_URL, or None when it says there is no index (`none`, `off`, empty)."""
+        return None if self.redis_url.strip().lower() in ("", "none", "off") else self.redis_url
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gil_switch_ms <= 100:
+            raise ValueError(f"JEV_GIL_SWITCH_MS must be in (0, 100], got {self.gil_switch_ms}")
+        if self.device == "simulated" and not self.benchmark:
+            raise ValueError(
+                "JEV_DEVICE=simulated answers with a cost model's waits, not a model's work: it is for benchmarks "
+                "only; set JEV_BENCHMARK=1 to run it"
+            )
 
     @classmethod
     def from_env(cls, **overrides) -> WorkerSettings:
@@ -388,6 +437,8 @@ class WorkerSettings:
             port=port,
             model_path=ENV["JEV_MODEL_PATH"].get(),
             device=ENV["JEV_DEVICE"].get(),
+            simulated_shapes=ENV["JEV_SIMULATED_SHAPES"].get(),
+            benchmark=ENV["JEV_BENCHMARK"].get(),
             dtype=ENV["JEV_DTYPE"].get(recipe.model.dtype),
             max_queue=ENV["JEV_MAX_QUEUE"].get(),
             deadline_s=ENV["JEV_DEADLINE_S"].get(),
@@ -415,6 +466,7 @@ class WorkerSettings:
             register_ttl_s=ENV["JEV_WORKER_REGISTER_TTL_S"].get(),
             max_body_bytes=ENV["JEV_WORKER_MAX_BODY_BYTES"].get(),
             threads=ENV["JEV_TORCH_THREADS"].get(),
+            gil_switch_ms=ENV["JEV_GIL_SWITCH_MS"].get(),
             cuda_graphs=ENV["JEV_CUDA_GRAPHS"].get(),
             l3_reuse=ENV["JEV_L3_REUSE"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),

@@ -167,6 +167,19 @@ async def test_the_fairness_key_is_the_keys_hmac_identity_never_the_key():
     assert "k-1" not in " ".join(headers.values())  # the key itself never reaches the backend
 
 
+async def test_the_frontends_own_time_is_observed_apart_from_the_backends():
+    backend = ScriptedBackend()
+    backend.delay_s = 0.3
+    async with backend.serve() as url, frontend(url) as client:
+        response = await client.post("/v1/systemone", json=CHOICE)
+        assert response.status == 200
+        metrics = client.app[BACKEND].metrics
+        overhead = metrics.overhead.collect()[0].samples
+        count = next(s.value for s in overhead if s.name.endswith("_count"))
+        total = next(s.value for s in overhead if s.name.endswith("_sum"))
+    assert count == 1 and 0 < total < 0.3  # the 0.3 s the backend took is not the frontend's
+
+
 async def test_decision_from_fake_worker_with_cache_header(fake):
     async with frontend(fake.url) as client:
         first = await client.post("/v1/systemone", json={**CHOICE, "request_id": "r1"})
