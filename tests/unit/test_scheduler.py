@@ -17,7 +17,7 @@ import pytest
 from jev_common.errors import Overloaded
 from jev_common.http import DEADLINE_HEADER, PRIORITY_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
 from jev_worker.scheduling.abandon import layer_stack
-from jev_worker.scheduling.scheduler import Caller, Scheduler, flight_key
+from jev_worker.scheduling.scheduler import Batch, Caller, Scheduler, flight_key
 from jev_worker.watchdog import Watchdog
 
 from .test_prefix_scheduling import NoEngine, item
@@ -340,17 +340,37 @@ async def test_bulk_work_holds_at_most_half_the_queue():
 
 
 async def test_an_interactive_caller_joining_queued_bulk_work_takes_it_out_of_the_bulk_lane():
-    s = bulk_scheduler()
-    enqueue(s, "b", "ABCDEFGH", bulk=True)
-    last = s._pending[-1]
-    joined = asyncio.ensure_future(s.submit(last.item, 60.0, Caller("a")))  # the same prompt, asked interactively
-    await until(lambda: last.waiters == 2)
-    assert s._flights[last.key] is last and last.promoted
-    first = s._take_batch()
-    assert classes(first) == ["bulk"] * 4 and last not in first  # the bulk batch that was due, without it
-    assert s._take_batch() == [last]  # then it, as interactive work, ahead of the rest of the bulk lane
-    last.future.set_result("answer")
-    assert await joined == "answer"
+    """A request submitted now is dispatched now (scheduling/scheduler.py `_dispatch`): with a batch on the model
+    thread, the interactive caller joining bulk work gets it into the batch formed behind the running one, ahead of
+    the bulk lane."""
+    from .test_scheduler_dispatch import GatedEngine
+    from .test_scheduler_dispatch import item as gated_item
+
+    engine = GatedEngine()
+    s = Scheduler(
+        engine, ThreadPoolExecutor(1), max_queue=100, batching=True, max_batch_rows=8, max_wait_ms=0, bulk_max_rows=4
+    )
+
+    async def submit(name: str, caller: Caller) -> asyncio.Future:
+        task = asyncio.ensure_future(s.submit(gated_item(name), 60.0, caller))
+        engine.futures[name] = task
+        await asyncio.sleep(0)
+        return task
+
+    running = await submit("x", Caller("c"))
+    await asyncio.to_thread(engine.wait_started, 1)
+    backlog = [await submit(name, Caller("b", bulk=True)) for name in "ABCDEFGH"]
+    last = next(job for job in s._pending if job.item.prepared.prefix_key == "H")
+    joined = await submit("H", Caller("a"))  # the same prompt, asked interactively
+    assert s._flights[last.key] is last and last.promoted and last.waiters == 2
+    expected = [["H"], list("ABCD"), list("EFG")]  # behind the running batch only, then the bulk lane, capped
+    for n, names in enumerate(expected, start=1):
+        engine.gates[n - 1].set()
+        await asyncio.to_thread(engine.wait_started, n + 1)
+        assert engine.started[n] == names, engine.started
+    engine.gates[3].set()
+    await asyncio.gather(running, joined, *backlog)
+    await s.stop()
 
 
 async def test_the_priority_header_marks_the_caller_bulk_and_refuses_other_values(worker_settings):
@@ -389,7 +409,10 @@ async def test_through_the_worker_an_interactive_request_overtakes_a_bulk_backlo
             backlog = [asyncio.ensure_future(post(i, bulk=True)) for i in range(16)]
             await until(lambda: service.scheduler.running and service.scheduler.depth == 16)
             interactive = asyncio.ensure_future(post(100, bulk=False))
-            await until(lambda: any(not job.bulk for job in service.scheduler._pending))  # queued behind the backlog
+            scheduler = service.scheduler
+            await until(  # queued behind the backlog: waiting, or in the batch formed behind the running one
+                lambda: any(not job.bulk for job in [*scheduler._pending, *(scheduler._queued or Batch([])).jobs])
+            )
             bulk_before = len(answered)
             await interactive
             bulk_meanwhile = len(answered) - 1 - bulk_before

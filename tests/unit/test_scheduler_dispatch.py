@@ -16,7 +16,7 @@ import torch
 from jev_worker.prompt.builder import PreparedRequest
 from jev_worker.protocols import Engine
 from jev_worker.scheduling.batch import BatchOutput, EngineItem, EngineResult
-from jev_worker.scheduling.scheduler import Scheduler
+from jev_worker.scheduling.scheduler import Caller, Scheduler
 
 
 class GatedEngine(Engine):
@@ -60,8 +60,8 @@ def scheduler(engine: Engine, **options) -> Scheduler:
     return Scheduler(engine, ThreadPoolExecutor(1), **settings)
 
 
-async def submit(s: Scheduler, engine: GatedEngine, name: str) -> asyncio.Task:
-    task = asyncio.ensure_future(s.submit(item(name), 30.0))
+async def submit(s: Scheduler, engine: GatedEngine, name: str, caller: Caller = Caller()) -> asyncio.Task:
+    task = asyncio.ensure_future(s.submit(item(name), 30.0, caller))
     engine.futures[name] = task
     await asyncio.sleep(0)  # the task runs up to its wait
     return task
@@ -121,4 +121,24 @@ async def test_when_every_caller_of_the_next_batch_leaves_it_runs_nothing():
     await first
     await asyncio.sleep(0.2)
     assert len(engine.started) == 1
+    await s.stop()
+
+
+async def test_interactive_work_waits_behind_the_running_bulk_batch_only():
+    """The bulk batch formed behind a running one is formed anew, led by the interactive job that arrives."""
+    engine = GatedEngine()
+    s = scheduler(engine)
+    bulk = Caller("batch-client", bulk=True)
+    first = await submit(s, engine, "a", bulk)
+    await asyncio.to_thread(engine.wait_started, 1)
+    queued_bulk = [await submit(s, engine, name, bulk) for name in ("b", "c")]
+    interactive = await submit(s, engine, "i", Caller("someone"))
+    engine.gates[0].set()
+    await asyncio.to_thread(engine.wait_started, 2)
+    assert engine.started[1] == ["i"]  # not b and c: they run after it, in a bulk batch of their own
+    engine.gates[1].set()
+    await asyncio.to_thread(engine.wait_started, 3)
+    assert engine.started[2] == ["b", "c"]
+    engine.gates[2].set()
+    await asyncio.gather(first, interactive, *queued_bulk)
     await s.stop()
