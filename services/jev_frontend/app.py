@@ -302,6 +302,7 @@ def create_app(settings: Settings) -> web.Application:
     if not settings.single_backend and settings.index_url:
         index = CacheIndex(settings.index_url, "jev-frontend", owner_id="frontend")
     pool = BackendPool(settings, backend, backend.metrics, index)
+    metrics.watch_index("frontend", lambda: index)
     app = web.Application(
         middlewares=[request_id_middleware, metrics.middleware, error_middleware, auth_middleware(settings.api_keys)],
         client_max_size=settings.max_body_bytes,

@@ -53,6 +53,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     app = web.Application(middlewares=[metrics.middleware, error_middleware])
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
+    metrics.watch_index("preencoder", lambda: state["index"])
 
     async def load():
         try:

@@ -9,8 +9,11 @@ from jev_common.metrics import LATENCY_BUCKETS, HttpMetrics
 
 
 class WorkerMetrics(HttpMetrics):
-    def __init__(self):
-        super().__init__("worker")
+    """Every series carries `model` (the recipe served) when one is given, so per-model rules and dashboards need
+    no target labels (deploy/prometheus/jev-rules.yml)."""
+
+    def __init__(self, model: str = ""):
+        super().__init__("worker", labels={"model": model} if model else None)
         r = self.registry
         self.decision_seconds = Histogram(
             "jev_worker_decision_seconds", "Decision latency by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r
@@ -28,6 +31,9 @@ class WorkerMetrics(HttpMetrics):
             "jev_worker_batch_rows", "Rows per model batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
         )
         self.queue_depth = Gauge("jev_worker_queue_depth", "Requests queued or running", registry=r)
+        self.queue_limit = Gauge(
+            "jev_worker_queue_limit", "JEV_MAX_QUEUE: the queue depth past which requests are refused (429)", registry=r
+        )
         self.tokens = Counter("jev_worker_tokens_total", "Prompt tokens by source", ["source"], registry=r)
         self.prefix_boundary_mismatch = Counter(
             "jev_worker_prefix_boundary_mismatch_total",
