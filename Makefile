@@ -47,7 +47,9 @@ down:
 	@if docker info >/dev/null 2>&1; then docker compose --profile $(PROFILE) down; fi; \
 	exec $$(test -x $(VPY) && echo $(VPY) || echo $(PY)) -m tools.local_stack down $(LOCAL_STACK_ARGS)
 
+# promtool (Debian's prometheus package, unpacked) for the rule and dashboard tests; where it cannot be had, they skip
 test: venv
+	-@bash tools/promtool.sh
 	bash tools/ensure_redis.sh -- $(VPY) -m pytest -q tests
 
 bench: venv
