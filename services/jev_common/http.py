@@ -46,6 +46,7 @@ CLIENT_HEADER = "x-jev-client"  # the fairness key, set by the frontend (API key
 WORKER_HEADER = "x-jev-worker"  # which worker answered a decision (its JEV_WORKER_ID)
 REVISION_HEADER = "x-jev-revision"  # the checkpoint that answered it (its pinned revision or content digest)
 CODE_VERSION_HEADER = "x-jev-code-version"  # the code that answered it (jev_common.version)
+DEVICE_SECONDS_HEADER = "x-jev-device-seconds"  # benchmark mode: the device's measured wait for a decision
 SDK_HEADER = "x-typesafe-sdk"  # typesafe-sdk sends it on every attempt
 RETRY_COUNT_HEADER = "x-typesafe-retry-count"  # ... and this on its retries
 RETRY_HEADERS = (SDK_HEADER, RETRY_COUNT_HEADER)

@@ -88,7 +88,7 @@ class CacheSpec(_Section):
 class BatchingSpec(_Section):
     enabled: bool = True
     max_batch_rows: int = 32
-    max_wait_ms: float = 2.0
+    max_wait_ms: float = 0.0  # a lone job on an idle device starts at once (docs/benchmarks.md, host overhead)
 
 
 class ServingSpec(_Section):

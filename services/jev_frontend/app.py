@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -97,6 +98,7 @@ def _named(state) -> str:
 
 
 async def handle_systemone(request: web.Request) -> web.Response:
+    started = time.perf_counter()
     settings = request.app[SETTINGS]
     deadline_s = request_deadline(request.headers)  # the caller's own deadline: the worker's and ours
     body = await read_systemone_body(request, settings.max_body_bytes)  # decompressed, within the cap
@@ -124,7 +126,9 @@ async def handle_systemone(request: web.Request) -> web.Response:
         timeout_note=note,
     )
     answer = await _routed(request.app, model, route_key, images, call)
-    return web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+    response = web.Response(status=answer.status, body=answer.body, headers=answer.passthrough_headers())
+    request.app[BACKEND].metrics.overhead.observe(max(0.0, time.perf_counter() - started - answer.seconds))
+    return response
 
 
 async def _routed(app: web.Application, model: str | None, route_key: str, images: list[str], call: dict):

@@ -25,6 +25,7 @@ from .settings import Settings
 log = logging.getLogger("jev_frontend.proxy")
 
 DECISION_HEADER_PREFIX = "x-jev-"
+OVERHEAD_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
 class BackendMetrics:
@@ -76,6 +77,13 @@ class BackendMetrics:
             ["backend", "model"],
             registry=registry,
         )
+        self.overhead = Histogram(
+            "jev_frontend_overhead_seconds",
+            "The frontend's own time per decision: from its handler's start to the answer, less the backend call "
+            "that answered (reading and validating the body, routing, refused tries, passing the answer on)",
+            buckets=OVERHEAD_BUCKETS,
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "jev_frontend_route_in_flight",
             "Requests this frontend has in flight per backend",
@@ -89,6 +97,7 @@ class BackendAnswer:
     status: int
     headers: CIMultiDictProxy[str]
     body: bytes
+    seconds: float = 0.0  # the call's duration, request sent to body read
 
     def passthrough_headers(self) -> CIMultiDict[str]:
         """Content-Type, Retry-After and every x-jev-* decision header, unchanged (repeats kept)."""
@@ -161,7 +170,7 @@ class Backend:
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 body = await resp.read()
-                answer = BackendAnswer(resp.status, resp.headers, body)
+                answer = BackendAnswer(resp.status, resp.headers, body, time.perf_counter() - started)
         except TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
             self._failed(base, endpoint, "backend_timeout")
             raise BackendTimeout(

@@ -26,6 +26,7 @@ from jev_common.schema import (
     SystemOneRequest,
     is_envelope,
 )
+from jev_common.timeline import Timeline
 
 from .scheduling.scheduler import Caller
 from .service import WorkerService
@@ -112,19 +113,32 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         return web.json_response({"status": "alive", "state": service.state})
 
     async def systemone(request: web.Request) -> web.Response:
+        timeline = Timeline()
+        try:
+            return await answer(request, timeline)
+        finally:
+            service.metrics.observe_stages(timeline)
+
+    async def answer(request: web.Request, timeline: Timeline) -> web.Response:
         deadline_s = request_deadline(request.headers, settings.max_deadline_s)
         caller = Caller(client_key(request), caller_retries(request.headers))
         body = await read_systemone_body(request, settings.max_body_bytes)
         if not is_envelope(body.payload):
             if body.parts:
                 raise validation_error("multipart requests use the System One envelope (questions), not `kind`")
-            response, headers = await service.decide(
-                parse_model(DecisionRequest, body.payload), caller=caller, deadline_s=deadline_s
+            decision = parse_model(DecisionRequest, body.payload)
+            timeline.mark("parse")
+            response, headers = await service.decide(decision, caller=caller, deadline_s=deadline_s, timeline=timeline)
+            out = web.json_response(response_json(response), headers=headers)
+        else:
+            envelope = parse_model(SystemOneRequest, body.payload)
+            timeline.mark("parse")
+            response, headers = await service.systemone(
+                envelope, body.parts, caller=caller, deadline_s=deadline_s, timeline=timeline
             )
-            return web.json_response(response_json(response), headers=headers)
-        envelope = parse_model(SystemOneRequest, body.payload)
-        response, headers = await service.systemone(envelope, body.parts, caller=caller, deadline_s=deadline_s)
-        return web.json_response(text=response.model_dump_json(), headers=headers)
+            out = web.json_response(text=response.model_dump_json(), headers=headers)
+        timeline.mark("respond")
+        return out
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response(

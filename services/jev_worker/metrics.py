@@ -6,6 +6,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jev_common.metrics import LATENCY_BUCKETS, HttpMetrics
+from jev_common.timeline import Timeline
+
+STAGE_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
 class WorkerMetrics(HttpMetrics):
@@ -73,6 +76,29 @@ class WorkerMetrics(HttpMetrics):
             "Seconds since the running batch last finished a layer or chunk (0 when idle)",
             registry=r,
         )
+        self.stage_seconds = Histogram(
+            "jev_worker_stage_seconds",
+            "Where a decision's time goes, by stage, back to back: parse (body read, decompressed, validated), "
+            "prepare (admission, the job, the prompt built or taken from L1, bounds), queue (waiting for its batch "
+            "to start on the model thread), batch (the batch planned against L3; on a simulated device also the "
+            "runner's host work), device (the forwards: a simulated device's wait, else the runner's whole run), "
+            "readout (from the model thread's end to the typed answers), respond (the response built)",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.device_seconds = Counter(
+            "jev_worker_device_seconds",
+            "Seconds the device was busy with batches (a simulated device's waits, else each batch's run on the model "
+            "thread): its rate is the device's busy fraction",
+            registry=r,
+        )
+        self.device_info = Gauge(
+            "jev_worker_device_info",
+            "1 for the device the forwards run on (`simulated`: benchmarks)",
+            ["device"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "jev_worker_event_loop_lag_seconds", "The event loop's latest lag behind its heartbeat", registry=r
         )
@@ -80,10 +106,15 @@ class WorkerMetrics(HttpMetrics):
         self._engine_source = None
         r.register(self)  # collect() below exports the caches' own counters
 
-    def observe_batch(self, requests: int, rows: int, seconds: float) -> None:
+    def observe_batch(self, requests: int, rows: int, seconds: float, device_s: float | None = None) -> None:
         self.batch_requests.observe(requests)
         self.batch_rows.observe(rows)
         self.forward_seconds.observe(seconds)
+        self.device_seconds.inc(device_s if device_s is not None else seconds)
+
+    def observe_stages(self, timeline: Timeline) -> None:
+        for stage in timeline.stages:
+            self.stage_seconds.labels(stage.name).observe(stage.seconds)
 
     def observe_abandoned(self, rows: int, stopped) -> None:
         """A batch stopped before layer `stopped.layer` of `stopped.layers` (abandon.ForwardAbandoned)."""

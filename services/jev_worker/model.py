@@ -11,10 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from jev_common.checkpoint_files import ServingError
 from jev_common.cpu import compute_threads
 
 from .engine import kernels
 from .engine.graphs import capture_for
+from .engine.runner import ModelRunner
+from .engine.simulated import SHAPES
 from .loading.load_progress import LoadProgress
 from .loading.loader import LoadedModel, pick_device
 from .prompt.bounds import PromptBounds
@@ -78,7 +81,6 @@ class LocalModel:
             on_abandoned=self.metrics.observe_abandoned,
             on_event=self.metrics.observe_flight,
         )
-        self.scheduler.start()
 
     def _load(self) -> None:
         s = self.settings
@@ -87,8 +89,10 @@ class LocalModel:
         self.serving = build_serving(self.recipe, s.model_path)
         readout = self.readout
         self.progress.enter("loading the weights", f"from {self.serving.folder}")
-        kernels.use_on(pick_device(s.device))  # before transformers imports the model's modules
-        self.loaded = self.serving.load(s.device, s.dtype)
+        simulated = SHAPES[s.simulated_shapes] if s.device == "simulated" else None
+        device = "cpu" if simulated is not None else s.device  # a simulated device's checkpoint: tokenizer, head
+        kernels.use_on(pick_device(device))  # before transformers imports the model's modules
+        self.loaded = self.serving.load(device, s.dtype)
         kernels.warn_if_missing(self.loaded.model.config, self.loaded.device)
         self.kernels = kernels.describe(self.loaded.model.config)  # fixed once loaded: not re-read per /health
         self.progress.enter("building the prompt layout, head and engine")
@@ -115,7 +119,13 @@ class LocalModel:
             kv_budget_bytes=l3.budget,
             prefill_chunk=s.prefill_chunk_tokens,
             pack_tokens=s.pack_tokens,
+            simulated=simulated,
         )
+        if simulated is not None and not isinstance(self.engine, ModelRunner):
+            raise ServingError(
+                f"the simulated device replaces the generic runner's forwards; backend "
+                f"{self.serving.backend.name!r} runs its own engine"
+            )
         if self.prefix_cache.reuse.measures and l3.enabled:
             self.progress.enter("measuring L3 reuse on the device")
             costs = self.engine.measure_reuse()
@@ -136,11 +146,18 @@ class LocalModel:
             await self.scheduler.stop()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def device(self) -> str:
+        """Where the forwards run: the torch device, or `simulated` (engine/simulated.py)."""
+        if self.settings.device == "simulated":
+            return "simulated"
+        return str(self.loaded.device) if self.loaded is not None else self.settings.device
+
     def describe(self) -> dict:
         if self.loaded is None:
             return {}
         return {
-            "device": str(self.loaded.device),
+            "device": self.device,
             "dtype": str(self.loaded.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),

@@ -2,11 +2,12 @@
 it against what is served and hands it to the worker's strategy:
 
 - `LocalPipeline` (a model in this process): L1 (prepared prompt records) -> L2 (image assets) ->
-  scheduler (batches on the one model thread; L3 prefix state inside the engine) -> readout -> answers;
+  scheduler (batches on the one model thread; L3 prefix states, the scheduler's) -> readout -> answers;
 - `ExternalPipeline` (the family's own server runs the network, e.g. CLM): the readout translates the request,
   the backend posts it, the readout translates the answer back.
 
-Nothing here speaks HTTP: what goes wrong is a domain error (jev_common.errors).
+Each stage a job passes is marked on the request's timeline (jev_common.timeline): prepare, queue, batch, device,
+readout. Nothing here speaks HTTP: what goes wrong is a domain error (jev_common.errors).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from dataclasses import dataclass, field
 
 from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidRequest, validation_error
 from jev_common.route_key import state_route_key
+from jev_common.timeline import Timeline
 
 from .questions import coherence
 from .questions.plan import answers as plan_answers
 from .questions.plan import rows_for
 from .request.job import ImageSlot, Job
-from .scheduling.batch import EngineItem
+from .scheduling.batch import BatchTiming, EngineItem
 from .scheduling.caches import BudgetLRU
 from .scheduling.scheduler import Caller
 
@@ -39,6 +41,7 @@ class Decision:
     cached_tokens: int
     usage: object = None  # an external server's own usage, when it reports one
     cache: dict = field(default_factory=dict)  # level -> hit | miss | off
+    device_s: float | None = None  # a simulated device's measured wait for the request's batches
 
     def headers(self) -> dict[str, str]:
         return {"x-jev-cache": ",".join(f"{lvl}={self.cache[lvl]}" for lvl in ("l1", "l2", "l3") if lvl in self.cache)}
@@ -48,7 +51,9 @@ class Pipeline(ABC):
     """How a job's questions are answered once the service has accepted it."""
 
     @abstractmethod
-    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision: ...
+    async def answer(
+        self, job: Job, started: float, timeout: float, caller: Caller = Caller(), timeline: Timeline | None = None
+    ) -> Decision: ...
 
 
 class LocalPipeline(Pipeline):
@@ -65,8 +70,11 @@ class LocalPipeline(Pipeline):
     def close(self) -> None:
         self.prep_executor.shutdown(wait=False, cancel_futures=True)
 
-    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
+    async def answer(
+        self, job: Job, started: float, timeout: float, caller: Caller = Caller(), timeline: Timeline | None = None
+    ) -> Decision:
         model = self.model
+        timeline = timeline if timeline is not None else Timeline(started)
         if job.images and model.assets is None:
             raise ImagesNotSupported(
                 f"model {model.recipe.name} reads text states only; send a text state or serve a vision-language recipe"
@@ -90,7 +98,7 @@ class LocalPipeline(Pipeline):
         keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
         parts = await asyncio.gather(
             *(
-                self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller)
+                self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller, timeline)
                 for questions, key in zip(groups, keys)
             )
         )
@@ -101,7 +109,8 @@ class LocalPipeline(Pipeline):
         cache.update({level: _level([part.cache[level] for part in parts]) for level in ("l1", "l3")})
         self.metrics.tokens.labels("prompt").inc(prompt_tokens)
         self.metrics.tokens.labels("cached").inc(cached_tokens)
-        return Decision(out, prompt_tokens, cached_tokens, cache=cache)
+        waits = [part.device_s for part in parts if part.device_s is not None]
+        return Decision(out, prompt_tokens, cached_tokens, cache=cache, device_s=sum(waits) if waits else None)
 
     async def _sequence(
         self,
@@ -114,9 +123,11 @@ class LocalPipeline(Pipeline):
         started: float,
         timeout: float,
         caller: Caller,
+        timeline: Timeline,
     ) -> Decision:
         """One prefix group's questions (PromptBuilder.prefix_groups): prepared (L1), then run after its prefix."""
         model = self.model
+        began = timeline.last  # prepare counts from where the request's last stage ended (its parse)
 
         def build():
             rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name, job.coherence)
@@ -132,9 +143,19 @@ class LocalPipeline(Pipeline):
         remaining = timeout - (time.perf_counter() - started)
         if remaining <= 0:
             raise DeadlineExceeded("deadline passed while preparing the request")
+        submitted = time.perf_counter()
         result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining, caller)
         out = plan_answers(prepared.plan, result.row_logits, model.builder, kinds)
-        return Decision(out, prepared.prompt_tokens, result.cached_tokens, cache={"l1": l1, "l3": result.l3})
+        timing = result.timing
+        if timing is not None:
+            _mark(timeline, began, submitted, timing)
+        return Decision(
+            out,
+            prepared.prompt_tokens,
+            result.cached_tokens,
+            cache={"l1": l1, "l3": result.l3},
+            device_s=timing.device_s if timing is not None else None,
+        )
 
     async def _prepared(self, key: str, build):
         """L1: the prepared prompt for `key`, built on the prep threads on a miss."""
@@ -164,6 +185,22 @@ class LocalPipeline(Pipeline):
         return asset, model.image_placeholder(asset)
 
 
+def _mark(timeline: Timeline, began: float, submitted: float, timing: BatchTiming) -> None:
+    """One job's stages on its request's timeline, back to back: prepare, queue (from its submission, or the job's
+    own queueing when this request joined it later), batch and device (the batch's run on the model thread, split
+    by the simulated device's wait where known), readout (from the model thread's end to the answers, now)."""
+    queued = max(submitted, timing.queued)
+    timeline.add("prepare", began, queued)
+    timeline.add("queue", queued, max(queued, timing.started))
+    if timing.device_s is not None:
+        host_end = max(timing.started, timing.finished - timing.device_s)
+        timeline.add("batch", timing.started, host_end)
+        timeline.add("device", host_end, timing.finished)
+    else:
+        timeline.add("device", timing.started, timing.finished)
+    timeline.add("readout", timing.finished, time.perf_counter())
+
+
 def _level(outcomes: list[str]) -> str:
     """One cache level's outcome over a request's sequences: a miss if any missed, off if all were off, a
     bypass (L3: cached but recomputed, the measured reuse policy) if none was used but some were cached."""
@@ -181,10 +218,17 @@ class ExternalPipeline(Pipeline):
         self.readout = readout
         self.backend = backend
 
-    async def answer(self, job: Job, started: float, timeout: float, caller: Caller = Caller()) -> Decision:
+    async def answer(
+        self, job: Job, started: float, timeout: float, caller: Caller = Caller(), timeline: Timeline | None = None
+    ) -> Decision:
         if job.images:
             raise ImagesNotSupported("this model reads text states only; send a text state")
         coherence.check(job.request.questions, self.readout.kinds, job.coherence, self.readout.name)
-        raw = await self.backend.post("/v1/systemone", self.readout.request_body(job.request), timeout)
+        timeline = timeline if timeline is not None else Timeline(started)
+        body = self.readout.request_body(job.request)
+        timeline.mark("prepare")
+        raw = await self.backend.post("/v1/systemone", body, timeout)
+        timeline.mark("device")  # the family's own server
         answers, usage = self.readout.answers(job.request, raw)
+        timeline.mark("readout")
         return Decision(answers, usage.input_tokens, 0, usage=usage, cache={"l1": "off", "l3": "off"})

@@ -129,11 +129,13 @@ class Backend(ABC):
         kv_budget_bytes: int = 0,
         prefill_chunk: int = 0,
         pack_tokens: int = 0,
+        simulated=None,
     ) -> Engine:
         """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
         L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards;
         `prefill_chunk` (JEV_PREFILL_CHUNK_TOKENS) for those that prefill causal sequences in chunks;
-        `pack_tokens` (JEV_PACK_TOKENS) for those that pack rows after prefix states into one forward."""
+        `pack_tokens` (JEV_PACK_TOKENS) for those that pack rows after prefix states into one forward;
+        `simulated` (engine/simulated.py Shapes, benchmarks only) for the runner, whose forwards it replaces."""
 
     def describe(self) -> dict:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}

@@ -20,7 +20,7 @@ from jev_common.errors import (
     UnsupportedRequestForm,
     domain_error_type,
 )
-from jev_common.http import CODE_VERSION_HEADER, REVISION_HEADER, WORKER_HEADER
+from jev_common.http import CODE_VERSION_HEADER, DEVICE_SECONDS_HEADER, REVISION_HEADER, WORKER_HEADER
 from jev_common.schema import (
     LATEST_ALIAS,
     CacheStats,
@@ -30,6 +30,7 @@ from jev_common.schema import (
     SystemOneResponse,
     SystemOneUsage,
 )
+from jev_common.timeline import Timeline
 from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
@@ -102,6 +103,7 @@ class WorkerService:
                     await self.model.start()
                 finally:
                     self.serving = self.model.serving
+                self.metrics.device_info.labels(self.model.device).set(1)
                 model = self.model
                 self.watchdog = Watchdog(
                     self.settings.stall_s,
@@ -137,7 +139,7 @@ class WorkerService:
 
     def _new_index(self) -> CacheIndex:
         return CacheIndex(
-            self.settings.redis_url, self.identity, owner_id=self.settings.worker_id, owner_url=self.settings.worker_url
+            self.settings.index_url, self.identity, owner_id=self.settings.worker_id, owner_url=self.settings.worker_url
         )
 
     def _registration_record(self) -> dict:
@@ -228,6 +230,7 @@ class WorkerService:
         deadline_s: float | None = None,
         timeout_s: float | None = None,
         caller: Caller = Caller(),
+        timeline: Timeline | None = None,
     ) -> tuple[Decision, float]:
         """The one path: the job made from its request, answered by the strategy within the deadline (the
         caller's `deadline_s` when it sent one, up to JEV_MAX_DEADLINE_S, else the worker's JEV_DEADLINE_S;
@@ -236,7 +239,7 @@ class WorkerService:
         started = time.perf_counter()
         timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.max_deadline_s)
         with self._counted(label, timeout):
-            decision = await self.pipeline.answer(make_job(), started, timeout, caller)
+            decision = await self.pipeline.answer(make_job(), started, timeout, caller, timeline)
         elapsed = time.perf_counter() - started
         self.metrics.decision_seconds.labels(label).observe(elapsed)
         return decision, elapsed
@@ -266,6 +269,7 @@ class WorkerService:
         timeout_s: float | None = None,
         deadline_s: float | None = None,
         caller: Caller = Caller(),
+        timeline: Timeline | None = None,
     ) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
         self._admit(request.model, single_question=False)
@@ -276,6 +280,7 @@ class WorkerService:
             deadline_s=deadline_s,
             timeout_s=timeout_s,
             caller=caller,
+            timeline=timeline,
         )
         usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
@@ -288,15 +293,23 @@ class WorkerService:
         """The decision's cache outcomes (x-jev-cache), which worker answered (x-jev-worker: its JEV_WORKER_ID) and
         what answered it (x-jev-revision: the checkpoint's identity, x-jev-code-version), passed through by the
         frontend: a changed answer can be traced to a changed model or code."""
-        return {
+        headers = {
             **decision.headers(),
             WORKER_HEADER: self.settings.worker_id,
             REVISION_HEADER: self.identity,
             CODE_VERSION_HEADER: self.code_version,
         }
+        if self.settings.benchmark and decision.device_s is not None:  # a benchmark subtracts the device's wait
+            headers[DEVICE_SECONDS_HEADER] = f"{decision.device_s:.6f}"
+        return headers
 
     async def decide(
-        self, request: DecisionRequest, *, caller: Caller = Caller(), deadline_s: float | None = None
+        self,
+        request: DecisionRequest,
+        *,
+        caller: Caller = Caller(),
+        deadline_s: float | None = None,
+        timeline: Timeline | None = None,
     ) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract); its body's `deadline_s`
         (upstream's field) and the deadline header: the shorter wins."""
@@ -308,7 +321,9 @@ class WorkerService:
             return form.job(request, assets.key_for if assets is not None else None)
 
         deadlines = [d for d in (request.deadline_s, deadline_s) if d is not None]
-        decision, elapsed = await self.run(request.kind, make_job, min(deadlines) if deadlines else None, caller=caller)
+        decision, elapsed = await self.run(
+            request.kind, make_job, min(deadlines) if deadlines else None, caller=caller, timeline=timeline
+        )
         fields = form.fields(request, decision.answers[legacy.QID])
         return (
             legacy.response(request, self.recipe.name, fields, decision.prompt_tokens, decision.cached_tokens, elapsed),

@@ -34,6 +34,7 @@ from jev_common.recipe import DEFAULT_RECIPE, BatchingSpec, CacheSpec, ModelSpec
 schedule_mode = one_of("prefix", "fifo")  # scheduling/scheduler.py: how a batch is filled
 GRAPH_MODES = ("auto", "on", "off")  # engine/graphs.py: CUDA graphs
 graph_mode = one_of(*GRAPH_MODES)
+simulated_shapes = one_of("1.5b", "7.35b")  # engine/simulated.py SHAPES
 REUSE_MODES = ("auto", "always", "measured")  # scheduling/reuse.py: whether an L3 hit is used
 reuse_mode = one_of(*REUSE_MODES)
 
@@ -61,7 +62,26 @@ ENV = EnvTable(
         ),
         str_var("JEV_WORKER_HOST", "0.0.0.0", "listen address", ("JEV_VL_HOST",), upstream="127.0.0.1"),
         int_var("JEV_WORKER_PORT", 8000, "listen port", ("JEV_VL_PORT",), upstream=8001),
-        str_var("JEV_DEVICE", "auto", "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`"),
+        str_var(
+            "JEV_DEVICE",
+            "auto",
+            "`auto` (cuda if available), `cpu`, `cuda`, `cuda:1`; `simulated` (benchmarks only, with "
+            "`JEV_BENCHMARK=1`): the forwards of a GPU priced by a cost model and waited out, the rest real "
+            "(docs/benchmarks.md, host overhead)",
+        ),
+        custom_var(
+            "JEV_SIMULATED_SHAPES",
+            simulated_shapes,
+            "1.5b",
+            "the model a `simulated` device prices (`1.5b`, `7.35b`: Qwen2-shaped, BF16): its KV bytes per token "
+            "and its forwards measured on one H200; the checkpoint loaded gives the tokenizer and the head",
+        ),
+        bool_var(
+            "JEV_BENCHMARK",
+            False,
+            "benchmark mode: allows `JEV_DEVICE=simulated` and adds `x-jev-device-seconds` (the device's measured "
+            "wait for the request's batches) to every decision",
+        ),
         str_var(
             "JEV_DTYPE",
             _recipe_default(ModelSpec, "dtype"),
@@ -210,7 +230,11 @@ ENV = EnvTable(
         str_var(
             "JEV_ASSET_DIR", "/var/lib/jev/assets", "where the preencoder writes image assets", ("JEV_VL_IMGCACHE",)
         ),
-        str_var("JEV_REDIS_URL", "redis://127.0.0.1:6379/0", "cache index"),
+        str_var(
+            "JEV_REDIS_URL",
+            "redis://127.0.0.1:6379/0",
+            "cache index (prepared images, resident prefixes, the worker's record); `none` or empty: none",
+        ),
         str_var("JEV_WORKER_ID", COMPUTED, "owner name for prefixes registered in the index", shown="`hostname:port`"),
         str_var(
             "JEV_WORKER_URL",
@@ -302,6 +326,8 @@ class WorkerSettings:
     port: int = ENV["JEV_WORKER_PORT"].field()
     model_path: str | None = ENV["JEV_MODEL_PATH"].field()
     device: str = ENV["JEV_DEVICE"].field()
+    simulated_shapes: str = ENV["JEV_SIMULATED_SHAPES"].field()
+    benchmark: bool = ENV["JEV_BENCHMARK"].field()
     dtype: str = ENV["JEV_DTYPE"].field()
     max_queue: int = ENV["JEV_MAX_QUEUE"].field()
     deadline_s: float = ENV["JEV_DEADLINE_S"].field()
@@ -331,6 +357,18 @@ class WorkerSettings:
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
     internal_tokens: tuple[str, ...] = ENV["JEV_INTERNAL_TOKENS"].field()  # + the token file's; empty: any caller
 
+    @property
+    def index_url(self) -> str | None:
+        """JEV_REDIS_URL, or None when it says there is no index (`none`, `off`, empty)."""
+        return None if self.redis_url.strip().lower() in ("", "none", "off") else self.redis_url
+
+    def __post_init__(self) -> None:
+        if self.device == "simulated" and not self.benchmark:
+            raise ValueError(
+                "JEV_DEVICE=simulated answers with a cost model's waits, not a model's work: it is for benchmarks "
+                "only; set JEV_BENCHMARK=1 to run it"
+            )
+
     @classmethod
     def from_env(cls, **overrides) -> WorkerSettings:
         upstream = started_with_upstream_names()
@@ -354,6 +392,8 @@ class WorkerSettings:
             port=port,
             model_path=ENV["JEV_MODEL_PATH"].get(),
             device=ENV["JEV_DEVICE"].get(),
+            simulated_shapes=ENV["JEV_SIMULATED_SHAPES"].get(),
+            benchmark=ENV["JEV_BENCHMARK"].get(),
             dtype=ENV["JEV_DTYPE"].get(recipe.model.dtype),
             max_queue=ENV["JEV_MAX_QUEUE"].get(),
             deadline_s=ENV["JEV_DEADLINE_S"].get(),

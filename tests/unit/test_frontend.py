@@ -141,6 +141,19 @@ async def test_every_backend_call_carries_the_internal_token_and_never_the_calle
     assert "x-jev-internal-token" not in backend.received[-1][1]
 
 
+async def test_the_frontends_own_time_is_observed_apart_from_the_backends():
+    backend = ScriptedBackend()
+    backend.delay_s = 0.3
+    async with backend.serve() as url, frontend(url) as client:
+        response = await client.post("/v1/systemone", json=CHOICE)
+        assert response.status == 200
+        metrics = client.app[BACKEND].metrics
+        overhead = metrics.overhead.collect()[0].samples
+        count = next(s.value for s in overhead if s.name.endswith("_count"))
+        total = next(s.value for s in overhead if s.name.endswith("_sum"))
+    assert count == 1 and 0 < total < 0.3  # the 0.3 s the backend took is not the frontend's
+
+
 async def test_decision_from_fake_worker_with_cache_header(fake):
     async with frontend(fake.url) as client:
         first = await client.post("/v1/systemone", json={**CHOICE, "request_id": "r1"})

@@ -85,10 +85,10 @@ async def test_rows_finished_after_their_caller_left_are_counted_unwanted(worker
         layers = len(layer_stack(service.loaded.model))
         with slow_layers(service, 1.0 / layers):  # each batch takes about 1 s
             blocker = asyncio.ensure_future(client.post("/v1/systemone", json=ask(0, state="The first state.")))
-            await until(lambda: len(scheduler._batch) == 1)  # the blocker runs; the next two queue behind it
+            await until(lambda: len(scheduler.running_jobs) == 1)  # the blocker runs; the next two queue behind it
             stay = asyncio.ensure_future(client.post("/v1/systemone", json=ask(1, state="The second state.")))
             leaver = asyncio.ensure_future(client.post("/v1/systemone", json=ask(2, state="The third state.")))
-            await until(lambda: len(scheduler._batch) == 2)  # the two, batched together, run
+            await until(lambda: len(scheduler.running_jobs) == 2)  # the two, batched together, run
             await asyncio.sleep(0.3)
             leaver.cancel()  # its client leaves halfway through the batch
             with contextlib.suppress(asyncio.CancelledError):

@@ -361,3 +361,14 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
             )
             for s in stages
         ), stages
+
+
+async def test_a_worker_told_there_is_no_index_is_healthy(worker_settings):
+    """JEV_REDIS_URL=none, as the frontend and the preencoder take it: no index, not a 500 on /health."""
+    from .worker_helpers import worker_client
+
+    for url in ("none", "", "OFF"):
+        async with worker_client(worker_settings(redis_url=url)) as (client, service):
+            response = await client.get("/health")
+            assert response.status == 200, await response.text()
+            assert service.index_link.index.url == ""

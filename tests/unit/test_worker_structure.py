@@ -129,3 +129,12 @@ def test_no_family_names_outside_the_worker_families():
                 if match:
                     found.append(f"{package}/{path.name}:{number}: {match.group(0)}")
     assert not found, "family names outside jev_worker/families:\n" + "\n".join(found)
+
+
+def test_the_runner_names_no_prefix_cache_outcome():
+    """The scheduler plans what the runner computes and keeps (scheduling/batch.py PrefixGroup); the runner knows
+    nothing of how the prefix cache answered."""
+    source = (WORKER / "engine" / "runner.py").read_text(encoding="utf-8")
+    names = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    names |= {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
+    assert not names & {"match", "store", "bypass", "outcome", "Match"}, names & {"match", "store", "bypass", "outcome"}

@@ -99,7 +99,7 @@ class EncoderEngine(Engine):
                     logits[i].extend(read)
                 else:
                     logits[i].append(read)
-        return BatchOutput([EngineResult(row_logits=logits[i], cached_tokens=0, l3="off") for i in range(len(items))])
+        return BatchOutput([EngineResult(row_logits=logits[i], cached_tokens=0) for i in range(len(items))])
 
 
 class Encoder(Backend):

@@ -1,14 +1,15 @@
-"""The model runner: given a formed batch (the scheduler's: its items grouped by prefix key, each group matched
-in the prefix cache), run the forwards and return what the heads read, plus the prefix states computed for
-groups that missed. It decides how, never what: which items run together and which cached state each starts
-from are the scheduler's (scheduler.py, prefix_cache.py); which forward suits the architecture is the backend's
-forward adapter (adapters.py); the forwards themselves are forwards.py's.
+"""The model runner: given a formed batch and the scheduler's plan for each of its prefixes (the state to continue,
+whether to keep the state computed now, whether the prefix may be branched), run the forwards and return what the
+heads read, plus the prefix states the plan keeps. It decides how, never what: which items run together, which
+cached state each starts from and which states are kept are the scheduler's (scheduling/); which forward suits
+the architecture is the backend's forward adapter (adapters.py); the forwards themselves are forwards.py's (or
+the simulated device's, simulated.py).
 
 Everything here runs on the single model thread, so model state and the CUDA stream are never touched
 concurrently.
 
-How a group runs: after its cached state (a hit); after a state computed now when the cache wants it (a miss)
-or when several rows can branch from one prefix; else whole. Single-row text groups without a state, whatever
+How a group runs: after its cached state; after a state computed now when the plan keeps it or when several
+rows can branch from one prefix; else whole. Single-row text groups without a state, whatever
 their prefixes, share whole forwards, and a miss's KV is cut from that same forward.
 """
 
@@ -25,9 +26,11 @@ from ..protocols import Engine, ForwardAdapter, RequestHead
 from ..scheduling.batch import BatchOutput, EngineItem, EngineResult, PrefixGroup
 from ..scheduling.prefix_cache import PrefixState
 from ..scheduling.reuse import LinearCost, ReuseCosts
+from .adapters import TextAdapter
 from .forwards import Forwards, relative_error
 from .graphs import Capture, GraphRunner
 from .head import DecisionHead
+from .simulated import Shapes, SimulatedForwards
 
 log = logging.getLogger("jev.worker.runner")
 
@@ -48,10 +51,20 @@ class ModelRunner(Engine):
         kv_budget_bytes: int = 0,
         prefill_chunk: int = 0,
         pack_tokens: int = 0,
+        simulated: Shapes | None = None,
     ):
         self.adapter = adapter
         self.device = device
-        self.forwards = Forwards(model, device, adapter, pad_id, prefill_chunk, pack_tokens)
+        if simulated is not None:
+            if type(adapter) is not TextAdapter:
+                raise ServingError(
+                    f"the simulated device runs text causal LMs read at each row's last token; this backend's "
+                    f"forward adapter is {type(adapter).__name__}"
+                )
+            self.forwards: Forwards | SimulatedForwards = SimulatedForwards(model, simulated, pack_tokens)
+            graph_capture = None
+        else:
+            self.forwards = Forwards(model, device, adapter, pad_id, prefill_chunk, pack_tokens)
         # the readout's projection of a row's hidden state (FP32 logits); LM-head label rows by default
         self.head = head if head is not None else DecisionHead(model, checkpoint_dir)
         if adapter.reads == "sequence" and not isinstance(self.head, RequestHead):
@@ -90,6 +103,8 @@ class ModelRunner(Engine):
         self.forwards.graphs = graphs
 
     def describe(self) -> dict:
+        if isinstance(self.forwards, SimulatedForwards):
+            return {"simulated": self.forwards.shapes.describe()}
         return {"graphs": self.graphs.describe()} if self.graphs is not None else {}
 
     # ----- prefix states ------------------------------------------------------------------------
@@ -148,7 +163,7 @@ class ModelRunner(Engine):
     @torch.inference_mode()
     def run(self, items: list[EngineItem], groups: list[PrefixGroup]) -> BatchOutput:
         if self.adapter.reads == "sequence":
-            return BatchOutput([self._sequence(item) for item in items])
+            return BatchOutput([self._sequence(item) for item in items], device_s=self._device_seconds())
         forwards = self.forwards
         hidden: dict[int, list] = {i: [] for i in range(len(items))}
         computed: dict[str, PrefixState] = {}
@@ -158,23 +173,23 @@ class ModelRunner(Engine):
         for group in groups:
             lead = items[group.indices[0]]
             rows = [(row, i) for i in group.indices for row in items[i].prepared.rows]
-            state = group.state
+            state = group.start
             if (
                 state is None
                 and len(rows) == 1
                 and not lead.assets
-                and (forwards.prefix_mode != "snapshot" or not group.match.store)
+                and (forwards.prefix_mode != "snapshot" or not group.keep)
             ):
                 whole.append(group)  # a KV miss is cut from the whole forward itself
                 continue
             if (
                 state is None
-                and group.match.outcome != "bypass"
+                and group.branch
                 and self.kv_branching is not False
-                and (group.match.store or (self.max_rows > 1 and len(rows) > 1))
+                and (group.keep or (self.max_rows > 1 and len(rows) > 1))
             ):
                 state = self.compute_prefix(lead)
-                if group.match.store and state is not None:
+                if group.keep and state is not None:
                     computed[group.key] = state
             if state is not None:
                 shared.add(group.key)
@@ -194,38 +209,38 @@ class ModelRunner(Engine):
             for h, (_, _, i) in zip(out, chunk):
                 hidden[i].append(h)
         for chunk in self._chunks(whole):
-            capture = any(group.match.store for group in chunk)
+            capture = any(group.keep for group in chunk)
             out, states = forwards.whole(
                 [(items[g.indices[0]].prepared.prefix_ids, items[g.indices[0]].prepared.rows[0]) for g in chunk],
                 capture,
             )
             for group, h, state in zip(chunk, out, states):
                 hidden[group.indices[0]].append(h)
-                if group.match.store and state is not None:
+                if group.keep and state is not None:
                     computed[group.key] = state
-        return BatchOutput(self._results(items, groups, hidden, shared), computed)
+        return BatchOutput(self._results(items, groups, hidden, shared), computed, self._device_seconds())
 
     def _results(self, items, groups, hidden, shared) -> list[EngineResult]:
-        outcome = {i: group.match.outcome for group in groups for i in group.indices}
+        started = {i for group in groups if group.start is not None for i in group.indices}
         first_of_group = {group.indices[0] for group in groups}
         results = []
         for i, item in enumerate(items):
             prepared = item.prepared
             logits = [self.head.logits(h, labels) for h, labels in zip(hidden[i], prepared.row_labels)]
-            l3 = outcome[i]
-            reused = l3 == "hit" or (prepared.prefix_key in shared and i not in first_of_group)
-            if l3 == "miss" and reused:
-                l3 = "hit"  # a later item of the group reused the state its first item computed
-            results.append(
-                EngineResult(row_logits=logits, cached_tokens=len(prepared.prefix_ids) if reused else 0, l3=l3)
-            )
+            # a cached state continued, or the state the group's first item computed in this batch
+            reused = i in started or (prepared.prefix_key in shared and i not in first_of_group)
+            results.append(EngineResult(row_logits=logits, cached_tokens=len(prepared.prefix_ids) if reused else 0))
         return results
+
+    def _device_seconds(self) -> float | None:
+        """A simulated device's wait for the batch just run (None on a real device)."""
+        return self.forwards.take_waited() if isinstance(self.forwards, SimulatedForwards) else None
 
     def _sequence(self, item: EngineItem) -> EngineResult:
         """One request's one sequence, read whole by a RequestHead (nothing is reused between requests)."""
         prepared = item.prepared
         hidden = self.forwards.sequence(prepared.prefix_ids + prepared.rows[0], item.assets)
-        return EngineResult(row_logits=self.head.request_logits(hidden, prepared), cached_tokens=0, l3="off")
+        return EngineResult(row_logits=self.head.request_logits(hidden, prepared), cached_tokens=0)
 
     # ----- start-up -----------------------------------------------------------------------------
     def measure_reuse(

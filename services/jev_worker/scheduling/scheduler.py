@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed,
 
 from ..protocols import Engine, PrefixCache
 from .abandon import ForwardAbandoned, LayerChecks
-from .batch import EngineItem, EngineResult, group_by_prefix
+from .batch import BatchTiming, EngineItem, EngineResult, plan_by_prefix
 from .prefix_cache import L3PrefixCache
 
 log = logging.getLogger("jev.worker.scheduler")
@@ -138,7 +139,7 @@ class Scheduler:
         prefix_aware: bool = True,
         max_per_client: int = 0,
         linger_s: float = 5.0,
-        on_batch: Callable[[int, int, float], None] | None = None,
+        on_batch: Callable[[int, int, float, float | None], None] | None = None,
         on_depth: Callable[[int], None] | None = None,
         on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
         on_event: Callable[[str, int], None] | None = None,
@@ -160,7 +161,10 @@ class Scheduler:
         self._on_abandoned = on_abandoned
         self._on_event = on_event  # (event, rows): joined, kept, computed, answered, unwanted, client_limited
         self._pending: list[Flight] = []
-        self._batch: list[Flight] = []  # the batch on the model thread now
+        self._running: Batch | None = None  # the batch on the model thread now
+        self._queued: Batch | None = None  # the next batch, handed to the executor, still taking jobs
+        self._handoff = threading.Lock()  # the model thread starts `_queued` / the loop adds to it: one at a time
+        self._company_timer: asyncio.TimerHandle | None = None
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
         self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
         self._per_client: Counter[str] = Counter()  # jobs queued or running per client
@@ -168,32 +172,37 @@ class Scheduler:
         self._vtime = 0.0  # virtual time: the start of the latest job taken
         self._seq = count()
         self._aborting = False
-        self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task | None = None
 
     @property
     def depth(self) -> int:
-        return len(self._pending) + len(self._batch)
+        return len(self._pending) + sum(len(batch.jobs) for batch in self._in_flight())
 
     @property
     def running(self) -> bool:
-        return bool(self._batch)
+        """A batch is on the model thread (the watchdog's question)."""
+        return self._running is not None
+
+    @property
+    def running_jobs(self) -> list[Flight]:
+        """The jobs of the batch on the model thread now."""
+        running = self._running
+        return list(running.jobs) if running is not None else []
+
+    def _in_flight(self) -> list[Batch]:
+        return [batch for batch in (self._running, self._queued) if batch is not None]
 
     @property
     def load(self) -> int:
         """Work someone waits for: queued jobs (a job nobody waits for leaves the queue at once) and the
         running batch's wanted jobs. Admission counts this, so that callers who left do not fill the queue."""
-        return len(self._pending) + sum(1 for job in self._batch if job.wanted())
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="jev-scheduler")
+        return len(self._pending) + sum(1 for batch in self._in_flight() for job in batch.jobs if job.wanted())
 
     def abort(self) -> None:
         """Answer every job now (503, shutting down) and stop the running batch at its next layer."""
         self._aborting = True
-        for job in [*self._pending, *self._batch]:
+        for job in [*self._pending, *(job for batch in self._in_flight() for job in batch.jobs)]:
             job.aborted = True
             self._settle(job, error=ShuttingDown("worker is shutting down; retry on another replica"))
         for job in self._pending:
@@ -207,9 +216,9 @@ class Scheduler:
 
     async def stop(self) -> None:
         self.abort()
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._company_timer is not None:
+            self._company_timer.cancel()
+            self._company_timer = None
 
     # ----- admission ----------------------------------------------------------------------------
     async def submit(self, item: EngineItem, timeout_s: float, caller: Caller = Caller()) -> EngineResult:
@@ -227,6 +236,7 @@ class Scheduler:
             job = self._new_job(item, key, caller.client, timeout_s)
         job.waiters += 1
         job.expires = max(job.expires, time.monotonic() + timeout_s)
+        self._dispatch()  # a new job starts now if the model thread is idle, or joins the batch formed behind it
         left = "answered"
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), timeout=timeout_s)
@@ -240,10 +250,20 @@ class Scheduler:
             job.waiters -= 1
             if left == "gone" and caller.retries and self.linger_s:
                 job.linger_until = max(job.linger_until, time.monotonic() + self.linger_s)
-            if not job.wanted() and job in self._pending:  # queued for nobody: leaves the queue now
-                self._pending.remove(job)
-                self._drop(job)
-                self._report_depth()
+            if not job.wanted():  # queued for nobody: leaves the queue (or the batch not started yet) now
+                self._withdraw(job)
+
+    def _withdraw(self, job: Flight) -> None:
+        if job in self._pending:
+            self._pending.remove(job)
+        else:
+            with self._handoff:
+                queued = self._queued
+                if queued is None or job not in queued.jobs:
+                    return  # running, or done: the batch runs on for the others in it
+                queued.remove(job)
+        self._drop(job)
+        self._report_depth()
 
     def _new_job(self, item: EngineItem, key: str, client: str, timeout_s: float) -> Flight:
         if self.load >= self.max_queue:
@@ -271,7 +291,6 @@ class Scheduler:
         self._per_client[client] += 1
         self._pending.append(job)
         self._report_depth()
-        self._wakeup.set()
         return job
 
     def _kept_result(self, key: str) -> EngineResult | None:
@@ -323,56 +342,174 @@ class Scheduler:
             self._on_event(event, rows)
 
     # ----- batches ------------------------------------------------------------------------------
-    def _run(self, batch: list[Flight]) -> list[EngineResult]:
-        """On the model thread: each prefix matched in the cache, the runner's forwards (each layer first asking
-        whether the batch is wanted), the states computed for misses inserted."""
-        items = [job.item for job in batch]
-        groups = group_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
+    def _dispatch(self) -> None:
+        """Keep the model thread fed, on the event loop, without waiting: with nothing running, a batch of what is
+        queued starts at once; while one runs, the next is formed behind it (already handed to the model thread's
+        executor) and keeps taking the jobs that arrive until the model thread starts it. Batches so form from what
+        queued while the previous one ran, and the next starts the moment the last ends, with no event-loop hop
+        between them."""
+        if self._aborting or not self._pending:
+            return
+        with self._handoff:
+            if self._queued is not None:  # formed, not started yet: the model thread cannot start it meanwhile
+                if self.batching:
+                    self._fill_from(self._queued)
+                return
+            idle = self._running is None
+        if idle and self._wait_for_company():
+            return
+        jobs = self._take_batch()
+        if not jobs:
+            return
+        batch = Batch(jobs)
+        with self._handoff:
+            self._queued = batch
+        self._idle.clear()
+        future = asyncio.get_running_loop().run_in_executor(self.executor, self._run, batch)
+        future.add_done_callback(lambda done, batch=batch: self._finished(batch, done))
+        self._report_depth()
+
+    def _wait_for_company(self) -> bool:
+        """JEV_MAX_WAIT_MS > 0 (0 by default): a lone job on an idle model thread waits that long for others to batch
+        with; True while it should wait (a timer dispatches it then)."""
+        if not (self.batching and self.max_wait_s and len(self._pending) == 1):
+            return False
+        waited = time.perf_counter() - self._pending[0].queued_at
+        if waited >= self.max_wait_s:
+            return False
+        if self._company_timer is None:
+            self._company_timer = asyncio.get_running_loop().call_later(self.max_wait_s - waited, self._company_due)
+        return True
+
+    def _company_due(self) -> None:
+        self._company_timer = None
+        self._dispatch()
+
+    def _run(self, batch: Batch) -> tuple[list[EngineResult], float, float, float | None]:
+        """On the model thread: the batch taken (no job joins it now), each prefix planned from its match in the
+        prefix cache, the runner's forwards (each layer first asking whether the batch is wanted), the states the
+        plan keeps inserted. -> the results (their L3 outcomes set), when it started and ended, the device's wait."""
+        started = time.perf_counter()
+        with self._handoff:
+            self._running = batch
+            if self._queued is batch:
+                self._queued = None
+            jobs = list(batch.jobs)
+        if not jobs:  # every caller left while it waited behind the previous batch
+            return [], started, started, None
+        if self._aborting or not any(job.wanted() for job in jobs):
+            raise ForwardAbandoned(0, 0)
+        items = [job.item for job in jobs]
+        groups, outcomes = plan_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
         if self.checks is None:
             out = self.engine.run(items, groups)
         else:
-            with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in batch)):
+            with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in jobs)):
                 out = self.engine.run(items, groups)
         for key, state in out.states.items():
             self.prefix_cache.insert(key, state)
-        return out.results
+        for item, result in zip(items, out.results):
+            outcome = outcomes[item.prepared.prefix_key]
+            # a miss whose rows continued the state its group computed in this batch is a hit for them
+            result.l3 = "hit" if outcome == "miss" and result.cached_tokens else outcome
+        return out.results, started, time.perf_counter(), out.device_s
+
+    def _finished(self, batch: Batch, done: asyncio.Future) -> None:
+        """On the event loop, the moment the model thread is done with `batch` (the next one already runs there):
+        its jobs answered, the next batch formed."""
+        if self._running is batch:
+            self._running = None
+        if self._queued is batch:  # never started: the executor was shut down
+            self._queued = None
+        jobs, rows = batch.jobs, batch.rows
+        error = None if done.cancelled() else done.exception()
+        if done.cancelled():
+            for job in jobs:
+                self._settle(job, error=ShuttingDown("worker is shutting down"))
+        elif isinstance(error, ForwardAbandoned):
+            log.info(
+                "stopped a batch of %d (%d rows) nobody waits for before layer %d of %d%s",
+                len(jobs),
+                rows,
+                error.layer,
+                error.layers,
+                f" (prefill chunk {error.chunk})" if error.chunk else "",
+            )
+            if self._on_abandoned:
+                self._on_abandoned(rows, error)
+            for job in jobs:
+                self._settle(
+                    job,
+                    error=ShuttingDown("worker is shutting down")
+                    if self._aborting
+                    else DeadlineExceeded("no decision within the deadline"),
+                )
+        elif error is not None:
+            log.error("model forward failed for a batch of %d", len(jobs), exc_info=error)
+            failed = ForwardFailed(f"model forward failed: {type(error).__name__}: {error}")
+            for job in jobs:
+                self._settle(job, error=failed)
+        elif jobs:
+            results, started, finished, device_s = done.result()
+            self._event("computed", rows)
+            for job, result in zip(jobs, results):
+                result.timing = BatchTiming(job.queued_at, started, finished, device_s)
+                self._settle(job, result)
+            if self._on_batch:
+                self._on_batch(len(jobs), rows, finished - started, device_s)
+        for job in jobs:
+            self._release(job)
+        if self._running is None and self._queued is None:
+            self._idle.set()
+        self._dispatch()
+        self._report_depth()
 
     def _report_depth(self) -> None:
         if self._on_depth:
             self._on_depth(self.depth)
 
-    def _take_batch(self) -> list[Flight]:
+    def _live(self) -> list[Flight]:
+        """The queued jobs someone still waits for, in fair order (smallest virtual start first); the others are
+        dropped now, without a forward."""
         live = []
         for job in self._pending:
             if job.future.done() or not job.wanted():
                 self._drop(job)
                 continue
             live.append(job)
-        if not live:
+        return [job for _, _, job in sorted((job.start, job.seq, job) for job in live)]
+
+    def _take_batch(self) -> list[Flight]:
+        """A new batch: led by the fair queue's first job, then filled (`_fill_from`)."""
+        order = self._live()
+        if not order:
             self._pending = []
             return []
-        order = [job for _, _, job in sorted((job.start, job.seq, job) for job in live)]  # fair: smallest start
         first = order[0]
         self._vtime = max(self._vtime, first.start)
-        batch, rows, tokens = [first], first.rows, first.tokens
+        batch = Batch([first])
+        self._pending = order[1:]
         if self.batching:
-            prefixes = {first.prefix_key}
-            rest = order[1:]
-            resident = {key for key in {job.prefix_key for job in rest} if self.prefix_cache.resident(key)}
-            while rest:
-                job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], prefixes, resident), k)))
-                shares = job.prefix_key in prefixes or job.prefix_key in resident
-                cost = job.row_tokens if shares else job.tokens
-                if rows + job.rows <= self.max_batch_rows and (
-                    not self.max_batch_tokens or tokens + cost <= self.max_batch_tokens
-                ):
-                    batch.append(job)
-                    prefixes.add(job.prefix_key)
-                    rows += job.rows
-                    tokens += cost
-        taken = set(map(id, batch))
-        self._pending = [job for job in live if id(job) not in taken]
-        return batch
+            self._fill_from(batch)
+        return batch.jobs
+
+    def _fill_from(self, batch: Batch) -> None:
+        """Queued jobs join `batch` while its row and token budgets allow (its first job whatever its size), prefix
+        first (`_affinity`), in fair order within; a job whose prefix the batch holds or L3 has costs its rows'
+        tokens. On the event loop, for a batch the model thread has not started."""
+        rest = self._live()
+        resident = {key for key in {job.prefix_key for job in rest} if self.prefix_cache.resident(key)}
+        taken = set()
+        while rest:
+            job = rest.pop(min(range(len(rest)), key=lambda k: (self._affinity(rest[k], batch.prefixes, resident), k)))
+            shares = job.prefix_key in batch.prefixes or job.prefix_key in resident
+            cost = job.row_tokens if shares else job.tokens
+            if batch.rows + job.rows <= self.max_batch_rows and (
+                not self.max_batch_tokens or batch.tokens + cost <= self.max_batch_tokens
+            ):
+                batch.add(job, cost)
+                taken.add(id(job))
+        self._pending = [job for job in self._pending if id(job) not in taken]
 
     def _affinity(self, job: Flight, prefixes: set[str], resident: set[str]) -> int:
         """Which jobs fill a batch first (smaller first, fair order within): prefix-aware, the batch's own
@@ -381,56 +518,31 @@ class Scheduler:
             return 0
         return 0 if job.prefix_key in prefixes else 1 if job.prefix_key in resident else 2
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._pending:
-                if self.batching and self.max_wait_s and len(self._pending) == 1:
-                    await asyncio.sleep(self.max_wait_s)  # let a burst's siblings arrive
-                batch = self._take_batch()
-                if not batch:
-                    break
-                self._batch = batch
-                self._idle.clear()
-                self._report_depth()
-                started = time.perf_counter()
-                rows = sum(j.rows for j in batch)
-                try:
-                    results = await loop.run_in_executor(self.executor, self._run, batch)
-                except ForwardAbandoned as stopped:
-                    log.info(
-                        "stopped a batch of %d (%d rows) nobody waits for before layer %d of %d%s",
-                        len(batch),
-                        rows,
-                        stopped.layer,
-                        stopped.layers,
-                        f" (prefill chunk {stopped.chunk})" if stopped.chunk else "",
-                    )
-                    if self._on_abandoned:
-                        self._on_abandoned(rows, stopped)
-                    for job in batch:
-                        self._settle(
-                            job,
-                            error=ShuttingDown("worker is shutting down")
-                            if self._aborting
-                            else DeadlineExceeded("no decision within the deadline"),
-                        )
-                except Exception as exc:  # noqa: BLE001 - a failed forward fails its requests, not the worker
-                    log.exception("model forward failed for a batch of %d", len(batch))
-                    error = ForwardFailed(f"model forward failed: {type(exc).__name__}: {exc}")
-                    for job in batch:
-                        self._settle(job, error=error)
-                else:
-                    self._event("computed", rows)
-                    for job, result in zip(batch, results):
-                        self._settle(job, result)
-                finally:
-                    for job in batch:
-                        self._release(job)
-                    self._batch = []
-                    self._idle.set()
-                    self._report_depth()
-                if self._on_batch:
-                    self._on_batch(len(batch), rows, time.perf_counter() - started)
+
+class Batch:
+    """The jobs of one batch: formed on the event loop and, until the model thread starts it, still taking the jobs
+    that arrive meanwhile and losing those whose callers leave (the scheduler's handoff lock keeps the model thread
+    from starting it meanwhile)."""
+
+    def __init__(self, jobs: list[Flight]):
+        self.jobs = list(jobs)
+        self._count()
+
+    def _count(self) -> None:
+        """Its row and token budgets used (a job whose prefix an earlier job brings costs its rows' tokens)."""
+        self.rows = sum(job.rows for job in self.jobs)
+        self.prefixes: set[str] = set()
+        self.tokens = 0
+        for job in self.jobs:
+            self.tokens += job.row_tokens if job.prefix_key in self.prefixes else job.tokens
+            self.prefixes.add(job.prefix_key)
+
+    def add(self, job: Flight, cost: int) -> None:
+        self.jobs.append(job)
+        self.rows += job.rows
+        self.tokens += cost
+        self.prefixes.add(job.prefix_key)
+
+    def remove(self, job: Flight) -> None:
+        self.jobs.remove(job)
+        self._count()
