@@ -122,6 +122,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "POST /v1/systemone as callers see it, the frontend's proxying included.",
             ),
             Panel(
+                "The frontend's own time per decision",
+                quantiles("jev_frontend_overhead_seconds", F, ""),
+                "s",
+                "From its handler's start to the answer, less the backend call (jev_frontend_overhead_seconds).",
+            ),
+            Panel(
                 "Backend call latency by backend (p99)",
                 quantiles("jev_frontend_route_request_seconds", F, "backend", (0.99,)),
                 "s",
@@ -252,6 +258,19 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 quantiles("jev_worker_forward_seconds", W, "model"),
                 "s",
                 "The runner's whole run of a batch on the model thread (jev_worker_forward_seconds).",
+            ),
+            Panel(
+                "Mean time per stage",
+                [(mean("jev_worker_stage_seconds", W, "stage"), "{{stage}}")],
+                "s",
+                "Where a decision's time goes, back to back: parse, asset, prepare, queue, batch, device, readout, "
+                "respond (jev_worker_stage_seconds; a trace shows the same stages as spans).",
+            ),
+            Panel(
+                "Device busy",
+                [(f"sum by (instance) (rate(jev_worker_device_seconds_total{{{W}}}{RATE}))", "{{instance}}")],
+                "percentunit",
+                "The share of time the device ran batches (jev_worker_device_seconds).",
             ),
             Panel(
                 "CUDA graphs: replays and eager fallbacks/s",

@@ -13,9 +13,10 @@ from prometheus_client import Counter, Histogram
 
 from jev_common.cache_index import CacheIndex
 from jev_common.errors import DomainError, NotJson, NotReady, api_error_response, validation_error
-from jev_common.http import error_middleware, read_body, run_app
+from jev_common.http import error_middleware, read_body, request_id_middleware, run_app
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import HealthResponse
+from jev_common.tracing import Tracing
 
 from .settings import PreencoderSettings
 
@@ -44,13 +45,17 @@ def parse_manifest_body(body: bytes) -> list:
     return [payload]
 
 
-def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
+def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | None = None) -> web.Application:
+    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given."""
+    tracing = tracing or Tracing("jev-preencoder")
     metrics = HttpMetrics("preencoder")
     images = Counter("jev_preencoder_images_total", "manifest lines by outcome", ["status"], registry=metrics.registry)
     seconds = Histogram(
         "jev_preencoder_request_encode_seconds", "time to encode one POST /v1/preencode", registry=metrics.registry
     )
-    app = web.Application(middlewares=[metrics.middleware, error_middleware])
+    app = web.Application(
+        middlewares=[request_id_middleware, *tracing.middlewares(), metrics.middleware, error_middleware]
+    )
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
     metrics.watch_index("preencoder", lambda: state["index"])
@@ -77,6 +82,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
             state["task"].cancel()
         if state["index"] is not None:
             await state["index"].close()
+        await tracing.shutdown()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -114,7 +120,15 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
         lines = parse_manifest_body(await read_body(request, settings.max_body_bytes))
         started = time.perf_counter()
         async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
-            summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
+            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:
+                summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
+                if span is not None:  # the assets made, by key: a VL request's trace names the one it used
+                    span.set_attributes(
+                        {
+                            "jev.asset.keys": [r.key for r in summary.results if r.key],
+                            **{f"jev.preencode.{k}": v for k, v in summary.counts().items()},
+                        }
+                    )
         seconds.observe(time.perf_counter() - started)
         for result in summary.results:
             images.labels(result.status).inc()
