@@ -8,7 +8,6 @@ replica), 504 backend_timeout when it does not answer within the deadline.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -23,12 +22,11 @@ from jev_common.metrics import LATENCY_BUCKETS
 from jev_common.tracing import Tracing
 
 from .settings import Settings
-from .tracing import OFF, FrontendSpans
+from .tracing import OFF_CONTEXT, FrontendSpans
 
 log = logging.getLogger("jev_frontend.proxy")
 
 DECISION_HEADER_PREFIX = "x-jev-"
-_UNTRACED = contextlib.nullcontext(OFF)  # health probes, models, metrics: no span
 OVERHEAD_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1)
 
 
@@ -165,7 +163,7 @@ class Backend:
         base = url or self.settings.backend_url
         started = time.perf_counter()
         headers = {**(headers or {}), **self.credential}
-        traced = self.spans.proxy(base, method, path, headers) if endpoint == "systemone" else _UNTRACED
+        traced = self.spans.proxy(base, method, path, headers) if endpoint == "systemone" else OFF_CONTEXT
         try:
             with traced as proxy:  # the decision's call, carrying the trace on (its traceparent)
                 async with self.session.request(

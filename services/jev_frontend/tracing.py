@@ -33,6 +33,7 @@ class _Off:
 
 
 OFF = _Off()
+OFF_CONTEXT = contextlib.nullcontext(OFF)  # what a hook returns when tracing is off: no generator, no span
 
 
 class _Routing:
@@ -71,20 +72,21 @@ class FrontendSpans:
     def middlewares(self) -> list:
         return self.tracing.middlewares()
 
-    @contextlib.contextmanager
     def routing(self, model: str | None):
-        if not self.tracing.enabled:
-            yield OFF
-            return
+        """A context yielding the recorder of the routing decision."""
+        return self._routing(model) if self.tracing.enabled else OFF_CONTEXT
+
+    def proxy(self, url: str, method: str, path: str, headers: dict[str, str]):
+        """A context around the call to a backend, its traceparent added to `headers`; yields its recorder."""
+        return self._proxy(url, method, path, headers) if self.tracing.enabled else OFF_CONTEXT
+
+    @contextlib.contextmanager
+    def _routing(self, model: str | None):
         with self.tracing.span("route", **{"jev.model": model or ""}) as span:
             yield _Routing(span)
 
     @contextlib.contextmanager
-    def proxy(self, url: str, method: str, path: str, headers: dict[str, str]):
-        """The call to a backend, its traceparent added to `headers`."""
-        if not self.tracing.enabled:
-            yield OFF
-            return
+    def _proxy(self, url: str, method: str, path: str, headers: dict[str, str]):
         attributes = {"http.request.method": method, "url.full": url + path, "jev.backend": url}
         with self.tracing.span("proxy", kind="client", **attributes) as span:
             self.tracing.inject(headers)
