@@ -8,8 +8,8 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import signal
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -69,7 +69,7 @@ def validation_details(exc: ValidationError) -> list[dict]:
 
 
 def new_request_id() -> str:
-    return "req_" + uuid.uuid4().hex
+    return "req_" + os.urandom(16).hex()  # as random as uuid4's 122 bits, without building a UUID
 
 
 @web.middleware

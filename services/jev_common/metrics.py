@@ -8,14 +8,56 @@ append a worker's exposition to its own without clashing families.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class LoopHistogram:
+    """A labelled histogram observed from one thread (the event loop) on every request: a bisect and two list
+    increments, no lock and no label validation per observation (prometheus_client's Histogram takes a lock per
+    bucket and walks its bounds). Exposed like any histogram (`_bucket{le}`, `_sum`, `_count`)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...] | list[str],
+        buckets: tuple[float, ...],
+        registry: CollectorRegistry,
+    ):
+        self.name, self.documentation = name, documentation
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(float(b) for b in buckets)
+        self._series: dict[tuple[str, ...], list] = {}  # labels -> [bucket counts..., +Inf count, sum]
+        registry.register(self)
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = [0] * (len(self.bounds) + 1) + [0.0]
+        series[bisect_left(self.bounds, value)] += 1
+        series[-1] += value
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, series in sorted(self._series.items()):
+            counts, running = [], 0
+            for bound, count in zip((*self.bounds, float("inf")), series[:-1]):
+                running += count
+                counts.append((floatToGoString(bound), running))
+            family.add_metric(list(labels), counts, series[-1])
+        yield family
 
 
 class Labelled:
@@ -73,14 +115,11 @@ class HttpMetrics:
             ["route", "status"],
             registry=self.registry,
         )
-        self.latency = Histogram(
-            f"{prefix}_request_seconds",
-            "HTTP request latency",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+        self.latency = LoopHistogram(
+            f"{prefix}_request_seconds", "HTTP request latency", ["route"], LATENCY_BUCKETS, self.registry
         )
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
+        self._counted: dict[tuple[str, str], object] = {}  # (route, status) -> its counter child
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
@@ -97,8 +136,11 @@ class HttpMetrics:
             raise
         finally:
             self.in_flight.dec()
-            self.requests.labels(route, str(status)).inc()
-            self.latency.labels(route).observe(time.perf_counter() - started)
+            counter = self._counted.get((route, status))
+            if counter is None:
+                counter = self._counted[(route, status)] = self.requests.labels(route, str(status))
+            counter.inc()
+            self.latency.observe((route,), time.perf_counter() - started)
 
     def watch_index(self, service: str, source: Callable[[], object | None]) -> None:
         """Export the cache index's reachability (IndexGauges) from `source()`, the service's index or None."""

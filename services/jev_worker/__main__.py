@@ -28,6 +28,7 @@ def main() -> None:
         logging.getLogger("jev.worker").error("cannot serve %s: %s", settings.recipe.name, exc)
         print(f"jev_worker: cannot serve {settings.recipe.name}: {exc}", file=sys.stderr)
         sys.exit(2)
+    sys.setswitchinterval(settings.gil_switch_ms / 1000)  # the model thread gets the interpreter back soon
     app = create_app(settings)
     run_app(app, settings.host, settings.port, on_stop=lambda: app[SERVICE].drain(settings.shutdown_grace_s))
 

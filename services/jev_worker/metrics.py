@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jev_common.metrics import LATENCY_BUCKETS, HttpMetrics
+from jev_common.metrics import LATENCY_BUCKETS, HttpMetrics, LoopHistogram
 from jev_common.timeline import Timeline
 
 STAGE_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -18,8 +18,8 @@ class WorkerMetrics(HttpMetrics):
     def __init__(self, model: str = ""):
         super().__init__("worker", labels={"model": model} if model else None)
         r = self.registry
-        self.decision_seconds = Histogram(
-            "jev_worker_decision_seconds", "Decision latency by kind", ["kind"], buckets=LATENCY_BUCKETS, registry=r
+        self.decision_seconds = LoopHistogram(
+            "jev_worker_decision_seconds", "Decision latency by kind", ["kind"], LATENCY_BUCKETS, r
         )
         self.decisions = Counter(
             "jev_worker_decisions_total", "Decisions by kind and outcome", ["kind", "outcome"], registry=r
@@ -76,7 +76,7 @@ class WorkerMetrics(HttpMetrics):
             "Seconds since the running batch last finished a layer or chunk (0 when idle)",
             registry=r,
         )
-        self.stage_seconds = Histogram(
+        self.stage_seconds = LoopHistogram(
             "jev_worker_stage_seconds",
             "Where a decision's time goes, by stage, back to back: parse (body read, decompressed, validated), "
             "asset (an image's asset looked up: L2, the index, the asset folder), prepare (admission, the job, the prompt built or taken from L1, bounds), queue (waiting for its batch "
@@ -84,8 +84,8 @@ class WorkerMetrics(HttpMetrics):
             "runner's host work), device (the forwards: a simulated device's wait, else the runner's whole run), "
             "readout (from the model thread's end to the typed answers), respond (the response built)",
             ["stage"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
+            STAGE_BUCKETS,
+            r,
         )
         self.device_seconds = Counter(
             "jev_worker_device_seconds",
@@ -102,6 +102,10 @@ class WorkerMetrics(HttpMetrics):
         self.loop_lag = Gauge(
             "jev_worker_event_loop_lag_seconds", "The event loop's latest lag behind its heartbeat", registry=r
         )
+        self._decided: dict[tuple[str, str], Counter] = {}
+        self._flights: dict[str, Counter] = {}
+        self._prompt_tokens = self.tokens.labels("prompt")
+        self._cached_tokens = self.tokens.labels("cached")
         self._cache_source = None
         self._engine_source = None
         r.register(self)  # collect() below exports the caches' own counters
@@ -113,8 +117,22 @@ class WorkerMetrics(HttpMetrics):
         self.device_seconds.inc(device_s if device_s is not None else seconds)
 
     def observe_stages(self, timeline: Timeline) -> None:
+        observe = self.stage_seconds.observe
         for stage in timeline.stages:
-            self.stage_seconds.labels(stage.name).observe(stage.seconds)
+            observe((stage.name,), stage.seconds)
+
+    def observe_decision(self, kind: str, outcome: str, seconds: float | None) -> None:
+        """One decision by kind and outcome, and its latency when it was answered."""
+        counter = self._decided.get((kind, outcome))
+        if counter is None:
+            counter = self._decided[(kind, outcome)] = self.decisions.labels(kind, outcome)
+        counter.inc()
+        if seconds is not None:
+            self.decision_seconds.observe((kind,), seconds)
+
+    def count_tokens(self, prompt: int, cached: int) -> None:
+        self._prompt_tokens.inc(prompt)
+        self._cached_tokens.inc(cached)
 
     def observe_abandoned(self, rows: int, stopped) -> None:
         """A batch stopped before layer `stopped.layer` of `stopped.layers` (abandon.ForwardAbandoned)."""
@@ -123,7 +141,10 @@ class WorkerMetrics(HttpMetrics):
         self.abandoned_layers.inc(stopped.layers - stopped.layer)
 
     def observe_flight(self, event: str, rows: int) -> None:
-        self.flight.labels(event).inc(rows)
+        counter = self._flights.get(event)
+        if counter is None:
+            counter = self._flights[event] = self.flight.labels(event)
+        counter.inc(rows)
 
     def watch_caches(self, source) -> None:
         """source() -> jev_common.schema.CacheStats"""

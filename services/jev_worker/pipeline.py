@@ -97,19 +97,17 @@ class LocalPipeline(Pipeline):
         kinds = {**job.extra_kinds, **model.readout.kinds}
         groups = model.builder.prefix_groups(job.questions)
         keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
-        parts = await asyncio.gather(
-            *(
-                self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller, timeline)
-                for questions, key in zip(groups, keys)
-            )
-        )
+        sequences = [
+            self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller, timeline)
+            for questions, key in zip(groups, keys)
+        ]
+        parts = [await sequences[0]] if len(sequences) == 1 else await asyncio.gather(*sequences)
         answered = {qid: answer for part in parts for qid, answer in part.answers.items()}
         out = {qid: answered[qid] for qid in job.questions}
         prompt_tokens = sum(part.prompt_tokens for part in parts)
         cached_tokens = sum(part.cached_tokens for part in parts)
         cache.update({level: _level([part.cache[level] for part in parts]) for level in ("l1", "l3")})
-        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
-        self.metrics.tokens.labels("cached").inc(cached_tokens)
+        self.metrics.count_tokens(prompt_tokens, cached_tokens)
         waits = [part.device_s for part in parts if part.device_s is not None]
         return Decision(out, prompt_tokens, cached_tokens, cache=cache, device_s=sum(waits) if waits else None)
 
@@ -139,7 +137,9 @@ class LocalPipeline(Pipeline):
             bounds.check_prepared(prepared, job.where)
             return prepared
 
-        prepared, l1 = await asyncio.wait_for(self._prepared(l1_key, build), timeout)
+        prepared, l1 = self._cached(l1_key)
+        if prepared is None:
+            prepared = await asyncio.wait_for(self._build(l1_key, build), timeout)
         self.index_link.note_route(prepared.prefix_key, state_route_key(job.route_text, job.route_images))
         remaining = timeout - (time.perf_counter() - started)
         if remaining <= 0:
@@ -158,21 +158,23 @@ class LocalPipeline(Pipeline):
             device_s=timing.device_s if timing is not None else None,
         )
 
-    async def _prepared(self, key: str, build):
-        """L1: the prepared prompt for `key`, built on the prep threads on a miss."""
+    def _cached(self, key: str):
+        """L1: the prepared prompt for `key` and the level's outcome (hit | miss | off); None on a miss."""
         prepared = self.l1.get(key)
-        level = "hit" if prepared is not None else ("miss" if self.l1.enabled else "off")
-        if prepared is None:
-            try:
-                prepared = await asyncio.get_running_loop().run_in_executor(self.prep_executor, build)
-            except InvalidRequest:
-                raise
-            except ValueError as exc:
-                raise validation_error(str(exc)) from None
-            if prepared.boundary_mismatch:
-                self.metrics.prefix_boundary_mismatch.inc()
-            self.l1.put(key, prepared)
-        return prepared, level
+        return prepared, "hit" if prepared is not None else ("miss" if self.l1.enabled else "off")
+
+    async def _build(self, key: str, build):
+        """A prepared prompt built on the prep threads (an L1 miss), then kept in L1."""
+        try:
+            prepared = await asyncio.get_running_loop().run_in_executor(self.prep_executor, build)
+        except InvalidRequest:
+            raise
+        except ValueError as exc:
+            raise validation_error(str(exc)) from None
+        if prepared.boundary_mismatch:
+            self.metrics.prefix_boundary_mismatch.inc()
+        self.l1.put(key, prepared)
+        return prepared
 
     async def _image(self, key: str, cache: dict[str, str]):
         """L2: the image's asset (and the prompt text standing for it)."""

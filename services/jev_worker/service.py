@@ -240,15 +240,13 @@ class WorkerService:
         timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.max_deadline_s)
         with self._counted(label, timeout):
             decision = await self.pipeline.answer(make_job(), started, timeout, caller, timeline)
-        elapsed = time.perf_counter() - started
-        self.metrics.decision_seconds.labels(label).observe(elapsed)
-        return decision, elapsed
+        return decision, time.perf_counter() - started
 
     @contextlib.contextmanager
     def _counted(self, label: str, timeout: float):
-        """Counts one decision by outcome (jev_worker_decisions_total); a wait that ran past the deadline
-        becomes DeadlineExceeded."""
-        outcome = "error"
+        """Counts one decision by outcome (jev_worker_decisions_total) and an answered one's latency
+        (jev_worker_decision_seconds); a wait that ran past the deadline becomes DeadlineExceeded."""
+        outcome, started = "error", time.perf_counter()
         try:
             yield
             outcome = "ok"
@@ -259,7 +257,8 @@ class WorkerService:
             outcome = domain_error_type(exc)
             raise
         finally:
-            self.metrics.decisions.labels(label, outcome).inc()
+            answered = time.perf_counter() - started if outcome == "ok" else None
+            self.metrics.observe_decision(label, outcome, answered)
 
     async def systemone(
         self,

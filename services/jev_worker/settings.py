@@ -176,7 +176,8 @@ ENV = EnvTable(
         float_var(
             "JEV_MAX_WAIT_MS",
             _recipe_default(BatchingSpec, "max_wait_ms"),
-            "wait this long for batch siblings when only one job is queued",
+            "a lone job on an idle device waits this long for others to batch with; `0`: it starts at once, and "
+            "batches form from what queued while the previous one ran (the next is formed behind the running one)",
             from_recipe=True,
         ),
         bool_var(
@@ -267,6 +268,13 @@ ENV = EnvTable(
             "slows a forward several-fold",
             note="auto",
         ),
+        float_var(
+            "JEV_GIL_SWITCH_MS",
+            0.2,
+            "the interpreter's thread switch interval (`sys.setswitchinterval`, Python's default 5): how long the model "
+            "thread may wait for the event loop to let it run between two batches; short, so a fast device is not "
+            "left idle while the loop parses requests (docs/benchmarks.md, host overhead)",
+        ),
         list_var(
             "JEV_API_KEYS",
             (),
@@ -352,6 +360,7 @@ class WorkerSettings:
     register_ttl_s: float = ENV["JEV_WORKER_REGISTER_TTL_S"].field()
     max_body_bytes: int = ENV["JEV_WORKER_MAX_BODY_BYTES"].field()
     threads: int = ENV["JEV_TORCH_THREADS"].field()
+    gil_switch_ms: float = ENV["JEV_GIL_SWITCH_MS"].field()
     cuda_graphs: str = ENV["JEV_CUDA_GRAPHS"].field()
     l3_reuse: str = ENV["JEV_L3_REUSE"].field()
     api_keys: tuple[str, ...] = ENV["JEV_API_KEYS"].field()  # empty: auth off
@@ -363,6 +372,8 @@ class WorkerSettings:
         return None if self.redis_url.strip().lower() in ("", "none", "off") else self.redis_url
 
     def __post_init__(self) -> None:
+        if not 0 < self.gil_switch_ms <= 100:
+            raise ValueError(f"JEV_GIL_SWITCH_MS must be in (0, 100], got {self.gil_switch_ms}")
         if self.device == "simulated" and not self.benchmark:
             raise ValueError(
                 "JEV_DEVICE=simulated answers with a cost model's waits, not a model's work: it is for benchmarks "
@@ -418,6 +429,7 @@ class WorkerSettings:
             register_ttl_s=ENV["JEV_WORKER_REGISTER_TTL_S"].get(),
             max_body_bytes=ENV["JEV_WORKER_MAX_BODY_BYTES"].get(),
             threads=ENV["JEV_TORCH_THREADS"].get(),
+            gil_switch_ms=ENV["JEV_GIL_SWITCH_MS"].get(),
             cuda_graphs=ENV["JEV_CUDA_GRAPHS"].get(),
             l3_reuse=ENV["JEV_L3_REUSE"].get(),
             api_keys=ENV["JEV_API_KEYS"].get(),

@@ -109,7 +109,7 @@ def test_render_replaces_only_between_markers():
 def test_worker_defaults_without_upstream_names(clean_env):
     s = worker_settings.WorkerSettings.from_env()
     assert (s.recipe.name, s.host, s.port) == ("smollm2-135m-cpu", "0.0.0.0", 8000)
-    assert s.max_wait_ms == s.recipe.batching.max_wait_ms == 2.0  # README once said 0
+    assert s.max_wait_ms == s.recipe.batching.max_wait_ms == 0.0  # no pause on an idle device (issue 42)
 
 
 def test_worker_reads_the_upstream_names_with_upstream_defaults(clean_env, tmp_path):

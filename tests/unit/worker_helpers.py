@@ -106,7 +106,7 @@ async def post_as_one_batch(client, service, bodies: list[dict], pilot: dict) ->
 
     with slow_engine(service.engine, 1.0):
         first = asyncio.ensure_future(client.post("/v1/systemone", json=pilot))
-        while service.scheduler.depth == 0:  # until the pilot is on the model thread
+        while not service.scheduler.running:  # until the pilot is on the model thread
             await asyncio.sleep(0.01)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         await first

@@ -14,6 +14,7 @@ import hashlib
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from jev_common.checkpoint_files import ServingError
 from jev_common.control_tokens import ControlTokens
@@ -46,6 +47,15 @@ class PreparedRequest:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prefix_ids) + sum(len(r) for r in self.rows)
+
+    @cached_property
+    def work_key(self) -> str:
+        """What computing it means: its prefix key (checkpoint, images, prefix ids), rows and their labels. Requests
+        with the same work key share one computation (the scheduler's single flight); a prepared request taken from
+        L1 computes it once."""
+        digest = hashlib.sha256(self.prefix_key.encode())
+        digest.update(repr((self.rows, self.row_labels)).encode())
+        return digest.hexdigest()
 
     @property
     def nbytes(self) -> int:

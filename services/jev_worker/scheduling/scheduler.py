@@ -36,13 +36,12 @@ batch with the states to start from, and inserts the states the runner computed 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -67,11 +66,8 @@ class Caller:
 
 
 def flight_key(item: EngineItem) -> str:
-    """The work an item asks for: its prefix key (checkpoint, images, prefix ids), rows and their labels."""
-    prepared = item.prepared
-    digest = hashlib.sha256(prepared.prefix_key.encode())
-    digest.update(repr((prepared.rows, prepared.row_labels)).encode())
-    return digest.hexdigest()
+    """The work an item asks for (its prepared request's work key)."""
+    return item.prepared.work_key
 
 
 def _retrieve(future: asyncio.Future) -> None:
@@ -365,8 +361,11 @@ class Scheduler:
         with self._handoff:
             self._queued = batch
         self._idle.clear()
-        future = asyncio.get_running_loop().run_in_executor(self.executor, self._run, batch)
-        future.add_done_callback(lambda done, batch=batch: self._finished(batch, done))
+        loop = asyncio.get_running_loop()
+        # the model thread calls back the moment it is done, and goes on with whatever was handed to it next
+        self.executor.submit(self._run, batch).add_done_callback(
+            lambda done: loop.call_soon_threadsafe(self._finished, batch, done)
+        )
         self._report_depth()
 
     def _wait_for_company(self) -> bool:
@@ -414,7 +413,7 @@ class Scheduler:
             result.l3 = "hit" if outcome == "miss" and result.cached_tokens else outcome
         return out.results, started, time.perf_counter(), out.device_s
 
-    def _finished(self, batch: Batch, done: asyncio.Future) -> None:
+    def _finished(self, batch: Batch, done: Future) -> None:
         """On the event loop, the moment the model thread is done with `batch` (the next one already runs there):
         its jobs answered, the next batch formed."""
         if self._running is batch:
