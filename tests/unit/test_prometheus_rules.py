@@ -41,9 +41,7 @@ def test_every_rule_has_a_unit_test():
     tests = yaml.safe_load(RULE_TESTS.read_text())
     assert tests["rule_files"] == [RULES.name]
     tested_exprs = {t["expr"] for case in tests["tests"] for t in case.get("promql_expr_test", [])}
-    firing = {
-        t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", []) if t.get("exp_alerts")
-    }
+    firing = {t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", []) if t.get("exp_alerts")}
     quiet = {
         t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", []) if not t.get("exp_alerts")
     }
