@@ -52,9 +52,11 @@ down:
 	exec $$(test -x $(VPY) && echo $(VPY) || echo $(PY)) -m tools.local_stack down $(LOCAL_STACK_ARGS)
 
 # the page's browser test needs Debian's chromium and chromium-driver: installed here where missing (root with
-# apt-get); where they cannot be, tests/stack/test_page_browser.py skips and says why
+# apt-get); where they cannot be, tests/stack/test_page_browser.py skips and says why. promtool (Debian's prometheus
+# package, unpacked) for the rule and dashboard tests; where it cannot be had, they skip
 test: venv
 	bash tools/ensure_browser.sh || echo "browser: not installed; the page's browser test will skip"
+	-@bash tools/promtool.sh
 	bash tools/ensure_redis.sh -- $(VPY) -m pytest -q tests
 
 bench: venv

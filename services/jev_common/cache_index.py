@@ -98,6 +98,11 @@ class CacheIndex:
     def enabled(self) -> bool:
         return bool(self.url) or self._client is not None
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the latest call reached Redis (True before the first call)."""
+        return self.enabled and self._last_error is None
+
     def _redis(self):
         if self._client is None:
             import redis.asyncio as aioredis

@@ -1,4 +1,5 @@
-"""Prometheus HTTP metrics shared by every service: counts by route/status, latency, in-flight.
+"""Prometheus HTTP metrics shared by every service: counts by route/status, latency, in-flight; the cache index's
+reachability (`jev_<service>_index_up`); constant labels on a service's whole exposition (the worker's `model`).
 
 Names carry the service (jev_frontend_http_requests_total, jev_worker_http_...), so the frontend can
 append a worker's exposition to its own without clashing families.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -57,9 +60,54 @@ class LoopHistogram:
         yield family
 
 
+class Labelled:
+    """A registry's families with constant labels on every sample that lacks them (a collector for
+    generate_latest): the labels a target's every series shares, such as the model a worker serves."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self):
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                sample._replace(
+                    labels={**sample.labels, **{k: v for k, v in self.labels.items() if k not in sample.labels}}
+                )
+                for sample in family.samples
+            ]
+            yield out
+
+
+class IndexGauges:
+    """`jev_<service>_index_up` (1 while the cache index's latest call reached Redis, 0 after one failed) and
+    `jev_<service>_index_errors_total`, read from the service's CacheIndex at each scrape; nothing while the
+    service has no index (no Redis URL, a single-backend frontend)."""
+
+    def __init__(self, service: str, source: Callable[[], object | None]):
+        self.prefix = f"jev_{service}_index"
+        self.source = source  # () -> jev_common.cache_index.CacheIndex | None
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        index = self.source()
+        if index is None or not index.enabled:
+            return
+        up = GaugeMetricFamily(f"{self.prefix}_up", "1 while the cache index (Redis) answered its latest call, else 0")
+        up.add_metric([], 1 if index.reachable else 0)
+        errors = CounterMetricFamily(f"{self.prefix}_errors", "Cache index calls that could not reach Redis")
+        errors.add_metric([], index.errors)
+        yield up
+        yield errors
+
+
 class HttpMetrics:
-    def __init__(self, service: str, registry: CollectorRegistry | None = None):
+    def __init__(self, service: str, registry: CollectorRegistry | None = None, labels: dict[str, str] | None = None):
         self.registry = registry or CollectorRegistry()
+        self.labels = dict(labels or {})  # on every series of this service's exposition
         prefix = f"jev_{service}_http"
         self.requests = Counter(
             f"{prefix}_requests_total",
@@ -94,6 +142,12 @@ class HttpMetrics:
             counter.inc()
             self.latency.observe((route,), time.perf_counter() - started)
 
+    def watch_index(self, service: str, source: Callable[[], object | None]) -> None:
+        """Export the cache index's reachability (IndexGauges) from `source()`, the service's index or None."""
+        self.registry.register(IndexGauges(service, source))
+
+    def exposition(self) -> bytes:
+        return generate_latest(Labelled(self.registry, self.labels) if self.labels else self.registry)
+
     async def handle_metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -34,6 +34,7 @@ from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
+from jev_common.tracing import Tracing
 
 from .buckets import Buckets
 from .metrics_merge import merged_exposition
@@ -50,6 +51,7 @@ from .proxy import (
 from .ratelimit import RateLimiter
 from .router import Router
 from .settings import Settings
+from .tracing import FrontendSpans
 
 log = logging.getLogger("jev_frontend")
 
@@ -157,11 +159,16 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
     pool, router, client, metrics = app[POOL], app[ROUTER], app[BACKEND], app[BACKEND].metrics
     if app[SETTINGS].single_backend:  # JEV_BACKEND_URL alone: no model routing, the worker decides
         backend = next(iter(pool.backends.values()))
+        with client.spans.routing(model) as routing:
+            routing.chose("single", backend)
         return await _send(client, backend, "single", call)
     name = await pool.resolve(model)
     tried: set[str] = set()
     while True:
-        route = await router.choose(name, route_key, images, exclude=tried)
+        with client.spans.routing(name) as routing:  # which replica, and why (tracing)
+            route = await router.choose(name, route_key, images, exclude=tried)
+            if route is not None:
+                routing.chose(route.decision, route.backend, len(tried))
         if route is None:
             raise BackendUnavailable(
                 f"no replica of model {name!r} could be reached (tried {', '.join(sorted(tried))})"
@@ -360,19 +367,23 @@ async def handle_generation(request: web.Request) -> web.Response:
     )
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, tracing: Tracing | None = None) -> web.Application:
+    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given."""
     metrics = HttpMetrics("frontend")
-    backend = Backend(settings, BackendMetrics(metrics.registry))
+    spans = FrontendSpans(tracing or Tracing("jev-frontend"))
+    backend = Backend(settings, BackendMetrics(metrics.registry), spans)
     index = None
     if not settings.single_backend and settings.index_url:
         index = CacheIndex(settings.index_url, "jev-frontend", owner_id="frontend")
     pool = BackendPool(settings, backend, backend.metrics, index)
+    metrics.watch_index("frontend", lambda: index)
     identity = CallerIdentity.for_tokens(settings.internal_tokens, by_key=bool(settings.api_keys))
     buckets = Buckets(settings.index_url if settings.rate_limits else None, identity.namespace)
     limiter = RateLimiter(settings.rate_limits, settings.api_keys, identity, buckets, metrics.registry)
     app = web.Application(
         middlewares=[
             request_id_middleware,
+            *spans.middlewares(),  # a server span per API request (tracing on only)
             metrics.middleware,
             error_middleware,
             auth_middleware(settings.api_keys),
@@ -408,6 +419,7 @@ def create_app(settings: Settings) -> web.Application:
             await index.close()
         await buckets.close()
         await backend.close()
+        await spans.shutdown()  # the spans still buffered, exported
 
     app.cleanup_ctx.append(backend_client)
     app.router.add_get("/health", handle_health)

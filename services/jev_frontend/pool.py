@@ -147,6 +147,7 @@ class BackendPool:
                 # kept (an index restarted empty lists nobody until the workers announce themselves again)
                 log.info("backend %s left the index and is out of rotation; removed", url)
                 del self.backends[url]
+                self._forget_series(url, backend.model or "?")
 
     # ----- health -------------------------------------------------------------------------------
     async def check(self, backend: BackendState) -> tuple[int, bytes] | None:
@@ -205,7 +206,14 @@ class BackendPool:
         backend.up = up
         if up:
             backend.unreachable.clear()
+        if backend.model:
+            self._forget_series(backend.url, "?")  # its model is known now: no series left under "?"
         self.metrics.backend_up.labels(backend.url, backend.model or "?").set(1 if up else 0)
+
+    def _forget_series(self, url: str, model: str) -> None:
+        """Drop a backend's jev_frontend_route_backend_up series, so a removed backend does not stay 0 forever (the
+        no-healthy-backend alert reads it)."""
+        self.metrics.backend_up.remove(url, model)
 
     def mark_down(self, backend: BackendState, reason: str) -> None:
         """A request could not connect: out of rotation until its health answers 200 again."""

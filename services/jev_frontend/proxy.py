@@ -20,8 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from jev_common.errors import BackendTimeout, BackendUnavailable, DomainError
 from jev_common.internal_auth import backend_headers
 from jev_common.metrics import LATENCY_BUCKETS
+from jev_common.tracing import Tracing
 
 from .settings import Settings
+from .tracing import OFF_CONTEXT, FrontendSpans
 
 log = logging.getLogger("jev_frontend.proxy")
 
@@ -125,9 +127,10 @@ class BackendDisconnected(BackendUnavailable):
 class Backend:
     """One pooled client for every backend; `call` names the backend URL."""
 
-    def __init__(self, settings: Settings, metrics: BackendMetrics):
+    def __init__(self, settings: Settings, metrics: BackendMetrics, spans: FrontendSpans | None = None):
         self.settings = settings
         self.metrics = metrics
+        self.spans = spans or FrontendSpans(Tracing("jev-frontend", env={}))  # decisions' `proxy` spans
         self.credential = backend_headers(settings.internal_tokens)  # on every call: the backends' internal token
         self._session: aiohttp.ClientSession | None = None
 
@@ -163,17 +166,20 @@ class Backend:
         base = url or self.settings.backend_url
         started = time.perf_counter()
         headers = {**(headers or {}), **self.credential}
+        traced = self.spans.proxy(base, method, path, headers) if endpoint == "systemone" else OFF_CONTEXT
         try:
-            async with self.session.request(
-                method,
-                base + path,
-                data=data,
-                headers=headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as resp:
-                body = await resp.read()
-                answer = BackendAnswer(resp.status, resp.headers, body, time.perf_counter() - started)
+            with traced as proxy:  # the decision's call, carrying the trace on (its traceparent)
+                async with self.session.request(
+                    method,
+                    base + path,
+                    data=data,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                ) as resp:
+                    body = await resp.read()
+                    answer = BackendAnswer(resp.status, resp.headers, body, time.perf_counter() - started)
+                proxy.answered(resp.status)
         except TimeoutError:  # also aiohttp's ServerTimeoutError / ConnectionTimeoutError
             self._failed(base, endpoint, "backend_timeout")
             raise BackendTimeout(

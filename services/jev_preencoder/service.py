@@ -21,6 +21,7 @@ from jev_common.http import error_middleware, read_body, request_id_middleware, 
 from jev_common.internal_auth import backend_guard
 from jev_common.metrics import HttpMetrics
 from jev_common.schema import HealthResponse
+from jev_common.tracing import Tracing
 
 from .settings import PreencoderSettings
 
@@ -49,7 +50,9 @@ def parse_manifest_body(body: bytes) -> list:
     return [payload]
 
 
-def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
+def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | None = None) -> web.Application:
+    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given."""
+    tracing = tracing or Tracing("jev-preencoder")
     metrics = HttpMetrics("preencoder")
     images = Counter("jev_preencoder_images_total", "manifest lines by outcome", ["status"], registry=metrics.registry)
     seconds = Histogram(
@@ -58,6 +61,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     app = web.Application(
         middlewares=[
             request_id_middleware,
+            *tracing.middlewares(),
             metrics.middleware,
             error_middleware,
             backend_guard(settings.internal_tokens),
@@ -65,6 +69,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
     )
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
+    metrics.watch_index("preencoder", lambda: state["index"])
 
     async def load():
         try:
@@ -88,6 +93,7 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
             state["task"].cancel()
         if state["index"] is not None:
             await state["index"].close()
+        await tracing.shutdown()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -125,7 +131,15 @@ def build_app(settings: PreencoderSettings, encoder=None) -> web.Application:
         lines = parse_manifest_body(await read_body(request, settings.max_body_bytes))
         started = time.perf_counter()
         async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
-            summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
+            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:
+                summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
+                if span is not None:  # the assets made, by key: a VL request's trace names the one it used
+                    span.set_attributes(
+                        {
+                            "jev.asset.keys": [r.key for r in summary.results if r.key],
+                            **{f"jev.preencode.{k}": v for k, v in summary.counts().items()},
+                        }
+                    )
         seconds.observe(time.perf_counter() - started)
         for result in summary.results:
             images.labels(result.status).inc()

@@ -29,10 +29,12 @@ from jev_common.schema import (
     is_envelope,
 )
 from jev_common.timeline import Timeline
+from jev_common.tracing import Tracing
 
 from .scheduling.scheduler import Caller
 from .service import WorkerService
 from .settings import WorkerSettings
+from .tracing import WorkerSpans
 
 SERVICE = web.AppKey("service", WorkerService)
 
@@ -71,11 +73,16 @@ def model_list(
     )
 
 
-def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> web.Application:
+def create_app(
+    settings: WorkerSettings, *, wait_until_ready: bool = False, tracing: Tracing | None = None
+) -> web.Application:
+    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given."""
     service = WorkerService(settings)
+    spans = WorkerSpans(tracing or Tracing("jev-worker"))
     app = web.Application(
         middlewares=[
             request_id_middleware,
+            *spans.middlewares(),  # a server span per API request, continued from the frontend's (tracing on only)
             service.metrics.middleware,
             error_middleware,
             backend_guard(settings.internal_tokens, settings.api_keys, internal_prefixes=("/v1/cache/",)),
@@ -93,6 +100,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await service.stop()
+        await spans.shutdown()  # the spans still buffered, exported
 
     app.cleanup_ctx.append(lifecycle)
 
@@ -122,6 +130,7 @@ def create_app(settings: WorkerSettings, *, wait_until_ready: bool = False) -> w
             return await answer(request, timeline)
         finally:
             service.metrics.observe_stages(timeline)
+            spans.record(timeline)  # the same stages as spans (tracing on only)
 
     async def answer(request: web.Request, timeline: Timeline) -> web.Response:
         deadline_s = request_deadline(request.headers, settings.max_deadline_s)

@@ -12,8 +12,11 @@ STAGE_BUCKETS = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 0.001, 0.0025, 0.005, 0.01, 0
 
 
 class WorkerMetrics(HttpMetrics):
-    def __init__(self):
-        super().__init__("worker")
+    """Every series carries `model` (the recipe served) when one is given, so per-model rules and dashboards need
+    no target labels (deploy/prometheus/jev-rules.yml)."""
+
+    def __init__(self, model: str = ""):
+        super().__init__("worker", labels={"model": model} if model else None)
         r = self.registry
         self.decision_seconds = LoopHistogram(
             "jev_worker_decision_seconds", "Decision latency by kind", ["kind"], LATENCY_BUCKETS, r
@@ -31,6 +34,9 @@ class WorkerMetrics(HttpMetrics):
             "jev_worker_batch_rows", "Rows per model batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
         )
         self.queue_depth = Gauge("jev_worker_queue_depth", "Requests queued or running", registry=r)
+        self.queue_limit = Gauge(
+            "jev_worker_queue_limit", "JEV_MAX_QUEUE: the queue depth past which requests are refused (429)", registry=r
+        )
         self.tokens = Counter("jev_worker_tokens_total", "Prompt tokens by source", ["source"], registry=r)
         self.prefix_boundary_mismatch = Counter(
             "jev_worker_prefix_boundary_mismatch_total",
@@ -73,7 +79,7 @@ class WorkerMetrics(HttpMetrics):
         self.stage_seconds = LoopHistogram(
             "jev_worker_stage_seconds",
             "Where a decision's time goes, by stage, back to back: parse (body read, decompressed, validated), "
-            "prepare (admission, the job, the prompt built or taken from L1, bounds), queue (waiting for its batch "
+            "asset (an image's asset looked up: L2, the index, the asset folder), prepare (admission, the job, the prompt built or taken from L1, bounds), queue (waiting for its batch "
             "to start on the model thread), batch (the batch planned against L3; on a simulated device also the "
             "runner's host work), device (the forwards: a simulated device's wait, else the runner's whole run), "
             "readout (from the model thread's end to the typed answers), respond (the response built)",

@@ -87,6 +87,7 @@ class LocalPipeline(Pipeline):
         for piece in job.pieces:
             if isinstance(piece, ImageSlot):
                 asset, placeholder = await asyncio.wait_for(self._image(piece.key, cache), timeout)
+                timeline.mark("asset", key=piece.key, l2=cache["l2"])  # the trace names the preencoder's asset
                 model.builder.check_image(asset, job.where)
                 assets.append(asset)
                 state_parts.append(placeholder)
@@ -148,7 +149,7 @@ class LocalPipeline(Pipeline):
         out = plan_answers(prepared.plan, result.row_logits, model.builder, kinds)
         timing = result.timing
         if timing is not None:
-            _mark(timeline, began, submitted, timing)
+            _mark(timeline, began, submitted, timing, result.l3)
         return Decision(
             out,
             prepared.prompt_tokens,
@@ -187,19 +188,21 @@ class LocalPipeline(Pipeline):
         return asset, model.image_placeholder(asset)
 
 
-def _mark(timeline: Timeline, began: float, submitted: float, timing: BatchTiming) -> None:
+def _mark(timeline: Timeline, began: float, submitted: float, timing: BatchTiming, l3: str) -> None:
     """One job's stages on its request's timeline, back to back: prepare, queue (from its submission, or the job's
     own queueing when this request joined it later), batch and device (the batch's run on the model thread, split
-    by the simulated device's wait where known), readout (from the model thread's end to the answers, now)."""
+    by the simulated device's wait where known; the device stage carries the batch's size and the prefix cache's
+    outcome, for its span), readout (from the model thread's end to the answers, now)."""
     queued = max(submitted, timing.queued)
     timeline.add("prepare", began, queued)
     timeline.add("queue", queued, max(queued, timing.started))
+    batch = {"rows": timing.rows, "requests": timing.requests, "l3": l3}
     if timing.device_s is not None:
         host_end = max(timing.started, timing.finished - timing.device_s)
         timeline.add("batch", timing.started, host_end)
-        timeline.add("device", host_end, timing.finished)
+        timeline.add("device", host_end, timing.finished, **batch)
     else:
-        timeline.add("device", timing.started, timing.finished)
+        timeline.add("device", timing.started, timing.finished, **batch)
     timeline.add("readout", timing.finished, time.perf_counter())
 
 

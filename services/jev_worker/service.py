@@ -70,7 +70,8 @@ class WorkerService:
         # the recipe's pin, or a content digest of JEV_MODEL_PATH: what image assets and index keys are made for
         self.identity = checkpoint_identity(self.recipe, settings.model_path)
         self.code_version = settings.code_version or source_version()  # named with every answer (_headers)
-        self.metrics = metrics or WorkerMetrics()
+        self.metrics = metrics or WorkerMetrics(model=self.recipe.name)
+        self.metrics.queue_limit.set(settings.max_queue)
         self.index_link = IndexLink()
         self.caches = WorkerCaches(
             settings.cache, on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted
@@ -85,6 +86,7 @@ class WorkerService:
         self.watchdog: Watchdog | None = None
         self.metrics.watch_caches(self.cache_stats)
         self.metrics.watch_engine(lambda: self.model.engine_paths() if self.model else {})
+        self.metrics.watch_index("worker", lambda: self.index_link.index)
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:

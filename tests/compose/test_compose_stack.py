@@ -110,6 +110,26 @@ def test_prometheus_scrapes_frontend_and_worker(stack):
     assert decisions and float(decisions[0]["value"][1]) > 0, decisions
 
 
+def test_prometheus_loads_the_rules_and_records_per_model(stack):
+    """deploy/prometheus/jev-rules.yml, mounted: its groups loaded, no rule in error, and a recording rule per model
+    evaluated from the worker's own series (its `model` label, the job `jev-worker`)."""
+
+    def rule_groups() -> dict:
+        status, _, raw = scenarios.http("GET", f"{stack.prometheus_url}/api/v1/rules", timeout=10)
+        assert status == 200, raw
+        return {g["name"]: g for g in json.loads(raw)["data"]["groups"]}
+
+    assert {"jev-recording", "jev-alerts"} <= set(rule_groups())
+    scenarios.decide(stack.base_url, scenarios.REQUESTS["choice"])
+
+    def recorded():
+        rules = [r for g in rule_groups().values() for r in g["rules"]]
+        assert all(r.get("health") != "err" for r in rules), [r for r in rules if r.get("health") == "err"]
+        return _prometheus(stack, 'model:jev_worker_decisions:rate5m{model="smollm2-135m-cpu"}')
+
+    wait_for(recorded, 90, "the recording rule model:jev_worker_decisions:rate5m for smollm2-135m-cpu")
+
+
 def test_security_defaults(stack):
     # Redis answers only with the password the services were given
     refused = stack.exec("redis", "sh", "-c", "unset REDISCLI_AUTH; redis-cli ping")

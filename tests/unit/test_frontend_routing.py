@@ -112,6 +112,29 @@ async def test_default_model_and_model_learned_from_the_backend():
         assert (await post(client, ask("x")))[:2] == (200, "b")
 
 
+async def test_a_backend_first_down_then_named_leaves_no_unnamed_series():
+    """A backend down before its model is known is counted under model "?"; once it answers and names its model,
+    that series goes, so the no-healthy-backend alert (deploy/prometheus) does not see a model "?" down forever."""
+    async with fakes({"model": "m-a", "worker_id": "a", "healthy": False}) as (a,):
+        async with frontend([("", a.url)], default_model="m-a") as client:
+            assert await metric(client, "jev_frontend_route_backend_up", model="?") == 0
+            text = await (await client.get("/metrics")).text()
+            assert 'model="?"' in text
+            a.healthy = True
+
+            async def named():
+                return await metric(client, "jev_frontend_route_backend_up", model="m-a") == 1
+
+            await until(named)
+            text = await (await client.get("/metrics")).text()
+            assert not [
+                s
+                for f in text_string_to_metric_families(text)
+                for s in f.samples
+                if s.name == "jev_frontend_route_backend_up" and s.labels["model"] == "?"
+            ]
+
+
 # --- among replicas ---------------------------------------------------------------------------------
 
 
@@ -358,6 +381,16 @@ async def test_discovery_and_warm_routing_from_the_index():
                 assert {(await post(client, ask("warm state", model)))[1] for _ in range(3)} == {f"{model}-a"}
                 health = await (await client.get("/health")).json()
                 assert {x["url"] for x in health["detail"]["backends"] if x["model"] == model} == {a.url}
+                # its backend-up series leaves with it (else it would read 0 forever, as if the model lost one)
+                text = await (await client.get("/metrics")).text()
+                ups = {
+                    s.labels["backend"]
+                    for f in text_string_to_metric_families(text)
+                    for s in f.samples
+                    if s.name == "jev_frontend_route_backend_up"
+                }
+                assert a.url in ups and b.url not in ups
+                assert await metric(client, "jev_frontend_index_up") == 1
     finally:
         for index in (index_a, index_b):
             await index.unregister_worker(index.owner_id)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from tools import chart as chart_tool  # noqa: E402
 
 CHART = chart_tool.CHART
 KUBERNETES = chart_tool.KUBERNETES
+ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ("Deployment", "StatefulSet")
 
 GPU_WORKER = {
@@ -80,7 +83,11 @@ MATRIX = {
             "autoscaling": {"enabled": True},
             "rateLimits": "default=60:20000,sha256:9f86d081884c7d65=600:",
         },
-        "metrics": {"serviceMonitor": {"enabled": True}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "dashboard": {"enabled": True, "folder": "jev"},
+        },
         "workers": [
             {
                 "name": "cpu",
@@ -166,6 +173,30 @@ def test_custom_resources_are_well_formed(rendered):
         assert all(
             endpoint["port"] in ports and endpoint["path"] == "/metrics" for endpoint in monitor["spec"]["endpoints"]
         )
+    for monitor in of_kind(docs, "ServiceMonitor"):  # the job names the rules and the dashboard select by
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert {
+                "sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_component"],
+                "targetLabel": "job",
+                "replacement": "jev-$1",
+            } in endpoint["relabelings"]
+    rules = of_kind(docs, "PrometheusRule")
+    dashboards = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
+    if values.get("metrics", {}).get("prometheusRule", {}).get("enabled"):
+        (rule,) = rules
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+        assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert rule["spec"] == yaml.safe_load((ROOT / "deploy" / "prometheus" / "jev-rules.yml").read_text())
+    else:
+        assert not rules
+    if values.get("metrics", {}).get("dashboard", {}).get("enabled"):
+        (board,) = dashboards
+        assert board["metadata"]["labels"]["grafana_dashboard"] == "1"  # the Grafana sidecar's default label
+        assert board["metadata"]["annotations"]["grafana_folder"] == "jev"
+        shipped = json.loads(board["data"]["jev-dashboard.json"])
+        assert shipped == json.loads((ROOT / "deploy" / "grafana" / "jev-dashboard.json").read_text())
+    else:
+        assert not dashboards
     if name == "external-redis-and-extras":
         assert of_kind(docs, "ScaledObject") and of_kind(docs, "ServiceMonitor")
         worker = next(doc for doc in of_kind(docs, "Deployment") if "worker" in doc["metadata"]["name"])

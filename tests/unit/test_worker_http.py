@@ -8,13 +8,14 @@ import re
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import create_app
 from jev_worker.request.legacy import prepare_legacy
 from jev_worker.settings import CacheSettings
 
-from .worker_helpers import REQUESTS, slow_engine, worker_client
+from .worker_helpers import REQUESTS, sample_value, slow_engine, worker_client
 
 GOOD = REQUESTS["choice"]
 
@@ -278,7 +279,7 @@ async def test_l3_byte_budget_evicts(worker_settings):
 
 
 async def test_metrics_exposition(worker_settings):
-    async with worker_client(worker_settings()) as (client, _):
+    async with worker_client(worker_settings(max_queue=7)) as (client, _):
         await client.post("/v1/systemone", json=GOOD)
         text = await (await client.get("/metrics")).text()
         for name in (
@@ -287,9 +288,21 @@ async def test_metrics_exposition(worker_settings):
             "jev_worker_queue_depth",
             "jev_worker_cache_hits_total",
             "jev_worker_tokens_total",
-            'jev_worker_http_requests_total{route="/v1/systemone",status="200"}',
         ):
             assert name in text, name
+        assert sample_value(text, "jev_worker_http_requests_total", route="/v1/systemone", status="200") == 1
+        assert sample_value(text, "jev_worker_queue_limit") == 7
+        # every series names the model it serves (per-model rules and dashboards, deploy/prometheus)
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        assert samples and all(s.labels.get("model") == "tiny-llama" for s in samples)
+        # the cache index's reachability: nothing answers on the test's Redis port
+        assert sample_value(text, "jev_worker_index_up") in (0, 1)
+        for _ in range(100):
+            text = await (await client.get("/metrics")).text()
+            if sample_value(text, "jev_worker_index_up") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert sample_value(text, "jev_worker_index_up") == 0 and sample_value(text, "jev_worker_index_errors_total")
 
 
 async def test_resident_prefixes_are_registered_with_their_owner(worker_settings):

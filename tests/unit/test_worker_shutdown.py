@@ -26,7 +26,7 @@ import pytest
 from jev_worker.scheduling.abandon import layer_stack
 from tests.fakes.net import free_port
 
-from .worker_helpers import worker_client
+from .worker_helpers import sample_value, worker_client
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = 6
@@ -47,8 +47,8 @@ def envelope(state: str) -> dict:
     }
 
 
-def metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+def metric(text: str, name: str, **labels: str) -> float:
+    return sample_value(text, name, **labels) or 0.0
 
 
 async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_tiny_dir):
@@ -76,7 +76,7 @@ async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_t
         text = await (await client.get("/metrics")).text()
         assert metric(text, "jev_worker_abandoned_batches_total") == 1
         assert metric(text, "jev_worker_abandoned_layers_total") == LAYERS - len(starts)
-        assert metric(text, 'jev_worker_decisions_total{kind="systemone",outcome="deadline_exceeded"}') == 1
+        assert metric(text, "jev_worker_decisions_total", kind="systemone", outcome="deadline_exceeded") == 1
         for block in blocks:  # the worker serves on
             del block.forward
         assert (await client.post("/v1/systemone", json=envelope("Another state."))).status == 200

@@ -6,7 +6,7 @@ from __future__ import annotations
 from jev_common.timeline import Timeline
 
 from .test_scheduler import ask
-from .worker_helpers import worker_client
+from .worker_helpers import sample_value, worker_client
 
 STAGES = ["parse", "prepare", "queue", "device", "readout", "respond"]
 
@@ -24,7 +24,7 @@ async def test_a_decisions_stages_are_back_to_back_and_observed(worker_settings,
             assert after.start == before.end, (before, after)  # nothing falls between two stages
         metrics = await (await client.get("/metrics")).text()
         for stage in STAGES:
-            assert f'jev_worker_stage_seconds_count{{stage="{stage}"}}' in metrics
+            assert sample_value(metrics, "jev_worker_stage_seconds_count", stage=stage) == 1
 
 
 async def test_on_a_simulated_device_the_batch_and_device_stages_split_the_run(worker_settings, monkeypatch):

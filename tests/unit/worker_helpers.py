@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from jev_common.schema import DecisionRequest
 from jev_worker.app import SERVICE, create_app
@@ -110,3 +111,14 @@ async def post_as_one_batch(client, service, bodies: list[dict], pilot: dict) ->
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         await first
     return responses
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    """The sum of an exposition's samples named `name` whose labels include `labels` (None when there is none)."""
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    ]
+    return sum(values) if values else None

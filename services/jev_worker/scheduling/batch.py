@@ -27,6 +27,8 @@ class BatchTiming:
     started: float  # its batch began on the model thread
     finished: float
     device_s: float | None = None
+    requests: int = 0  # the batch's size: its jobs, and their rows
+    rows: int = 0
 
 
 @dataclass

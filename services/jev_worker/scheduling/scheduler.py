@@ -493,7 +493,7 @@ class Scheduler:
             results, started, finished, device_s = done.result()
             self._event("computed", rows)
             for job, result in zip(jobs, results):
-                result.timing = BatchTiming(job.queued_at, started, finished, device_s)
+                result.timing = BatchTiming(job.queued_at, started, finished, device_s, len(jobs), rows)
                 self._settle(job, result)
             if self._on_batch:
                 self._on_batch(len(jobs), rows, finished - started, device_s)
