@@ -119,11 +119,12 @@ async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
         "jev_worker_batch_requests_sum",
         "jev_worker_batch_requests_count",
     )
-    out = {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
+        series, _, value = line.rpartition(" ")
+        name = series.split("{", 1)[0]  # summed over label sets (the worker labels its series with its model)
         if name in wanted:
-            out[name] = float(value)
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 

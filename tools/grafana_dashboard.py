@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "deploy" / "grafana" / "jev-dashboard.json"
+CHART_COPY = ROOT / "deploy" / "helm" / "jev" / "files" / "jev-dashboard.json"  # a copy: helm warns on links
 UID = "jev-overview"
 
 W = 'job="jev-worker",model=~"$model"'  # the worker series of the chosen models
@@ -447,18 +448,21 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help=f"rewrite {OUT.relative_to(ROOT)}")
+    mode.add_argument(
+        "--write", action="store_true", help=f"rewrite {OUT.relative_to(ROOT)} and the chart's copy"
+    )
     mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from what this renders")
     args = parser.parse_args(argv)
     text = render()
     if args.write:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(text)
+        for out in (OUT, CHART_COPY):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
         return 0
-    if not OUT.is_file() or OUT.read_text() != text:
-        print(f"{OUT.relative_to(ROOT)} is not what tools/grafana_dashboard.py renders: run --write", file=sys.stderr)
-        return 1
-    return 0
+    stale = [out for out in (OUT, CHART_COPY) if not out.is_file() or out.read_text() != text]
+    for out in stale:
+        print(f"{out.relative_to(ROOT)} is not what tools/grafana_dashboard.py renders: run --write", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

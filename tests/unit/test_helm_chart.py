@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 helm = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -388,3 +389,4 @@ def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_ass
 def test_the_schema_refuses(values, why):
     with pytest.raises(chart_tool.ChartError):  # in words: tests/unit/test_chart_tool.py
         render(values)
+

@@ -3,6 +3,8 @@ than recomputing the prefix; the engine honours the decision and says so (header
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from jev_worker.scheduling.reuse import LinearCost, ReuseCosts, ReusePolicy, reuse_pays
@@ -67,4 +69,4 @@ async def test_engine_recomputes_a_cached_prefix_when_reuse_does_not_pay(worker_
         assert health["detail"]["l3_reuse"]["mode"] == "measured"
         assert set(health["detail"]["l3_reuse"]["costs"]) == {"recompute", "reuse"}
         metrics = await (await client.get("/metrics")).text()
-        assert 'jev_worker_l3_reuse_decisions_total{decision="recompute"}' in metrics
+        assert re.search(r'^jev_worker_l3_reuse_decisions_total\{decision="recompute"[,}]', metrics, re.M)
