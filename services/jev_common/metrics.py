@@ -82,12 +82,12 @@ class Labelled:
 
 class IndexGauges:
     """`jev_<service>_index_up` (1 while the cache index's latest call reached Redis, 0 after one failed) and
-    `jev_<service>_index_errors_total`, read from the service's CacheIndex at each scrape; nothing while the
+    `jev_<service>_index_errors_total`, read from the service's IndexConnection at each scrape; nothing while the
     service has no index (no Redis URL, a single-backend frontend)."""
 
     def __init__(self, service: str, source: Callable[[], object | None]):
         self.prefix = f"jev_{service}_index"
-        self.source = source  # () -> jev_common.cache_index.CacheIndex | None
+        self.source = source  # () -> jev_common.index.IndexConnection | None
 
     def describe(self):
         return []

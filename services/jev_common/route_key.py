@@ -5,7 +5,7 @@ the prefix *token ids*; a frontend cannot tokenize, so it cannot compute it. Ins
 what decides the prefix before tokenisation: the state as the worker renders it (text as sent; objects
 and arrays as JSON text, jev_common.state_text.render_state) and the sorted keys of its images
 (sha256 of the image bytes, jev_common.assets). The worker registers this key next to each prefix it
-holds in L3 (cache_index `route` entries), so the frontend finds where a state is warm. Same model,
+holds in L3 (jev_common.index.routes), so the frontend finds where a state is warm. Same model,
 same route key -> same prefix; the namespace (checkpoint) keeps models apart.
 """
 

@@ -18,8 +18,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from jev_common.cache_index import CacheIndex, IndexUnavailable, namespace
 from jev_common.errors import DomainError, ModelNotServed
+from jev_common.index import IndexUnavailable, namespace
+from jev_common.index.workers import WorkerDirectory
 from jev_common.schema import LATEST_ALIAS
 
 from .proxy import Backend, BackendMetrics
@@ -65,11 +66,11 @@ class BackendState:
 
 
 class BackendPool:
-    def __init__(self, settings: Settings, client: Backend, metrics: BackendMetrics, index: CacheIndex | None):
+    def __init__(self, settings: Settings, client: Backend, metrics: BackendMetrics, directory: WorkerDirectory | None):
         self.settings = settings
         self.client = client
         self.metrics = metrics
-        self.index = index
+        self.directory = directory
         self.backends: dict[str, BackendState] = {
             url: BackendState(url, model) for model, url in settings.static_backends()
         }
@@ -124,10 +125,10 @@ class BackendPool:
 
     # ----- discovery ----------------------------------------------------------------------------
     async def _discover(self) -> None:
-        if self.index is None:
+        if self.directory is None:
             return
         try:
-            records = await self.index.list_workers()
+            records = await self.directory.list()
         except IndexUnavailable:
             return  # keep what is known; health checks still run
         seen = set()

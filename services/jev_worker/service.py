@@ -10,17 +10,19 @@ import logging
 import time
 from collections.abc import Callable
 
-from jev_common.cache_index import CacheIndex
 from jev_common.errors import (
     DeadlineExceeded,
     DomainError,
     ModelNotServed,
     NotReady,
     ShuttingDown,
+    Stalled,
     UnsupportedRequestForm,
     domain_error_type,
 )
 from jev_common.http import CODE_VERSION_HEADER, DEVICE_SECONDS_HEADER, REVISION_HEADER, WORKER_HEADER
+from jev_common.index import IndexConnection
+from jev_common.index.owners import Owner
 from jev_common.schema import (
     LATEST_ALIAS,
     CacheStats,
@@ -37,7 +39,7 @@ from jev_common.vl import checkpoint_identity
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
 from .questions import coherence
-from .registration import IndexLink, WorkerRegistration
+from .registration import IndexLink, WorkerIndex, WorkerRegistration
 from .request import envelope, legacy
 from .scheduling.caches import WorkerCaches
 from .scheduling.scheduler import Caller
@@ -72,7 +74,11 @@ class WorkerService:
         self.code_version = settings.code_version or source_version()  # named with every answer (_headers)
         self.metrics = metrics or WorkerMetrics(model=self.recipe.name)
         self.metrics.queue_limit.set(settings.max_queue)
-        self.index_link = IndexLink()
+        self.index_link = IndexLink(
+            WorkerIndex.over(
+                IndexConnection(settings.index_url), self.identity, Owner(settings.worker_id, settings.worker_url)
+            )
+        )
         self.caches = WorkerCaches(
             settings.cache, on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted
         )
@@ -86,7 +92,7 @@ class WorkerService:
         self.watchdog: Watchdog | None = None
         self.metrics.watch_caches(self.cache_stats)
         self.metrics.watch_engine(lambda: self.model.engine_paths() if self.model else {})
-        self.metrics.watch_index("worker", lambda: self.index_link.index)
+        self.metrics.watch_index("worker", lambda: self.index_link.index.connection)
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,10 +118,10 @@ class WorkerService:
                     self.metrics,
                 )
                 self.watchdog.start()
-            self.index_link.connect(self._new_index(), loop)
+            self.index_link.bind(loop)
             if self.model is not None:
                 if self.model.assets is not None:
-                    self.model.assets.index = self.index_link.index
+                    self.model.assets.index = self.index_link.index.assets
                 self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
                 warmup = self.serving.readout.warmup_request(WARMUP_REQUEST)
                 if warmup is not None:  # None: the readout answers nothing without the caller's data
@@ -124,8 +130,9 @@ class WorkerService:
                     self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
             self.state = "ok"
+            index = self.index_link.index
             self.registration = WorkerRegistration(
-                self.index_link.index, self._registration_record, self.settings.register_ttl_s
+                index.directory, index.routes, self._registration_record, self.settings.register_ttl_s
             )
             self.registration.start()
             warmed = "no warmup decision" if self.warmup_seconds is None else f"warmup {self.warmup_seconds:.3f} s"
@@ -137,18 +144,12 @@ class WorkerService:
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker failed to start")
 
-    def _new_index(self) -> CacheIndex:
-        return CacheIndex(
-            self.settings.index_url, self.identity, owner_id=self.settings.worker_id, owner_url=self.settings.worker_url
-        )
-
     def _registration_record(self) -> dict:
-        index = self.index_link.index
         return {
             "worker_id": self.settings.worker_id,
             "url": self.settings.worker_url,
             "model": self.recipe.name,
-            "ns": index.ns if index else "",
+            "ns": self.index_link.index.ns,
             "state": self.state,
             "queue_depth": self.depth,
             "max_queue": self.settings.max_queue,
@@ -190,10 +191,9 @@ class WorkerService:
             await self.model.stop()
         if isinstance(self.pipeline, LocalPipeline):
             self.pipeline.close()
-        index = self.index_link.index
-        if index is not None:  # no index entry may point at a stopped worker
-            await asyncio.gather(index.unregister_owner(), return_exceptions=True)
-            await index.close()
+        index = self.index_link.index  # no index entry may point at a stopped worker
+        await asyncio.gather(index.unregister_owner(), return_exceptions=True)
+        await index.close()
         if self.model is None and self.serving is not None:
             await self.serving.backend.close()
 
@@ -351,7 +351,7 @@ class WorkerService:
         return self.model.assets if self.model else None
 
     @property
-    def index(self) -> CacheIndex | None:
+    def index(self) -> WorkerIndex:
         return self.index_link.index
 
     @property
@@ -374,7 +374,8 @@ class WorkerService:
             self.assets.reset_counters()  # and its index and disk counters
 
     # ----- health -------------------------------------------------------------------------------
-    async def health(self) -> tuple[int, dict]:
+    async def health(self) -> tuple[str, dict, DomainError | None]:
+        """(status word, detail, why the worker is not ready: None while it is), for jev_common.health."""
         detail = {
             "recipe": self.recipe.name,
             "checkpoint": self.identity,
@@ -392,20 +393,22 @@ class WorkerService:
             detail["warmup_seconds"] = round(self.warmup_seconds, 4)
         if self.error:
             detail["error"] = self.error
-        status, code = self.state, 200 if self.state == "ok" else 503
-        index = self.index_link.index
-        if index is not None and self.state == "ok":
-            index_health = await index.health()
+        status, ready = self.state, self.state == "ok"
+        if self.state == "ok":
+            index_health = await self.index_link.index.connection.health(self.index_link.index.ns)
             detail["index"] = index_health
             if index_health.get("status") != "ok":
                 status = "degraded"  # text decisions still work; image lookups fall back to files
         if self.state == "ok" and self.model is None:
-            code, status = await self._external_health(detail, code, status)
+            ready, status = await self._external_health(detail, ready, status)
         stalled = self.stalled()
         if stalled and self.state == "ok":
             detail["error"] = f"stalled: {stalled}"
-            code, status = 503, "stalled"
-        return code, {"status": status, "detail": detail}
+            ready, status = False, "stalled"
+        if ready:
+            return status, detail, None
+        message = f"worker is {status}" + (f": {detail['error']}" if detail.get("error") else "")
+        return status, detail, Stalled(message) if status == "stalled" else NotReady(message)
 
     def coherence(self) -> tuple[list[str] | None, dict | None]:
         """The x_coherence modes this model accepts, and how each question type with an option order answers them
@@ -419,7 +422,7 @@ class WorkerService:
         """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""
         return self.watchdog.problem() if self.watchdog is not None else None
 
-    async def _external_health(self, detail: dict, code: int, status: str) -> tuple[int, str]:
+    async def _external_health(self, detail: dict, ready: bool, status: str) -> tuple[bool, str]:
         """The family's own server's health is the worker's (503 naming it while it, or a server it needs
         such as CLM's embeddings server, is down)."""
         backend = self.serving.backend
@@ -429,6 +432,6 @@ class WorkerService:
         if reachable and isinstance(remote, dict) and remote.get("embedder") is False:
             problem = f"{backend.endpoint} reports its embeddings server down (embedder: false)"
         if problem is None:
-            return code, status
+            return ready, status
         detail["error"] = f"external server: {problem}"
-        return 503, "unavailable"
+        return False, "unavailable"

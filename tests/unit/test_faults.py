@@ -280,7 +280,7 @@ async def start_redis(port: int, workdir: Path) -> asyncio.subprocess.Process:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 async def test_redis_stopped_worker_keeps_answering_and_reports_degraded_index(worker_settings, tmp_path):
-    pytest.importorskip("jev_common.cache_index")
+    pytest.importorskip("jev_common.index")
     port = free_port()
     redis = await start_redis(port, tmp_path)
     try:

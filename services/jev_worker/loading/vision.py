@@ -21,7 +21,7 @@ import re
 import torch
 
 from jev_common.assets import ImageAsset, asset_key, asset_state, invalid, not_prepared, read_asset
-from jev_common.cache_index import IndexUnavailable
+from jev_common.index import IndexUnavailable
 from jev_common.errors import validation_error
 from jev_common.schema import CacheLevelStats
 
@@ -180,7 +180,7 @@ class AssetStore:
         if self.index is None:
             return None
         try:
-            entry = await self.index.lookup_asset(key)
+            entry = await self.index.lookup(key)
         except IndexUnavailable:
             self.index_unavailable += 1
             return None
@@ -199,7 +199,7 @@ class AssetStore:
             self.stale_removed += 1  # the entry names a file that is gone: drop it, answer "not prepared"
             log.info("cache index entry for %s points at a missing asset %s: removed", key, path)
             try:
-                await self.index.remove_asset(key)
+                await self.index.remove(key)
             except IndexUnavailable:
                 self.index_unavailable += 1
             raise not_prepared(key, "the cache index named a file that no longer exists")
