@@ -253,12 +253,12 @@ def _reference_rows(service, body: dict) -> list[list[float]]:
     from jev_common.schema import DecisionRequest
     from jev_worker.request.legacy import prepare_legacy
 
-    prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(body))
-    model = service.loaded.model
+    prepared = prepare_legacy(service.model.builder, DecisionRequest.model_validate(body))
+    model = service.model.loaded.model
     out = []
     with torch.inference_mode():
         for row, labels in zip(prepared.rows, prepared.row_labels):
-            ids = torch.tensor([prepared.prefix_ids + row], device=service.loaded.device)
+            ids = torch.tensor([prepared.prefix_ids + row], device=service.model.loaded.device)
             hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, -1].float()
             weight = model.get_output_embeddings().weight[list(labels)].float()
             out.append(torch.softmax(hidden @ weight.T, dim=-1).tolist())
@@ -310,7 +310,7 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
     if service.state != "ok":
         raise RuntimeError(f"in-process worker did not start: {service.error}")
     load_s = time.perf_counter() - started
-    engine, scheduler = service.engine, service.scheduler
+    engine, scheduler = service.model.engine, service.model.scheduler
     checks: list[dict] = []
 
     def record(name: str, kind: str, diff: float, extra: dict | None = None) -> None:

@@ -51,7 +51,7 @@ def request(state: str, n: int):
 
 
 async def arm(service, policy: str, round_: int, args) -> dict:
-    scheduler = service.scheduler
+    scheduler = service.model.scheduler
     scheduler.prefix_aware = policy == "prefix"
     l3 = service.caches.l3
     l3.clear()

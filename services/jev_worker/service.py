@@ -9,6 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from jev_common.errors import (
     DeadlineExceeded,
@@ -36,8 +37,9 @@ from jev_common.timeline import Timeline
 from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
+from .loading.load_progress import LoadProgress
 from .metrics import WorkerMetrics
-from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
+from .pipeline import Decision, ExternalPipeline, Images, Job, LocalPipeline, Pipeline
 from .questions import coherence
 from .registration import IndexLink, WorkerIndex, WorkerRegistration
 from .request import envelope, legacy
@@ -46,6 +48,9 @@ from .scheduling.scheduler import Caller
 from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:  # model.py imports torch: loaded only by a worker that runs the network
+    from .model import LocalModel
 
 log = logging.getLogger("jev.worker")
 
@@ -83,7 +88,8 @@ class WorkerService:
             settings.cache, on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted
         )
         self.serving: Serving | None = None
-        self.model = None  # model.LocalModel, when the network runs in this process
+        self.progress: LoadProgress | None = None  # how far loading a model in this process is
+        self.model: LocalModel | None = None  # when the network runs in this process
         self.pipeline: Pipeline | None = None
         self.registration: WorkerRegistration | None = None
         self.state = "loading"
@@ -104,13 +110,21 @@ class WorkerService:
             else:
                 from .model import LocalModel
 
-                self.model = LocalModel(self.settings, self.identity, self.metrics, self.caches)
-                try:
-                    await self.model.start()
-                finally:
-                    self.serving = self.model.serving
-                self.metrics.device_info.labels(self.model.device).set(1)
-                model = self.model
+                def known(serving: Serving) -> None:
+                    self.serving = serving  # health describes it even when loading fails later
+
+                self.progress = LoadProgress()
+                model = await LocalModel.open(
+                    self.settings,
+                    self.identity,
+                    self.metrics,
+                    self.caches,
+                    self.index_link.index.assets,
+                    self.progress,
+                    lambda serving: loop.call_soon_threadsafe(known, serving),
+                )
+                self.model, self.serving = model, model.serving
+                self.metrics.device_info.labels(model.device).set(1)
                 self.watchdog = Watchdog(
                     self.settings.stall_s,
                     lambda: model.scheduler.running,
@@ -120,9 +134,7 @@ class WorkerService:
                 self.watchdog.start()
             self.index_link.bind(loop)
             if self.model is not None:
-                if self.model.assets is not None:
-                    self.model.assets.index = self.index_link.index.assets
-                self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
+                self.pipeline = self._local_pipeline(self.model)
                 warmup = self.serving.readout.warmup_request(WARMUP_REQUEST)
                 if warmup is not None:  # None: the readout answers nothing without the caller's data
                     started = time.perf_counter()
@@ -143,6 +155,23 @@ class WorkerService:
             self.state = "unavailable"
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker failed to start")
+
+    def _local_pipeline(self, model: LocalModel) -> LocalPipeline:
+        store = model.assets
+        images = None
+        if store is not None:
+            images = Images(store, model.image_placeholder, self.settings.cache.l2_on)
+        return LocalPipeline(
+            self.recipe.name,
+            model.readout,
+            model.builder,
+            model.bounds,
+            model.scheduler,
+            images,
+            self.caches.l1,
+            self.index_link,
+            self.metrics,
+        )
 
     def _registration_record(self) -> dict:
         return {
@@ -165,9 +194,9 @@ class WorkerService:
         if self.registration is not None:  # frontends that discover workers stop sending here
             await self.registration.stop()
             self.registration = None
-        scheduler = self.scheduler
-        if scheduler is None:
+        if self.model is None:
             return
+        scheduler = self.model.scheduler
         loop = asyncio.get_running_loop()
         until = loop.time() + grace_s
         while scheduler.depth and loop.time() < until:
@@ -316,7 +345,7 @@ class WorkerService:
         form = self.serving.readout.single_question(self.recipe)
 
         def make_job() -> Job:
-            assets = self.assets
+            assets = self.model.assets if self.model is not None else None
             return form.job(request, assets.key_for if assets is not None else None)
 
         deadlines = [d for d in (request.deadline_s, deadline_s) if d is not None]
@@ -329,35 +358,7 @@ class WorkerService:
             self._headers(decision),
         )
 
-    # ----- the model's parts (tests, tools) ---------------------------------------------------------
-    @property
-    def loaded(self):
-        return self.model.loaded if self.model else None
-
-    @property
-    def engine(self):
-        return self.model.engine if self.model else None
-
-    @property
-    def builder(self):
-        return self.model.builder if self.model else None
-
-    @property
-    def scheduler(self):
-        return self.model.scheduler if self.model else None
-
-    @property
-    def assets(self):
-        return self.model.assets if self.model else None
-
-    @property
-    def index(self) -> WorkerIndex:
-        return self.index_link.index
-
-    @property
-    def routes(self):
-        return self.index_link.routes
-
+    # ----- queue ---------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
         return self.model.depth if self.model else 0
@@ -370,8 +371,8 @@ class WorkerService:
 
     def reset_counters(self) -> None:
         self.caches.reset_counters()
-        if self.assets is not None:
-            self.assets.reset_counters()  # and its index and disk counters
+        if self.model is not None and self.model.assets is not None:
+            self.model.assets.reset_counters()  # and its index and disk counters
 
     # ----- health -------------------------------------------------------------------------------
     async def health(self) -> tuple[str, dict, DomainError | None]:
@@ -383,8 +384,8 @@ class WorkerService:
             "worker_id": self.settings.worker_id,
             "queue_depth": self.depth,
         }
-        if self.state == "loading" and self.model is not None:
-            detail["stage"] = self.model.stage  # how far loading is
+        if self.state == "loading" and self.progress is not None:
+            detail["stage"] = self.progress.describe()  # how far loading is
         if self.model is not None:
             detail.update(self.model.describe())
         if self.serving is not None:

@@ -227,7 +227,7 @@ async def test_over_capacity_gets_429_and_worker_recovers(worker_settings):
 
 async def test_deadline_gives_504_and_worker_keeps_serving(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
-        with slow_engine(service.engine, 0.5):
+        with slow_engine(service.model.engine, 0.5):
             response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
             assert response.status == 504
             assert envelope(await response.json()).type == "deadline_exceeded"

@@ -21,8 +21,9 @@ import re
 import torch
 
 from jev_common.assets import ImageAsset, asset_key, asset_state, invalid, not_prepared, read_asset
-from jev_common.index import IndexUnavailable
 from jev_common.errors import validation_error
+from jev_common.index import IndexUnavailable
+from jev_common.index.assets import AssetIndex
 from jev_common.schema import CacheLevelStats
 
 from ..scheduling.caches import BudgetLRU
@@ -131,7 +132,13 @@ class AssetStore:
     every request rereads its asset). Lookup: L2, then the index's path, then `<asset_dir>/<key>`."""
 
     def __init__(
-        self, asset_dir: str, index, identity: str, l2: BudgetLRU | int, *, processor_identity: str | None = None
+        self,
+        asset_dir: str,
+        index: AssetIndex | None,
+        identity: str,
+        l2: BudgetLRU | int,
+        *,
+        processor_identity: str | None = None,
     ):
         """`l2`: the worker's L2 (caches.WorkerCaches), or a byte budget for one of its own."""
         self.asset_dir = asset_dir

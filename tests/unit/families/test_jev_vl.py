@@ -238,7 +238,7 @@ def jev_recipe(**options):
 def record_sequences(service) -> list[tuple[int, ...]]:
     """Every row's whole token sequence (prefix + row) the engine is given from now on."""
     seen: list[tuple[int, ...]] = []
-    engine = service.engine
+    engine = service.model.engine
     original = engine.run
 
     def run(items, groups):

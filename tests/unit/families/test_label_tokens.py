@@ -89,7 +89,7 @@ async def test_calibrated_label_tokens_equal_the_plain_reference(worker_settings
             "biases": {"noul": 0.35},
             "temperatures": {"choice": 1.164, "noul": 1.624, "score": 1.124},
         }
-        assert service.builder.max_options == 255  # decider-style: A..Z, then single-token two-letter codes
+        assert service.model.builder.max_options == 255  # decider-style: A..Z, then single-token two-letter codes
 
 
 async def test_uncalibrated_checkpoint_reports_no_calibration(worker_settings, tiny_recipe):
