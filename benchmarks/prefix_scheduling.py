@@ -1,4 +1,5 @@
-"""Prefix-aware scheduling vs first-come, side by side in one process (jev_worker/scheduling/scheduler.py, JEV_SCHEDULE).
+"""Prefix-aware scheduling vs first-come, side by side in one process (jev_worker/scheduling/scheduler.py,
+JEV_SCHEDULE).
 
 The workload is one where the order matters: more distinct prefixes (states) than L3 holds, and more rows waiting
 than one batch takes, arrivals interleaved (state 0, 1, ..., S-1, 0, 1, ...). First-come fills each batch with

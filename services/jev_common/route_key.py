@@ -14,6 +14,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 from .assets import asset_bytes, asset_key, bytes_key
 from .errors import DomainError
@@ -28,7 +29,7 @@ def state_route_key(state_text: str, image_keys: Iterable[str] = ()) -> str:
     return digest.hexdigest()
 
 
-def envelope_image_keys(assets: dict | None, parts: dict[str, bytes]) -> list[str]:
+def envelope_image_keys(assets: dict[str, Any] | None, parts: dict[str, bytes]) -> list[str]:
     """Keys of a System One request's assets (validated model's `assets`), as the worker names them.
     Assets that cannot be read are skipped: the worker answers their error itself."""
     keys = []

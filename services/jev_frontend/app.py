@@ -34,8 +34,9 @@ from jev_common.index import IndexConnection
 from jev_common.index.workers import WorkerDirectory
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
-from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
+from jev_common.route_key import envelope_image_keys, legacy_image_keys, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
+from jev_common.state_text import render_state
 from jev_common.tracing import Tracing
 
 from .buckets import Buckets
@@ -199,8 +200,8 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
 
 def _not_serving(answer) -> str | None:
     """The error type of a decision the worker refused without computing it because it does not serve now
-    (`unavailable`: ShuttingDown while it drains; `not_ready` while it loads), else None. A decision is idempotent, so such a
-    refusal is retried on another replica."""
+    (`unavailable`: ShuttingDown while it drains; `not_ready` while it loads), else None. A decision is idempotent,
+    so such a refusal is retried on another replica."""
     if answer.status != 503:
         return None
     try:
@@ -281,7 +282,7 @@ async def handle_health(request: web.Request) -> web.Response:
         return await _single_health(request, settings, pool)
     await pool.refresh()
     backends = [b.describe() for b in pool.backends.values()]
-    models = {}
+    models: dict[str, dict[str, int]] = {}
     for b in pool.backends.values():
         entry = models.setdefault(b.model or "?", {"up": 0, "total": 0})
         entry["total"] += 1

@@ -59,7 +59,7 @@ class Router:
         model: str,
         route_key: str | None = None,
         image_keys: list[str] | tuple = (),
-        exclude: set[str] = frozenset(),
+        exclude: frozenset[str] | set[str] = frozenset(),
     ) -> Route | None:
         """A replica of `model` (None when every replica is excluded)."""
         members = [b for b in self.pool.replicas(model) if b.url not in exclude]
@@ -86,7 +86,7 @@ class Router:
             if sticky:
                 return self._unless_overloaded(sticky, up, "affinity")
         for key in image_keys:
-            holders = await self._owners(up, lambda index, ns: l2_owners(index, ns, key))
+            holders = await self._owners(up, lambda index, ns, key=key: l2_owners(index, ns, key))
             if holders:
                 return self._unless_overloaded(holders, up, "l2")
         return None

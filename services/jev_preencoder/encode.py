@@ -340,7 +340,7 @@ class Encoder:
     ) -> Summary:
         started = time.perf_counter()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        summary, seen = Summary(), set()
+        summary, seen = Summary(), set[str]()
         for line_no, raw in enumerate(lines, start=1):
             if isinstance(raw, str) and not raw.strip():
                 if progress is not None:

@@ -133,7 +133,7 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
         lines = parse_manifest_body(await read_body(request, settings.max_body_bytes))
         started = time.perf_counter()
         async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
-            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:
+            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:  # type: ignore[arg-type]
                 summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
                 if span is not None:  # the assets made, by key: a VL request's trace names the one it used
                     span.set_attributes(

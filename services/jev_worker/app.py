@@ -142,10 +142,10 @@ def create_app(
         else:
             envelope = parse_model(SystemOneRequest, body.payload)
             timeline.mark("parse")
-            response, headers = await service.systemone(
+            answered, headers = await service.systemone(
                 envelope, body.parts, caller=caller, deadline_s=deadline_s, timeline=timeline
             )
-            out = web.json_response(text=response.model_dump_json(), headers=headers)
+            out = web.json_response(text=answered.model_dump_json(), headers=headers)
         timeline.mark("respond")
         return out
 

@@ -35,7 +35,7 @@ from .protocols import Engine, PromptBuilder, Readout
 from .scheduling.abandon import LayerChecks
 from .scheduling.caches import WorkerCaches
 from .scheduling.prefix_cache import L3PrefixCache
-from .scheduling.reuse import ReusePolicy
+from .scheduling.reuse import ReuseCosts, ReusePolicy
 from .scheduling.scheduler import Scheduler
 from .serving import Serving, build_serving
 from .settings import WorkerSettings
@@ -127,7 +127,7 @@ def load_parts(
     if prefix_cache.reuse.measures and l3.enabled:
         progress.enter(MEASURE_REUSE)
         costs = engine.measure_reuse()
-        if costs is not None:
+        if isinstance(costs, ReuseCosts):
             prefix_cache.reuse.costs = costs
             log.info("L3 reuse measured on %s: %s", loaded.device, prefix_cache.reuse.describe())
     progress.enter("warming up")

@@ -34,6 +34,7 @@ from .scheduling.scheduler import Caller, Scheduler
 
 if TYPE_CHECKING:
     from jev_common.assets import ImageAsset
+    from jev_common.schema import SystemOneUsage
 
     from .loading.vision import AssetStore
     from .metrics import WorkerMetrics
@@ -50,7 +51,7 @@ class Decision:
     answers: dict  # question id -> typed answer
     prompt_tokens: int
     cached_tokens: int
-    usage: object = None  # an external server's own usage, when it reports one
+    usage: SystemOneUsage | None = None  # an external server's own usage, when it reports one
     cache: dict = field(default_factory=dict)  # level -> hit | miss | off
     device_s: float | None = None  # a simulated device's measured wait for the request's batches
 

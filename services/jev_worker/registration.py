@@ -2,11 +2,10 @@
 
 - `WorkerIndex`: the worker's view of the index, one value: the connection, and the key spaces it reads (assets)
   and writes (its routes, its L2 assets, its registration);
-
 - `WorkerRegistration`: this worker's record (model, URL, namespace, health, queue depth) under
   `jev:worker:{id}` with a short TTL, refreshed every TTL/3 and removed on a clean stop; a host that
   dies drops out when the TTL runs out. When a refresh finds the record gone (an index restarted empty), the
-  worker's resident prefixes and routes are re-announced at once, not at their next refresh.
+  worker's route keys are re-announced at once, not at their next refresh.
 - `IndexLink`: the calls the request path and the model thread make (prefixes in and out of L3, images warm
   in L2), each scheduled on the event loop without waiting;
 - `RouteRegistry`: the route key (jev_common.route_key) of every state whose prefix is resident in
@@ -21,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +173,7 @@ class IndexLink:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def _call(self, call: Callable[[OwnRoutes], Awaitable[None]]) -> None:
+    def _call(self, call: Callable[[OwnRoutes], Coroutine[Any, Any, None]]) -> None:
         """Schedule `call(routes)` on the loop (safe from any thread) and never wait for it."""
         loop = self._loop
         if loop is None:

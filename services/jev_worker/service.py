@@ -40,6 +40,7 @@ from jev_common.vl import checkpoint_identity
 from .loading.load_progress import LoadProgress
 from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Images, Job, LocalPipeline, Pipeline
+from .protocols import ExternalBackend
 from .questions import coherence
 from .registration import IndexLink, WorkerIndex, WorkerRegistration
 from .request import envelope, legacy
@@ -54,18 +55,24 @@ if TYPE_CHECKING:  # model.py imports torch: loaded only by a worker that runs t
 
 log = logging.getLogger("jev.worker")
 
-WARMUP_REQUEST = SystemOneRequest(
-    model=LATEST_ALIAS,
-    state="The lamp is switched on and the room is bright.",
-    questions={
-        "on": {"type": "noul", "instructions": "Is the lamp on?"},
-        "light": {
-            "type": "choice",
-            "instructions": "Is the room bright or dark?",
-            "criteria": {"bright": None, "dark": None},
+WARMUP_REQUEST = SystemOneRequest.model_validate(
+    dict(
+        model=LATEST_ALIAS,
+        state="The lamp is switched on and the room is bright.",
+        questions={
+            "on": {"type": "noul", "instructions": "Is the lamp on?"},
+            "light": {
+                "type": "choice",
+                "instructions": "Is the room bright or dark?",
+                "criteria": {"bright": None, "dark": None},
+            },
+            "level": {
+                "type": "score",
+                "instructions": "How bright is the room?",
+                "criteria": ["dark", "dim", "bright"],
+            },
         },
-        "level": {"type": "score", "instructions": "How bright is the room?", "criteria": ["dark", "dim", "bright"]},
-    },
+    )
 )
 WARMUP_TIMEOUT_S = 600.0  # the first forward also checks packing and prefix branching once: not a request's deadline
 
@@ -113,6 +120,9 @@ class WorkerService:
                 def known(serving: Serving) -> None:
                     self.serving = serving  # health describes it even when loading fails later
 
+                def on_serving(serving: Serving) -> None:  # on the model thread
+                    loop.call_soon_threadsafe(known, serving)
+
                 self.progress = LoadProgress()
                 model = await LocalModel.open(
                     self.settings,
@@ -121,7 +131,7 @@ class WorkerService:
                     self.caches,
                     self.index_link.index.assets,
                     self.progress,
-                    lambda serving: loop.call_soon_threadsafe(known, serving),
+                    on_serving,
                 )
                 self.model, self.serving = model, model.serving
                 self.metrics.device_info.labels(model.device).set(1)
@@ -223,18 +233,18 @@ class WorkerService:
         index = self.index_link.index  # no index entry may point at a stopped worker
         await asyncio.gather(index.unregister_owner(), return_exceptions=True)
         await index.close()
-        if self.model is None and self.serving is not None:
+        if self.model is None and self.serving is not None and isinstance(self.serving.backend, ExternalBackend):
             await self.serving.backend.close()
 
     # ----- the request path ---------------------------------------------------------------------
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name in (self.recipe.name, LATEST_ALIAS)
 
-    def _admit(self, model: str | None, single_question: bool) -> None:
-        """A request this worker answers now: ready, its model, its form."""
+    def _admit(self, model: str | None, single_question: bool) -> Serving:
+        """A request this worker answers now: ready, its model, its form. Returns what serves it."""
         if self.state == "stopping":
             raise ShuttingDown("worker is shutting down; retry on another replica")
-        if self.pipeline is None or self.state == "unavailable":
+        if self.pipeline is None or self.serving is None or self.state == "unavailable":
             raise NotReady(
                 "the model is still loading"
                 if self.state == "loading"
@@ -245,12 +255,14 @@ class WorkerService:
                 f"model {model!r} is not served here; this worker serves {self.recipe.name!r} "
                 f"(also as {LATEST_ALIAS!r}); GET /v1/models lists them"
             )
-        if single_question and not self.serving.readout.single_question_form:
+        serving = self.serving
+        if single_question and not serving.readout.single_question_form:
             raise UnsupportedRequestForm(
                 f"the single-question form (`kind`) is answered by label-token and JEV-VL recipes only; "
-                f"{self.recipe.name} serves with readout {self.serving.readout.name!r}: send the System One envelope "
+                f"{self.recipe.name} serves with readout {serving.readout.name!r}: send the System One envelope "
                 "({model, state, questions})"
             )
+        return serving
 
     async def run(
         self,
@@ -267,8 +279,11 @@ class WorkerService:
         decision and the seconds it took."""
         started = time.perf_counter()
         timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.max_deadline_s)
+        pipeline = self.pipeline
+        if pipeline is None:  # admitted work has one; a caller that skipped admission does not
+            raise NotReady("the model is still loading")
         with self._counted(label, timeout):
-            decision = await self.pipeline.answer(make_job(), started, timeout, caller, timeline)
+            decision = await pipeline.answer(make_job(), started, timeout, caller, timeline)
         return decision, time.perf_counter() - started
 
     @contextlib.contextmanager
@@ -300,8 +315,7 @@ class WorkerService:
         timeline: Timeline | None = None,
     ) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
-        self._admit(request.model, single_question=False)
-        render = self.serving.readout.envelope_state
+        render = self._admit(request.model, single_question=False).readout.envelope_state
         decision, elapsed = await self.run(
             "systemone",
             lambda: envelope.job(request, parts or {}, render),
@@ -310,7 +324,11 @@ class WorkerService:
             caller=caller,
             timeline=timeline,
         )
-        usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
+        usage = (
+            decision.usage
+            if decision.usage is not None
+            else SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
+        )
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(
             model=self.recipe.name, answers=decision.answers, usage=usage, x_elapsed_seconds=elapsed, **extra
@@ -341,8 +359,7 @@ class WorkerService:
     ) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract); its body's `deadline_s`
         (upstream's field) and the deadline header: the shorter wins."""
-        self._admit(None, single_question=True)
-        form = self.serving.readout.single_question(self.recipe)
+        form = self._admit(None, single_question=True).readout.single_question(self.recipe)
 
         def make_job() -> Job:
             assets = self.model.assets if self.model is not None else None
@@ -426,7 +443,9 @@ class WorkerService:
     async def _external_health(self, detail: dict, ready: bool, status: str) -> tuple[bool, str]:
         """The family's own server's health is the worker's (503 naming it while it, or a server it needs
         such as CLM's embeddings server, is down)."""
-        backend = self.serving.backend
+        backend = self.serving.backend if self.serving is not None else None
+        if not isinstance(backend, ExternalBackend):
+            return ready, status
         reachable, remote = await backend.health()
         detail["external"] = remote
         problem = None if reachable else remote

@@ -1,6 +1,6 @@
-"""The Redis cache index (jev_common.index, as a worker holds it) and the worker's AssetStore on top of it: namespaces, degradation to the
-filesystem when Redis is down, stale entries. Each test uses its own identity (so its own key
-namespace) and deletes that namespace afterwards."""
+"""The Redis cache index (jev_common.index, as a worker holds it) and the worker's AssetStore on top of
+it: namespaces, degradation to the filesystem when Redis is down, stale entries. Each test uses its own
+identity (so its own key namespace) and deletes that namespace afterwards."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import pytest
 
 from jev_common.assets import asset_key
 from jev_common.errors import DomainError
-from jev_common.index import IndexConnection, IndexUnavailable, namespace
-from jev_common.index import owners as owner_hash
+from jev_common.index import IndexConnection, IndexUnavailable, namespace, owners as owner_hash
 from jev_common.index.assets import AssetIndex
 from jev_common.index.connection import DEFAULT_BACKOFF_S
 from jev_common.index.owners import DEFAULT_OWNER_TTL_S, Owner
-from jev_common.index.routes import entry_key as route_entry_key
-from jev_common.index.routes import route_owners
+from jev_common.index.routes import entry_key as route_entry_key, route_owners
 from jev_preencoder.settings import PreencoderSettings
 from jev_worker.loading.vision import AssetStore
 from jev_worker.registration import WorkerIndex

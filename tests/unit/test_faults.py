@@ -22,8 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jev_common.schema import KINDS, DecisionResponse, ErrorEnvelope, HealthResponse, SystemOneResponse
 from jev_frontend.app import create_app as create_frontend

@@ -105,7 +105,7 @@ async def test_hidden_states_equal_the_eager_engine(worker_settings):
             shared = [(long, _tokens(5, 9)), (long, _tokens(11, 10)), (long, _tokens(3, 11))]
             mixed = [(short, _tokens(6, 12)), (long, _tokens(2, 13)), (short, _tokens(9, 14))]
             for pairs in (shared, mixed, [(short, _tokens(1, 15))]):
-                graphed, eager = _both(engine, lambda: engine.forwards.after(pairs))
+                graphed, eager = _both(engine, lambda pairs=pairs: engine.forwards.after(pairs))
                 torch.testing.assert_close(graphed, eager, rtol=0, atol=1e-5)
         buckets = {program.bucket for program in runner.programs.values()}
         assert Bucket(4, 16, 64, True) in buckets and Bucket(4, 16, 64, False) in buckets

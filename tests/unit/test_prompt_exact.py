@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jev_common.schema import SystemOneRequest
 from jev_worker.prompt.builder import ChatPromptBuilder

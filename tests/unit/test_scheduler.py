@@ -38,7 +38,8 @@ def ask(i: int = 0, state: str = "The lamp is on and the room is bright.") -> di
 def slow_layers(service, seconds: float):
     """Every decoder layer sleeps `seconds` first (after the abandon check, which is registered before)."""
     handles = [
-        block.register_forward_pre_hook(lambda *_: time.sleep(seconds)) for block in layer_stack(service.model.loaded.model)
+        block.register_forward_pre_hook(lambda *_: time.sleep(seconds))
+        for block in layer_stack(service.model.loaded.model)
     ]
     try:
         yield
@@ -343,8 +344,7 @@ async def test_an_interactive_caller_joining_queued_bulk_work_takes_it_out_of_th
     """A request submitted now is dispatched now (scheduling/scheduler.py `_dispatch`): with a batch on the model
     thread, the interactive caller joining bulk work gets it into the batch formed behind the running one, ahead of
     the bulk lane."""
-    from .test_scheduler_dispatch import GatedEngine
-    from .test_scheduler_dispatch import item as gated_item
+    from .test_scheduler_dispatch import GatedEngine, item as gated_item
 
     engine = GatedEngine()
     s = Scheduler(

@@ -54,7 +54,9 @@ async def test_decision_head_rows_are_fp32_copies_under_bf16(worker_settings):
         assert service.model.loaded.model.dtype == torch.bfloat16
         weight, _ = service.model.engine.head.rows(tuple(service.model.builder.letter_ids[:2]))
         assert weight.dtype == torch.float32
-        expected = service.model.loaded.model.get_output_embeddings().weight[service.model.builder.letter_ids[:2]].float()
+        expected = (
+            service.model.loaded.model.get_output_embeddings().weight[service.model.builder.letter_ids[:2]].float()
+        )
         assert torch.equal(weight, expected)
         response = await client.post("/v1/systemone", json=REQUESTS["choice"])
         assert response.status == 200
@@ -162,11 +164,14 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
         responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
         assert prefixes_in_one_forward(forwards) > 1, "different-prefix requests were not batched into one forward"
-        assert service.model.engine.forwards.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
-            kw.get("attention_mask") is not None
-            and kw["attention_mask"].dim() == 4
-            and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1]
-            for kw in forwards
+        assert (
+            service.model.engine.forwards.packing
+            and any(  # whole sequences packed: a block-diagonal mask, no padding
+                kw.get("attention_mask") is not None
+                and kw["attention_mask"].dim() == 4
+                and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1]
+                for kw in forwards
+            )
         )
         again = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     for body, a, b, c in zip(bodies, single, batched, again):
@@ -233,7 +238,9 @@ async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_
         engine = service.model.engine
         engine.kv_branching = None
         engine.forwards.branch_snapshot = lambda state, batch: engine.forwards.new_cache()  # forgets the prefix
-        item = EngineItem(prepared=prepare_legacy(service.model.builder, DecisionRequest.model_validate(REQUESTS["set"])))
+        item = EngineItem(
+            prepared=prepare_legacy(service.model.builder, DecisionRequest.model_validate(REQUESTS["set"]))
+        )
         assert engine.compute_prefix(item) is None and engine.kv_branching is False
         response = await client.post("/v1/systemone", json=REQUESTS["set"])
         assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]

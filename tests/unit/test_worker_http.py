@@ -344,8 +344,7 @@ async def test_health_while_loading_says_how_far_along(worker_settings):
     """A loading worker's health names its stage (local_stack prints it), not just 'loading'."""
     import asyncio as _asyncio
 
-    from aiohttp.test_utils import TestClient as _Client
-    from aiohttp.test_utils import TestServer as _Server
+    from aiohttp.test_utils import TestClient as _Client, TestServer as _Server
 
     from jev_worker.app import create_app as _create
 

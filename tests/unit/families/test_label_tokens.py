@@ -9,6 +9,7 @@ test_jemm.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def calibrated_dir(tmp_path_factory) -> str:
 def reference(folder: str, system: str, content: str, labels: list[str], type_: str) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    config = json.load(open(f"{folder}/decision_config.json"))
+    config = json.loads(Path(folder, "decision_config.json").read_text())
     ids = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt_ids(tokenizer, system, content)])).logits[0, -1, ids].float()
