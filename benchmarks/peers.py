@@ -826,7 +826,7 @@ async def run_benchmark(args) -> dict:
         agreements[key] = agreements.get(key, Agreement()).merge(agree)
     rows = table_rows(stats, agreements, arms)
     totals = {arm: Agreement() for arm in arms}
-    for (workload, conc, arm), agree in agreements.items():
+    for (_workload, _conc, arm), agree in agreements.items():
         totals[arm] = totals[arm].merge(agree)
     return {
         "facts": facts,

@@ -1,4 +1,5 @@
-"""Prefix-aware scheduling vs first-come, side by side in one process (jev_worker/scheduling/scheduler.py, JEV_SCHEDULE).
+"""Prefix-aware scheduling vs first-come, side by side in one process (jev_worker/scheduling/scheduler.py,
+JEV_SCHEDULE).
 
 The workload is one where the order matters: more distinct prefixes (states) than L3 holds, and more rows waiting
 than one batch takes, arrivals interleaved (state 0, 1, ..., S-1, 0, 1, ...). First-come fills each batch with
@@ -51,7 +52,7 @@ def request(state: str, n: int):
 
 
 async def arm(service, policy: str, round_: int, args) -> dict:
-    scheduler = service.scheduler
+    scheduler = service.model.scheduler
     scheduler.prefix_aware = policy == "prefix"
     l3 = service.caches.l3
     l3.clear()

@@ -99,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict:
             for round_ in range(args.rounds):
                 order = ("many", "one") if round_ % 2 == 0 else ("one", "many")
                 for arm in order:
-                    for s, state in enumerate(states):
+                    for state in states:
                         # a fresh variant of each state per round and arm, so both start on a cold L3
                         text = f"[{arm} {round_}] {state}"
                         before = await l3(worker.url)

@@ -88,14 +88,14 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -223,7 +223,7 @@ def jevcompat_busy(url: str) -> dict:
             timeout=3600,
         )
         seconds = time.monotonic() - started
-        report = json.loads(open(f"{out}/report.json").read())
+        report = json.loads(Path(f"{out}/report.json").read_text())
     summary = report.get("summary", {})
     return {
         "load": "one core busy",

@@ -158,8 +158,10 @@ async def run(args: argparse.Namespace) -> dict:
 
 def table(results: dict, args: argparse.Namespace) -> str:
     lines = [
-        f"routing over 2 replicas: {args.states} states x {args.repeats} questions, concurrency "
-        f"{args.concurrency}, L3 {args.l3_bytes} per replica",
+        (
+            f"routing over 2 replicas: {args.states} states x {args.repeats} questions, concurrency "
+            f"{args.concurrency}, L3 {args.l3_bytes} per replica"
+        ),
         "| routing | ok | decisions/s | p50 ms | p95 ms | L3 hit rate |",
         "|---|---|---|---|---|---|",
     ]

@@ -157,7 +157,7 @@ class StreamingSafetensorsWriter:
         self.total_bytes = offset
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)  # the data buffer starts 8-byte aligned, as the reference writer does
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb")  # noqa: SIM115 - written in pieces until close()
         self._file.write(len(raw).to_bytes(8, "little"))
         self._file.write(raw)
         self._next = 0

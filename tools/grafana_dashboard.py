@@ -448,9 +448,7 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument(
-        "--write", action="store_true", help=f"rewrite {OUT.relative_to(ROOT)} and the chart's copy"
-    )
+    mode.add_argument("--write", action="store_true", help=f"rewrite {OUT.relative_to(ROOT)} and the chart's copy")
     mode.add_argument("--check", action="store_true", help="exit 1 when the file differs from what this renders")
     args = parser.parse_args(argv)
     text = render()

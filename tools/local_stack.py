@@ -178,9 +178,9 @@ def _published(svc: dict, container_port: int | None, environ: Mapping[str, str]
     for item in svc.get("ports") or []:
         text = interpolate(str(item), environ)
         pieces = text.split(":")
-        if len(pieces) >= 2 and pieces[-1].split("/")[0].isdigit() and pieces[-2].isdigit():
-            if container_port is None or int(pieces[-1].split("/")[0]) == container_port:
-                return int(pieces[-2])
+        published = len(pieces) >= 2 and pieces[-1].split("/")[0].isdigit() and pieces[-2].isdigit()
+        if published and (container_port is None or int(pieces[-1].split("/")[0]) == container_port):
+            return int(pieces[-2])
     return None
 
 
@@ -300,7 +300,7 @@ def plan_profile(
             mounts.append((target.rstrip("/"), str(host_path.resolve() if host_path.exists() else host_path)))
         mounts.sort(key=lambda m: len(m[0]), reverse=True)
 
-        def paths(text: str) -> str:
+        def paths(text: str, mounts: list[tuple[str, str]] = mounts) -> str:
             for target, host in mounts:
                 if text == target or text.startswith(target + "/"):
                     return host + text[len(target) :]

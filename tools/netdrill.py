@@ -496,8 +496,10 @@ def table(rows: list[dict]) -> str:
         return f"{stats['p50_ms']} / {stats['p99_ms']}"
 
     lines = [
-        "| drill | requests | failed (after retries) | failed attempts | time to reroute | p50/p99 before (ms) | "
-        "p50/p99 during | p50/p99 after |",
+        (
+            "| drill | requests | failed (after retries) | failed attempts | time to reroute | p50/p99 before (ms) | "
+            "p50/p99 during | p50/p99 after |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

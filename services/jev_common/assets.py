@@ -28,9 +28,10 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import BodyTooLarge, ImageInvalid, ImageNotPrepared, InvalidRequest, validation_error
 
@@ -69,7 +70,9 @@ def decode_base64(text: str) -> bytes:
         raise ValueError("not valid base64") from None
 
 
-def asset_bytes(reference: str, asset, parts: dict[str, bytes], *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> bytes:
+def asset_bytes(
+    reference: str, asset: Any, parts: dict[str, bytes], *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+) -> bytes:
     """The image bytes of one System One asset (`assets[reference]`: a multipart part, or inline base64)."""
     if asset.part is not None:
         if asset.part not in parts:
@@ -107,7 +110,7 @@ class ImageRejected(InvalidRequest):
     not_a_string, url, not_data_uri, not_image_type, not_base64, malformed_base64, too_large,
     too_many_pixels, not_image."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -187,7 +190,7 @@ def decode_data_uri(
             image.load()
             fmt = image.format or mime.upper()
             frames = int(getattr(image, "n_frames", 1))
-            image = image.convert("RGB")
+            image = image.convert("RGB")  # type: ignore[assignment]  # an Image, read as such below
     except ImageRejected:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
@@ -202,7 +205,7 @@ def decode_data_uri(
 
 
 @contextlib.contextmanager
-def warnings_as_errors():
+def warnings_as_errors() -> Iterator[None]:
     import warnings
 
     from PIL import Image
@@ -218,9 +221,9 @@ def warnings_as_errors():
 @dataclass
 class ImageAsset:
     key: str
-    embeds: object  # torch.Tensor [n_tokens, hidden]
+    embeds: Any  # torch.Tensor [n_tokens, hidden]
     grid_thw: tuple[int, int, int]
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     nbytes: int = 0
 
     @property
@@ -234,14 +237,14 @@ def check_key(key: str) -> str:
     return key
 
 
-def asset_path(asset_dir: str | os.PathLike, key: str) -> Path:
+def asset_path(asset_dir: str | os.PathLike[str], key: str) -> Path:
     return Path(asset_dir) / check_key(key)
 
 
 AssetState = Literal["complete", "incomplete", "absent"]
 
 
-def asset_state(asset_dir: str | os.PathLike, key: str) -> AssetState:
+def asset_state(asset_dir: str | os.PathLike[str], key: str) -> AssetState:
     """complete: folder with both files and a parseable grid.json; incomplete: a folder missing
     either, or an unparseable grid.json, or a leftover temp dir for this key; absent: nothing."""
     final = asset_path(asset_dir, key)
@@ -252,7 +255,7 @@ def asset_state(asset_dir: str | os.PathLike, key: str) -> AssetState:
     return "incomplete" if _leftover_tmp_dirs(Path(asset_dir), key) else "absent"
 
 
-def _read_grid(folder: Path) -> dict | None:
+def _read_grid(folder: Path) -> dict[str, Any] | None:
     try:
         grid = json.loads((folder / GRID_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -260,7 +263,7 @@ def _read_grid(folder: Path) -> dict | None:
     return grid if isinstance(grid, dict) and "grid" in grid else None
 
 
-def read_grid(asset_dir: str | os.PathLike, key: str) -> dict | None:
+def read_grid(asset_dir: str | os.PathLike[str], key: str) -> dict[str, Any] | None:
     return _read_grid(asset_path(asset_dir, key))
 
 
@@ -272,7 +275,7 @@ def _leftover_tmp_dirs(asset_dir: Path, key: str) -> list[Path]:
 
 
 @contextlib.contextmanager
-def key_lock(asset_dir: str | os.PathLike, key: str):
+def key_lock(asset_dir: str | os.PathLike[str], key: str) -> Iterator[None]:
     """Exclusive per-key lock (flock; released by the kernel if the holder dies)."""
     lock_dir = Path(asset_dir) / LOCK_DIR
     lock_dir.mkdir(parents=True, exist_ok=True)
@@ -292,7 +295,7 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
-def remove_incomplete(asset_dir: str | os.PathLike, key: str) -> list[str]:
+def remove_incomplete(asset_dir: str | os.PathLike[str], key: str) -> list[str]:
     """Remove leftover temp dirs and an incomplete final folder for `key`. Call under key_lock.
     Returns what was removed."""
     root = Path(asset_dir)
@@ -316,11 +319,11 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def _dtype_name(tensor) -> str:
+def _dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def write_asset(out_dir: str | os.PathLike, key: str, embeds, grid_thw, meta: dict) -> Path:
+def write_asset(out_dir: str | os.PathLike[str], key: str, embeds: Any, grid_thw: Any, meta: dict[str, Any]) -> Path:
     """Write `<out>/<key>/` atomically and return it. `meta` must carry `identity` (checkpoint) and
     `processor_identity`; it may add image facts (width, height, mime). An existing folder for the key
     (incomplete, or made for another identity) is replaced; a complete one is replaced too, so call
@@ -402,12 +405,12 @@ def invalid(key: str, detail: str) -> ImageInvalid:
 
 
 def read_asset(
-    asset_dir: str | os.PathLike,
+    asset_dir: str | os.PathLike[str],
     key: str,
     *,
     identity: str | None = None,
     processor_identity: str | None = None,
-    folder: str | os.PathLike | None = None,
+    folder: str | os.PathLike[str] | None = None,
 ) -> ImageAsset:
     """Load and check one asset. `identity` / `processor_identity`, when given, must match what the
     asset was made with (ImageInvalid, 422 asset_invalid, otherwise: never silently used). `folder` overrides

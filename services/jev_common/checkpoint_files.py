@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 
 class ServingError(RuntimeError):
@@ -17,7 +18,7 @@ def read_json(path: str) -> object:
         return json.load(handle)
 
 
-def load_torch_state(path: str) -> dict:
+def load_torch_state(path: str) -> dict[str, Any]:
     """A torch pickle of tensors only (`weights_only=True`): a pickle that needs code is refused."""
     import pickle
 

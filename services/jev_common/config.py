@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -31,7 +31,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 class _Marker:
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         self.name = name
 
     def __repr__(self) -> str:
@@ -278,17 +278,17 @@ def env_fields(cls: type, table: EnvTable) -> dict[str, Any]:
 class EnvTable:
     """A service's variables, in documentation order; `table[name]` is the EnvVar."""
 
-    def __init__(self, service: str, variables: list[EnvVar]):
+    def __init__(self, service: str, variables: list[EnvVar[Any]]) -> None:
         self.service = service
         self.variables = list(variables)
         self._by_name = {v.name: v for v in self.variables}
         if len(self._by_name) != len(self.variables):
             raise ValueError(f"{service}: a variable is declared twice")
 
-    def __getitem__(self, name: str) -> EnvVar:
+    def __getitem__(self, name: str) -> EnvVar[Any]:
         return self._by_name[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[EnvVar[Any]]:
         return iter(self.variables)
 
     def names(self) -> set[str]:

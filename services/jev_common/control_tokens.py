@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from jev_common.errors import UnreadableInput
 
 
-def special_tokens(tokenizer) -> set[str]:
+def special_tokens(tokenizer: Any) -> set[str]:
     """The tokenizer's special tokens and its added tokens marked special (the texts it never splits)."""
     tokens = {t for t in getattr(tokenizer, "all_special_tokens", []) if t}
     tokens |= {
@@ -28,14 +29,14 @@ def special_tokens(tokenizer) -> set[str]:
 class ControlTokens:
     """`check(text, where)` refuses text holding any of `tokens` (the leftmost, longest one is named)."""
 
-    def __init__(self, tokens: Iterable[str], *, what: str = "model", hint: str = "remove it from the request"):
+    def __init__(self, tokens: Iterable[str], *, what: str = "model", hint: str = "remove it from the request") -> None:
         self.tokens = tuple(sorted({t for t in tokens if t}, key=len, reverse=True))
         self._pattern = re.compile("|".join(map(re.escape, self.tokens))) if self.tokens else None
         self.what = what
         self.hint = hint
 
     @classmethod
-    def of(cls, tokenizer, *, extra: Iterable[str] = (), **kwargs) -> ControlTokens:
+    def of(cls, tokenizer: Any, *, extra: Iterable[str] = (), **kwargs: str) -> ControlTokens:
         """The tokenizer's special tokens (special_tokens) and `extra` ones."""
         return cls(special_tokens(tokenizer) | set(extra), **kwargs)
 

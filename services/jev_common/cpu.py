@@ -24,17 +24,22 @@ def prefer_passive_waits() -> None:
     os.environ.setdefault(*PASSIVE_WAIT)
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as handle:
+        return handle.read()
+
+
 def _quota(root: str = "/sys/fs/cgroup") -> float | None:
     """CPUs the cgroup quota allows (None: unlimited or unknown)."""
     try:
-        quota, period = open(os.path.join(root, "cpu.max"), encoding="ascii").read().split()[:2]
+        quota, period = _read(os.path.join(root, "cpu.max")).split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:
-        quota = int(open(os.path.join(root, "cpu", "cpu.cfs_quota_us"), encoding="ascii").read())
-        period = int(open(os.path.join(root, "cpu", "cpu.cfs_period_us"), encoding="ascii").read())
-        return None if quota <= 0 or period <= 0 else quota / period
+        quota_us = int(_read(os.path.join(root, "cpu", "cpu.cfs_quota_us")))
+        period_us = int(_read(os.path.join(root, "cpu", "cpu.cfs_period_us")))
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
     except (OSError, ValueError):
         return None
 

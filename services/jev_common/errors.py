@@ -16,6 +16,7 @@ tests/unit/test_errors.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -30,13 +31,13 @@ class DomainError(Exception):
     def __init__(
         self,
         message: str,
-        loc: tuple = (),
+        loc: tuple[str | int, ...] = (),
         *,
         kind: str = "value_error",
-        details: list[dict] | None = None,
+        details: list[dict[str, Any]] | None = None,
         retry_after: float | None = None,
         headers: dict[str, str] | None = None,
-    ):
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.loc = loc
@@ -269,7 +270,7 @@ def domain_error_type(exc: DomainError) -> str:
     return spec_of(exc).type
 
 
-def validation_error(message: str, loc: tuple = (), type_: str = "value_error") -> InvalidRequest:
+def validation_error(message: str, loc: tuple[str | int, ...] = (), type_: str = "value_error") -> InvalidRequest:
     return InvalidRequest(message, loc, kind=type_)
 
 
@@ -284,8 +285,8 @@ class ApiError(Exception):
         type_: str,
         message: str,
         headers: dict[str, str] | None = None,
-        details: list[dict] | None = None,
-    ):
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type_
@@ -308,11 +309,11 @@ def http_error(exc: DomainError) -> ApiError:
 domain_api_error = http_error  # the name earlier code and tests use
 
 
-def error_body(type_: str, message: str) -> dict:
+def error_body(type_: str, message: str) -> dict[str, Any]:
     return {"detail": {"error_type": type_, "message": message}}
 
 
-def error_payload(exc: ApiError) -> dict:
+def error_payload(exc: ApiError) -> dict[str, Any]:
     if exc.details is not None:
         return {"detail": exc.details}
     if exc.status == 422 and exc.type == "validation_error":
@@ -351,6 +352,7 @@ def markdown_table() -> str:
     for status, type_ in sorted(HTTP_ERROR_TYPES.items()):
         if (status, type_) not in mapped:
             rows.append(
-                f"| `{type_}` | {status} | (HTTP) | answered by the HTTP layer itself (unknown routes or methods, malformed HTTP, a failure no code anticipated) |"
+                f"| `{type_}` | {status} | (HTTP) | answered by the HTTP layer itself (unknown routes or methods, "
+                "malformed HTTP, a failure no code anticipated) |"
             )
     return "\n".join(rows)

@@ -8,10 +8,12 @@ import json
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from aiohttp import web, web_protocol, web_server
+from aiohttp.typedefs import Handler, Middleware
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
@@ -36,6 +38,8 @@ from .identity import CallerIdentity
 from .internal_auth import TRUSTED, matches
 from .schema import summarize_details
 
+M = TypeVar("M", bound=BaseModel)
+
 log = logging.getLogger("jev.http")
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -58,7 +62,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 DECODED_ENCODINGS = ("gzip", "deflate", "zstd")  # aiohttp decodes these as the body is read
 
 
-def validation_details(exc: ValidationError) -> list[dict]:
+def validation_details(exc: ValidationError) -> list[dict[str, Any]]:
     """pydantic errors in FastAPI's shape; the offending input is left out (it may be huge)."""
     out = []
     for err in exc.errors(include_url=False, include_input=False, include_context=False)[:20]:
@@ -74,7 +78,7 @@ def new_request_id() -> str:
 
 
 @web.middleware
-async def request_id_middleware(request: web.Request, handler):
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every answer carries x-typesafe-request-id (the caller's, when a trusted proxy sent one)."""
     rid = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
     request[REQUEST_ID] = rid
@@ -88,7 +92,7 @@ async def request_id_middleware(request: web.Request, handler):
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure leaves in the API's error shape; never a stack trace."""
     try:
         return await handler(request)
@@ -108,11 +112,11 @@ async def error_middleware(request: web.Request, handler):
         return error_response(500, "internal_error", "internal error; see the service log")
 
 
-def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
+def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/") -> Middleware:
     """`Authorization: Bearer <key>` on /v1/ routes when keys are configured; off (header ignored) otherwise."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if keys and request.path.startswith(protected_prefix):
             header = request.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
@@ -126,7 +130,7 @@ def auth_middleware(keys: tuple[str, ...], protected_prefix: str = "/v1/"):
 
 
 # ----- how a request is carried ------------------------------------------------------------------
-def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
+def request_deadline(headers: Mapping[str, str], limit_s: float = MAX_DEADLINE_S) -> float | None:
     """The caller's deadline in seconds (`x-jev-deadline-s`), or None when it sent none; a value that is not a
     positive number up to `limit_s` is refused (422), never silently replaced."""
     raw = headers.get(DEADLINE_HEADER)
@@ -144,7 +148,7 @@ def request_deadline(headers, limit_s: float = MAX_DEADLINE_S) -> float | None:
     return value
 
 
-def request_priority(headers) -> str:
+def request_priority(headers: Mapping[str, str]) -> str:
     """The caller's priority (`x-jev-priority`): `interactive` (also when absent) or `bulk`. Any caller may mark its
     own work bulk, which only lowers its priority; any other value is refused (422), never read as a default."""
     raw = headers.get(PRIORITY_HEADER)
@@ -166,7 +170,7 @@ def client_key(request: web.Request, identity: CallerIdentity) -> str:
     return given[:128] if given else identity.of(request)
 
 
-def caller_retries(headers) -> bool:
+def caller_retries(headers: Mapping[str, str]) -> bool:
     """Whether the caller retries a request it gave up on (typesafe-sdk's headers say so)."""
     return any(name in headers for name in RETRY_HEADERS)
 
@@ -215,7 +219,7 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes:
     return bytes(body)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     """object_pairs_hook: a key given twice in one object is refused (json.loads would keep the last, so a
     question id or option name given twice would silently lose the first)."""
     out = dict(pairs)
@@ -252,7 +256,7 @@ async def read_json(request: web.Request, max_bytes: int) -> object:
     return decode_json(await read_body(request, max_bytes))
 
 
-def parse_model(model: type[BaseModel], payload: object):
+def parse_model(model: type[M], payload: object) -> M:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -262,7 +266,7 @@ def parse_model(model: type[BaseModel], payload: object):
         raise validation_error("request is nested too deeply") from None
 
 
-async def read_model(request: web.Request, model: type[BaseModel], max_bytes: int):
+async def read_model(request: web.Request, model: type[M], max_bytes: int) -> M:
     return parse_model(model, await read_json(request, max_bytes))
 
 
@@ -335,7 +339,8 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
             raise validation_error(f"multipart part {name!r} appears twice", (name,))
         if len(parts) >= MAX_MULTIPART_PARTS:
             raise BodyTooLarge(f"at most {MAX_MULTIPART_PARTS} multipart parts")
-        parts[name] = part.get_payload(decode=True) or b""
+        payload = part.get_payload(decode=True)
+        parts[str(name)] = payload if isinstance(payload, bytes) else b""
     return parts
 
 
@@ -345,7 +350,7 @@ class JsonErrorRequestHandler(web_protocol.RequestHandler):
     encoding) in text/plain; answer them in the API's JSON error shape instead."""
 
     def handle_error(
-        self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send the error")
@@ -365,7 +370,7 @@ class JsonErrorRequestHandler(web_protocol.RequestHandler):
 
 
 def install_json_protocol_errors() -> None:
-    web_server.RequestHandler = JsonErrorRequestHandler
+    web_server.RequestHandler = JsonErrorRequestHandler  # type: ignore[misc]  # aiohttp names no hook for it
 
 
 def run_app(app: web.Application, host: str, port: int, on_stop: Callable[[], Awaitable[None]] | None = None) -> None:

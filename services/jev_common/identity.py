@@ -23,7 +23,7 @@ class CallerIdentity:
     """Names callers; made once per service from its internal tokens (`for_tokens`). `by_key=False` (a frontend
     with keys off) names every caller by its address: a key nobody checks would let a caller pick its own name."""
 
-    def __init__(self, secret: bytes, *, by_key: bool = True):
+    def __init__(self, secret: bytes, *, by_key: bool = True) -> None:
         self._secret = secret
         self.by_key = by_key
 

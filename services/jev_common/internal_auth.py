@@ -18,6 +18,7 @@ import secrets
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from .config import list_var, optional_var
 from .errors import ApiKeyInvalid, ApiKeyMissing
@@ -94,7 +95,7 @@ def backend_guard(
     api_keys: tuple[str, ...] = (),
     protected_prefix: str = "/v1/",
     internal_prefixes: tuple[str, ...] = (),
-):
+) -> Middleware:
     """A backend's middleware: on `protected_prefix` routes, the internal credential when tokens are configured.
     `api_keys` (the worker's own `JEV_API_KEYS`, for a worker serving callers without a frontend) also admit a
     caller; where tokens are configured too, such a caller is untrusted: its `x-jev-client` is ignored and
@@ -103,7 +104,7 @@ def backend_guard(
     Missing credential 403, wrong 401."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         request[TRUSTED] = not tokens
         if request.path.startswith(protected_prefix) and (tokens or api_keys):
             given = _given_token(request)

@@ -16,6 +16,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
 from .config import LOG_LEVEL
 
@@ -37,7 +40,7 @@ class JsonLinesStream(io.TextIOBase):
     """A text stream that writes each complete line it is given to `target` as a JSON log line
     (carriage returns end a line too, so a stray progress bar cannot glue lines together)."""
 
-    def __init__(self, target, logger: str = "stderr", level: str = "warning"):
+    def __init__(self, target: Any, logger: str = "stderr", level: str = "warning") -> None:
         super().__init__()
         self.target = target
         self.logger = logger
@@ -66,24 +69,26 @@ class JsonLinesStream(io.TextIOBase):
             self.target.flush()
 
     def fileno(self) -> int:  # faulthandler and friends write to the real descriptor
-        return self.target.fileno()
+        return int(self.target.fileno())
 
     def isatty(self) -> bool:
         return False
 
     @property
-    def encoding(self) -> str:
-        return getattr(self.target, "encoding", "utf-8")
+    def encoding(self) -> str:  # type: ignore[override]  # the target's, read-only
+        return str(getattr(self.target, "encoding", "utf-8"))
 
 
-def _log_uncaught(logger: logging.Logger):
-    def hook(exc_type, exc, tb):
+def _log_uncaught(
+    logger: logging.Logger,
+) -> tuple[Callable[[type[BaseException], BaseException, TracebackType | None], None], Callable[[Any], None]]:
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if issubclass(exc_type, KeyboardInterrupt):
             sys.__excepthook__(exc_type, exc, tb)
             return
         logger.critical("uncaught %s: %s", exc_type.__name__, exc, exc_info=(exc_type, exc, tb))
 
-    def thread_hook(args):
+    def thread_hook(args: Any) -> None:  # threading.ExceptHookArgs
         if args.exc_type is SystemExit:
             return
         logger.critical(

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from .index import IndexConnection
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -32,11 +37,11 @@ class LoopHistogram:
         labelnames: tuple[str, ...] | list[str],
         buckets: tuple[float, ...],
         registry: CollectorRegistry,
-    ):
+    ) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets)
-        self._series: dict[tuple[str, ...], list] = {}  # labels -> [bucket counts..., +Inf count, sum]
+        self._series: dict[tuple[str, ...], list[float]] = {}  # labels -> [bucket counts..., +Inf count, sum]
         registry.register(self)
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
@@ -46,16 +51,16 @@ class LoopHistogram:
         series[bisect_left(self.bounds, value)] += 1
         series[-1] += value
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, series in sorted(self._series.items()):
             counts, running = [], 0
             for bound, count in zip((*self.bounds, float("inf")), series[:-1]):
-                running += count
-                counts.append((floatToGoString(bound), running))
+                running += int(count)
+                counts.append((str(floatToGoString(bound)), running))  # type: ignore[no-untyped-call]
             family.add_metric(list(labels), counts, series[-1])
         yield family
 
@@ -64,11 +69,11 @@ class Labelled:
     """A registry's families with constant labels on every sample that lacks them (a collector for
     generate_latest): the labels a target's every series shares, such as the model a worker serves."""
 
-    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
         self.registry = registry
         self.labels = labels
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
             out = Metric(family.name, family.documentation, family.type, family.unit)
             out.samples = [
@@ -82,17 +87,17 @@ class Labelled:
 
 class IndexGauges:
     """`jev_<service>_index_up` (1 while the cache index's latest call reached Redis, 0 after one failed) and
-    `jev_<service>_index_errors_total`, read from the service's CacheIndex at each scrape; nothing while the
+    `jev_<service>_index_errors_total`, read from the service's IndexConnection at each scrape; nothing while the
     service has no index (no Redis URL, a single-backend frontend)."""
 
-    def __init__(self, service: str, source: Callable[[], object | None]):
+    def __init__(self, service: str, source: Callable[[], IndexConnection | None]) -> None:
         self.prefix = f"jev_{service}_index"
-        self.source = source  # () -> jev_common.cache_index.CacheIndex | None
+        self.source = source  # () -> jev_common.index.IndexConnection | None
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         index = self.source()
         if index is None or not index.enabled:
             return
@@ -105,7 +110,9 @@ class IndexGauges:
 
 
 class HttpMetrics:
-    def __init__(self, service: str, registry: CollectorRegistry | None = None, labels: dict[str, str] | None = None):
+    def __init__(
+        self, service: str, registry: CollectorRegistry | None = None, labels: dict[str, str] | None = None
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         self.labels = dict(labels or {})  # on every series of this service's exposition
         prefix = f"jev_{service}_http"
@@ -119,10 +126,10 @@ class HttpMetrics:
             f"{prefix}_request_seconds", "HTTP request latency", ["route"], LATENCY_BUCKETS, self.registry
         )
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
-        self._counted: dict[tuple[str, str], object] = {}  # (route, status) -> its counter child
+        self._counted: dict[tuple[str, int], Any] = {}  # (route, status) -> its counter child
 
     @web.middleware
-    async def middleware(self, request: web.Request, handler):
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         started = time.perf_counter()
         status = 500
@@ -142,7 +149,7 @@ class HttpMetrics:
             counter.inc()
             self.latency.observe((route,), time.perf_counter() - started)
 
-    def watch_index(self, service: str, source: Callable[[], object | None]) -> None:
+    def watch_index(self, service: str, source: Callable[[], IndexConnection | None]) -> None:
         """Export the cache index's reachability (IndexGauges) from `source()`, the service's index or None."""
         self.registry.register(IndexGauges(service, source))
 

@@ -131,7 +131,7 @@ class Recipe(_Section):
         return f"{self.model.hub_repo}@{self.model.revision}{suffix}"
 
 
-class _RecipeYamlLoader(yaml.SafeLoader):
+class _RecipeYamlLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """YAML 1.2 booleans: only true/false. YAML 1.1 would read a verbalizer's `yes: Yes` as True: True."""
 
 

@@ -5,7 +5,7 @@ the prefix *token ids*; a frontend cannot tokenize, so it cannot compute it. Ins
 what decides the prefix before tokenisation: the state as the worker renders it (text as sent; objects
 and arrays as JSON text, jev_common.state_text.render_state) and the sorted keys of its images
 (sha256 of the image bytes, jev_common.assets). The worker registers this key next to each prefix it
-holds in L3 (cache_index `route` entries), so the frontend finds where a state is warm. Same model,
+holds in L3 (jev_common.index.routes), so the frontend finds where a state is warm. Same model,
 same route key -> same prefix; the namespace (checkpoint) keeps models apart.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 from .assets import asset_bytes, asset_key, bytes_key
 from .errors import DomainError
@@ -28,7 +29,7 @@ def state_route_key(state_text: str, image_keys: Iterable[str] = ()) -> str:
     return digest.hexdigest()
 
 
-def envelope_image_keys(assets: dict | None, parts: dict[str, bytes]) -> list[str]:
+def envelope_image_keys(assets: dict[str, Any] | None, parts: dict[str, bytes]) -> list[str]:
     """Keys of a System One request's assets (validated model's `assets`), as the worker names them.
     Assets that cannot be read are skipped: the worker answers their error itself."""
     keys = []

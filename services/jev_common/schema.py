@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal, Union
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
@@ -53,7 +54,7 @@ class State(_Strict):
 STATE_KEYS = frozenset({"text", "image"})
 
 
-def _state_form(value) -> str:
+def _state_form(value: object) -> str:
     """Which state form a single-question `state` is: `{text, image}` (a string is its text), a list of
     parts, or any other JSON object."""
     if isinstance(value, dict):
@@ -91,7 +92,7 @@ class DecisionRequest(_Strict):
 
     @field_validator("state", mode="before")
     @classmethod
-    def _text_shorthand(cls, value):
+    def _text_shorthand(cls, value: object) -> object:
         if isinstance(value, str):
             return {"text": value}
         return _shallow(value, "state") if isinstance(value, (list, dict)) else value
@@ -150,7 +151,7 @@ class DecisionRequest(_Strict):
         ]
 
 
-def image_part_url(part) -> object:
+def image_part_url(part: object) -> object:
     """The image of a state part in the flagship contract's list form (`{"image": url}` or an OpenAI-style
     `{"type": "image_url", "image_url": {"url": url}}`; `image` wins when both), else None."""
     if not isinstance(part, dict):
@@ -175,8 +176,8 @@ class Span(BaseModel):
 
 
 class DecisionResponse(BaseModel):
-    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.request.legacy; the flagship family's noul
-    is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
+    """probabilities[i] belongs to options[i] (as the served family fills them: jev_worker.request.legacy; the
+    flagship family's noul is over [false, true] and its score over 0..5, without `noul`, recipes/jev-27b-vl/README.md).
 
     kind noul: `noul` is P(none of these); probabilities + noul sum to 1, and when none wins
     choice_index and choice are null. kind set: `yes_probabilities` are independent P(yes) per
@@ -211,7 +212,7 @@ class DecisionResponse(BaseModel):
         return self
 
 
-def summarize_details(details: list[dict], limit: int | None = 5) -> str:
+def summarize_details(details: list[dict[str, Any]], limit: int | None = 5) -> str:
     """Validation errors on one line, 'questions.q.criteria: too short; ...' (the first `limit`)."""
     return "; ".join(f"{'.'.join(str(p) for p in d['loc'][1:]) or 'body'}: {d['msg']}" for d in details[:limit])
 
@@ -246,7 +247,7 @@ class ErrorEnvelope(BaseModel):
 
 class HealthResponse(BaseModel):
     status: Literal["ok", "loading", "degraded", "unavailable", "stopping", "stalled"]
-    detail: dict = Field(default_factory=dict)
+    detail: dict[str, Any] = Field(default_factory=dict)
 
 
 class CacheLevelStats(BaseModel):
@@ -267,7 +268,7 @@ class CacheStats(BaseModel):
 
 # ===== the System One envelope ===================================================================
 
-Content = Union[str, dict[str, Any], list[Any]]  # text, or a JSON object or array rendered as JSON text
+Content = str | dict[str, Any] | list[Any]  # text, or a JSON object or array rendered as JSON text
 MAX_SCORE_LEVELS = 10
 MAX_QUESTIONS = 128
 MAX_CONTENT_DEPTH = 32
@@ -310,7 +311,7 @@ def content_chars(value: object, stop_at: int = MAX_CONTENT_CHARS) -> int:
     return total
 
 
-def _shallow(value, where: str):
+def _shallow(value: object, where: str) -> object:
     if content_depth(value) > MAX_CONTENT_DEPTH:
         raise ValueError(f"{where} is nested deeper than {MAX_CONTENT_DEPTH} levels")
     if content_chars(value) > MAX_CONTENT_CHARS:
@@ -323,7 +324,7 @@ class _Question(BaseModel):
 
     @field_validator("instructions", mode="after", check_fields=False)
     @classmethod
-    def _instructions_shallow(cls, value):
+    def _instructions_shallow(cls, value: object) -> object:
         return _shallow(value, "instructions")
 
 
@@ -351,7 +352,7 @@ class NoulQuestion(_Question):
         return self
 
 
-def _names_valid(names) -> None:
+def _names_valid(names: Iterable[str]) -> None:
     for name in names:
         if not name:
             raise ValueError("option names must be non-empty strings")
@@ -359,7 +360,7 @@ def _names_valid(names) -> None:
             raise ValueError(f"option names must be at most {MAX_NAME_CHARS} characters")
 
 
-def _described_options(criteria: dict) -> dict:
+def _described_options(criteria: dict[str, Any]) -> dict[str, Any]:
     """Option names valid, and no description nested deeper than content may be."""
     _names_valid(criteria)
     for name, description in criteria.items():
@@ -378,7 +379,7 @@ class ChoiceQuestion(_Question):
 
     @field_validator("criteria")
     @classmethod
-    def _options_valid(cls, criteria: dict) -> dict:
+    def _options_valid(cls, criteria: dict[str, Any]) -> dict[str, Any]:
         return _described_options(criteria)
 
 
@@ -391,7 +392,7 @@ class ScoreQuestion(_Question):
 
     @field_validator("criteria")
     @classmethod
-    def _levels_shallow(cls, criteria: list) -> list:
+    def _levels_shallow(cls, criteria: list[Any]) -> list[Any]:
         for i, level in enumerate(criteria):
             _shallow(level, f"criteria[{i}]")
         return criteria
@@ -422,7 +423,7 @@ class SetQuestion(_Question):
 
     @field_validator("criteria")
     @classmethod
-    def _options_valid(cls, criteria: dict) -> dict:
+    def _options_valid(cls, criteria: dict[str, Any]) -> dict[str, Any]:
         return _described_options(criteria)
 
 
@@ -471,7 +472,7 @@ class SystemOneRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _bounded_text(cls, data):
+    def _bounded_text(cls, data: object) -> object:
         """The whole request's text within MAX_CONTENT_CHARS, checked before any field is parsed (each field's
         own check names it; this one catches many fields that are each under the cap)."""
         if isinstance(data, dict):
@@ -497,9 +498,9 @@ class SystemOneRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_side_media(cls, data):
+    def _no_side_media(cls, data: object) -> object:
         for key in SIDE_MEDIA if isinstance(data, dict) else ():
-            if key in data:
+            if key in data:  # type: ignore[operator]  # a dict: the loop runs only then
                 raise ValueError(
                     f"top-level `{key}` is not read by this API (it would be answered without them): "
                     'send each image as an `assets` entry, e.g. {"<image:1>": {"type": "image", '
@@ -509,7 +510,7 @@ class SystemOneRequest(BaseModel):
 
     @field_validator("state")
     @classmethod
-    def _state_shallow(cls, value):
+    def _state_shallow(cls, value: object) -> object:
         return _shallow(value, "state")
 
     @model_validator(mode="after")
@@ -566,7 +567,7 @@ class SetAnswer(BaseModel):
     probabilities: dict[str, float]
 
 
-Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer, SpanAnswer, SetAnswer]
+Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer | SpanAnswer | SetAnswer
 
 
 class SystemOneUsage(BaseModel):
@@ -621,7 +622,7 @@ def choice_answer(names: list[str], probabilities: list[float]) -> ChoiceAnswer:
     )
 
 
-def score_answer(levels: list, probabilities: list[float]) -> ScoreAnswer:
+def score_answer(levels: list[Any], probabilities: list[float]) -> ScoreAnswer:
     """A score answer from the levels' probabilities: score = sum(i * p_i), the legend the levels."""
     return ScoreAnswer(
         score=sum(i * p for i, p in enumerate(probabilities)),

@@ -29,15 +29,19 @@ def annotate_indices(value: object, min_len: int = INDEX_MIN) -> object:
     if isinstance(value, list):
         if len(value) >= min_len:
             return [
-                {"_index": i, **annotate_indices(item, min_len)}
+                {"_index": i, **_annotated_dict(item, min_len)}
                 if isinstance(item, dict)
                 else {"_index": i, "value": annotate_indices(item, min_len)}
                 for i, item in enumerate(value)
             ]
         return [annotate_indices(item, min_len) for item in value]
     if isinstance(value, dict):
-        return {key: annotate_indices(item, min_len) for key, item in value.items()}
+        return _annotated_dict(value, min_len)
     return value
+
+
+def _annotated_dict(value: dict[str, object], min_len: int) -> dict[str, object]:
+    return {key: annotate_indices(item, min_len) for key, item in value.items()}
 
 
 def indexed_json(value: object) -> str:

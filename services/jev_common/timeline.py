@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -13,7 +14,7 @@ class Stage:
     name: str
     start: float
     end: float
-    attrs: dict = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -26,16 +27,16 @@ class Timeline:
 
     __slots__ = ("start", "stages", "_last")
 
-    def __init__(self, start: float | None = None):
+    def __init__(self, start: float | None = None) -> None:
         self.start = time.perf_counter() if start is None else start
         self.stages: list[Stage] = []
         self._last = self.start
 
-    def add(self, name: str, start: float, end: float, **attrs) -> None:
+    def add(self, name: str, start: float, end: float, **attrs: Any) -> None:
         self.stages.append(Stage(name, start, end, attrs))
         self._last = max(self._last, end)
 
-    def mark(self, name: str, **attrs) -> float:
+    def mark(self, name: str, **attrs: Any) -> float:
         """Close stage `name` now, from the end of the last stage; returns now."""
         now = time.perf_counter()
         self.add(name, self._last, now, **attrs)

@@ -16,9 +16,11 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from .http import REQUEST_ID
 
@@ -40,11 +42,11 @@ class Tracing:
 
     `exporter` (tests) replaces the OTLP exporter and turns tracing on whatever the environment says."""
 
-    def __init__(self, service_name: str, env: Mapping[str, str] = os.environ, exporter=None):
+    def __init__(self, service_name: str, env: Mapping[str, str] = os.environ, exporter: Any = None) -> None:
         self.enabled = exporter is not None or tracing_wanted(env)
-        self.tracer = None
-        self._provider = None
-        self._propagator = None
+        self.tracer: Any = None  # set below when tracing is on (an opentelemetry Tracer)
+        self._provider: Any = None
+        self._propagator: Any = None
         if not self.enabled:
             return
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -68,7 +70,7 @@ class Tracing:
             self._propagator.inject(headers)
 
     @contextlib.contextmanager
-    def span(self, name: str, kind: str = "internal", **attributes):
+    def span(self, name: str, kind: str = "internal", **attributes: Any) -> Iterator[Any]:
         """A child of the current span (yields None when tracing is off)."""
         if not self.enabled:
             yield None
@@ -83,7 +85,15 @@ class Tracing:
         """What turns a time.perf_counter() point into wall-clock nanoseconds (read once for spans that must meet)."""
         return time.time_ns() - time.perf_counter_ns()
 
-    def record(self, name: str, start: float, end: float, parent=None, offset_ns: int | None = None, **attributes):
+    def record(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        parent: Any = None,
+        offset_ns: int | None = None,
+        **attributes: Any,
+    ) -> Any:
         """A finished span from two time.perf_counter() points (work timed before it could be traced, such as a
         request's timeline of stages), a child of `parent` (a span) or of the current span; `offset_ns`: one
         clock_offset_ns() for spans that share points. Returns the span."""
@@ -99,7 +109,7 @@ class Tracing:
         span.end(end_time=offset_ns + int(max(start, end) * 1e9))
         return span
 
-    def middleware(self):
+    def middleware(self) -> Middleware:
         """An aiohttp middleware: each API request (under /v1/) in a server span continued from the caller's
         traceparent, named by its route, with the request id and the status; 5xx marks it an error. Place it after
         request_id_middleware (it reads the id) and before error_middleware (it sees the answer's status)."""
@@ -108,7 +118,7 @@ class Tracing:
         tracer, propagator = self.tracer, self._propagator
 
         @web.middleware
-        async def tracing_middleware(request: web.Request, handler):
+        async def tracing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
             if not request.path.startswith(TRACED_PREFIX):
                 return await handler(request)
             resource = request.match_info.route.resource
@@ -138,7 +148,7 @@ class Tracing:
 
         return tracing_middleware
 
-    def middlewares(self) -> list:
+    def middlewares(self) -> list[Middleware]:
         """[the middleware] when tracing is on, else nothing to install."""
         return [self.middleware()] if self.enabled else []
 

@@ -16,6 +16,10 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
 
 log = logging.getLogger("jev.vl")
 
@@ -24,11 +28,13 @@ _SAMPLE = 1 << 20  # larger ones: header + first and last MiB + size
 _CONFIG_FILES = ("config.json", "preprocessor_config.json", "processor_config.json", "generation_config.json")
 
 
-def _image_only_processor_class(base):
+def _image_only_processor_class(base: type[Any]) -> type[Any]:
     """`base` (Qwen2VLProcessor, Qwen3VLProcessor, ...) with image processor + tokenizer only: the
     processor's attributes come from its __init__ signature, so this one asks for no video processor."""
 
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+    def __init__(
+        self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None, **kwargs: Any
+    ) -> None:
         base.__init__(self, image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template, **kwargs)
 
     return type(f"ImageOnly{base.__name__}", (base,), {"__init__": __init__, "__module__": __name__})
@@ -38,16 +44,17 @@ def _processor_class_name(folder: Path) -> str | None:
     for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
         value = _read_json(folder / name).get("processor_class")
         if value:
-            return value
+            return str(value)
     model_type = _read_json(folder / "config.json").get("model_type")
     if not model_type:
         return None
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    return PROCESSOR_MAPPING_NAMES.get(model_type)
+    name = PROCESSOR_MAPPING_NAMES.get(model_type)
+    return str(name) if name else None
 
 
-def load_vl_processor(folder: str | os.PathLike, **kwargs):
+def load_vl_processor(folder: str | os.PathLike[str], **kwargs: Any) -> Any:
     """The checkpoint's processor: tokenizer + image processor + chat template."""
     import transformers
     from transformers import AutoProcessor
@@ -63,14 +70,14 @@ def load_vl_processor(folder: str | os.PathLike, **kwargs):
     except (OSError, ImportError, ValueError, AttributeError, TypeError) as exc:
         reason = f"{type(exc).__name__}: {str(exc)[:200]}"
     class_name = _processor_class_name(Path(folder))
-    base = getattr(transformers, class_name, None) if class_name else None
-    if base is None or not isinstance(base, type) or "video_processor" not in base.get_attributes():
+    base: Any = getattr(transformers, class_name, None) if class_name else None
+    if not isinstance(base, type) or "video_processor" not in cast(Any, base).get_attributes():
         raise RuntimeError(f"cannot load a processor from {folder}: {reason}")
     log.info("processor for %s: %s without its video processor (%s)", folder, class_name, reason)
     return _image_only_processor_class(base).from_pretrained(folder, **kwargs)
 
 
-def load_vl_model(folder: str | os.PathLike, dtype=None, device=None, **kwargs):
+def load_vl_model(folder: str | os.PathLike[str], dtype: Any = None, device: Any = None, **kwargs: Any) -> Any:
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -82,11 +89,12 @@ def load_vl_model(folder: str | os.PathLike, dtype=None, device=None, **kwargs):
     return model
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _file_digest(path: Path) -> str:
@@ -107,7 +115,7 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def folder_fingerprint(folder: str | os.PathLike) -> str:
+def folder_fingerprint(folder: str | os.PathLike[str]) -> str:
     """Content digest of a local checkpoint: config files and weight files (large ones sampled)."""
     root = Path(folder)
     digest = hashlib.sha256()
@@ -123,7 +131,7 @@ def folder_fingerprint(folder: str | os.PathLike) -> str:
     return digest.hexdigest()[:32]
 
 
-def checkpoint_identity(recipe=None, model_path: str | os.PathLike | None = None) -> str:
+def checkpoint_identity(recipe: Recipe | None = None, model_path: str | os.PathLike[str] | None = None) -> str:
     """The recipe's pinned identity, or for a local folder (JEV_MODEL_PATH) a digest of its content.
 
     Content, not the path: the preencoder and the workers may mount one checkpoint at different paths.
@@ -135,7 +143,7 @@ def checkpoint_identity(recipe=None, model_path: str | os.PathLike | None = None
     return recipe.identity
 
 
-def processor_identity(processor) -> str:
+def processor_identity(processor: Any) -> str:
     """Digest of the image processor's settings (resize bounds, patch/merge sizes, normalisation)."""
     image_processor = getattr(processor, "image_processor", processor)
     settings = image_processor.to_dict()
@@ -145,7 +153,7 @@ def processor_identity(processor) -> str:
     return f"{type(image_processor).__name__.removesuffix('Pil')}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def merge_size(processor_or_model) -> int:
+def merge_size(processor_or_model: Any) -> int:
     image_processor = getattr(processor_or_model, "image_processor", None)
     if image_processor is not None and getattr(image_processor, "merge_size", None):
         return int(image_processor.merge_size)

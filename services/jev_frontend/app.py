@@ -11,8 +11,8 @@ import time
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from jev_common.cache_index import CacheIndex
 from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
+from jev_common.health import health_response
 from jev_common.http import (
     CLIENT_HEADER,
     DEADLINE_HEADER,
@@ -30,10 +30,13 @@ from jev_common.http import (
     stream_body,
 )
 from jev_common.identity import CallerIdentity
+from jev_common.index import IndexConnection
+from jev_common.index.workers import WorkerDirectory
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
-from jev_common.route_key import envelope_image_keys, legacy_image_keys, render_state, state_route_key
+from jev_common.route_key import envelope_image_keys, legacy_image_keys, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
+from jev_common.state_text import render_state
 from jev_common.tracing import Tracing
 
 from .buckets import Buckets
@@ -197,8 +200,8 @@ async def _routed(app: web.Application, model: str | None, route_key: str, image
 
 def _not_serving(answer) -> str | None:
     """The error type of a decision the worker refused without computing it because it does not serve now
-    (`unavailable`: ShuttingDown while it drains; `not_ready` while it loads), else None. A decision is idempotent, so such a
-    refusal is retried on another replica."""
+    (`unavailable`: ShuttingDown while it drains; `not_ready` while it loads), else None. A decision is idempotent,
+    so such a refusal is retried on another replica."""
     if answer.status != 503:
         return None
     try:
@@ -279,7 +282,7 @@ async def handle_health(request: web.Request) -> web.Response:
         return await _single_health(request, settings, pool)
     await pool.refresh()
     backends = [b.describe() for b in pool.backends.values()]
-    models = {}
+    models: dict[str, dict[str, int]] = {}
     for b in pool.backends.values():
         entry = models.setdefault(b.model or "?", {"up": 0, "total": 0})
         entry["total"] += 1
@@ -294,11 +297,9 @@ async def handle_health(request: web.Request) -> web.Response:
         detail["rate_limits"] = request.app[LIMITER].health()
     if not any(b.up for b in pool.backends.values()):
         message = "no backend is in rotation" if backends else "no backend is configured or registered yet"
-        return web.json_response(
-            {"status": "unavailable", "detail": {**detail, "error_type": "not_ready", "message": message}}, status=503
-        )
+        return health_response("unavailable", detail, NotReady(message))
     degraded = any(not b.up for b in pool.backends.values())
-    return web.json_response({"status": "degraded" if degraded else "ok", "detail": detail})
+    return health_response("degraded" if degraded else "ok", detail)
 
 
 async def _single_health(request: web.Request, settings: Settings, pool: BackendPool) -> web.Response:
@@ -374,8 +375,8 @@ def create_app(settings: Settings, tracing: Tracing | None = None) -> web.Applic
     backend = Backend(settings, BackendMetrics(metrics.registry), spans)
     index = None
     if not settings.single_backend and settings.index_url:
-        index = CacheIndex(settings.index_url, "jev-frontend", owner_id="frontend")
-    pool = BackendPool(settings, backend, backend.metrics, index)
+        index = IndexConnection(settings.index_url)
+    pool = BackendPool(settings, backend, backend.metrics, WorkerDirectory(index) if index is not None else None)
     metrics.watch_index("frontend", lambda: index)
     identity = CallerIdentity.for_tokens(settings.internal_tokens, by_key=bool(settings.api_keys))
     buckets = Buckets(settings.index_url if settings.rate_limits else None, identity.namespace)

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .limits import Limit
 
@@ -174,7 +175,8 @@ class Buckets:
     async def _run(self, identity: str, limit: Limit, take: int, debit: int):
         if self._script is None:
             self._script = self._redis().register_script(BUCKET_SCRIPT)
-        return await self._script(
+        script: Any = self._script
+        return await script(
             keys=[self.prefix + identity], args=[limit.requests, limit.tokens, take, debit], client=self._redis()
         )
 

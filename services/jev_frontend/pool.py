@@ -5,9 +5,10 @@ Every `JEV_FRONTEND_HEALTH_INTERVAL_S` each backend's `GET /health` is polled: 2
 anything else (503 while loading, a refused connection, no answer within the interval) takes it out
 until it answers 200 again. A backend whose connection is refused during a request, or that answers a decision
 503 because it is draining or not ready, is taken out at once. A backend whose probe cannot connect or times out
-is unreachable (a dead host, a cut link): the requests in flight on it are sent to another replica. A discovered backend stays while it is in the
-index or still answers 200 (an index restarted empty does not empty the pool), and leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias); its
-index namespace, worker id and queue depth from its health detail or its index registration.
+is unreachable (a dead host, a cut link): the requests in flight on it are sent to another replica. A discovered
+backend stays while it is in the index or still answers 200 (an index restarted empty does not empty the pool), and
+leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias);
+its index namespace, worker id and queue depth from its health detail or its index registration.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from jev_common.cache_index import CacheIndex, IndexUnavailable, namespace
 from jev_common.errors import DomainError, ModelNotServed
+from jev_common.index import IndexUnavailable, namespace
+from jev_common.index.workers import WorkerDirectory
 from jev_common.schema import LATEST_ALIAS
 
 from .proxy import Backend, BackendMetrics
@@ -65,11 +68,11 @@ class BackendState:
 
 
 class BackendPool:
-    def __init__(self, settings: Settings, client: Backend, metrics: BackendMetrics, index: CacheIndex | None):
+    def __init__(self, settings: Settings, client: Backend, metrics: BackendMetrics, directory: WorkerDirectory | None):
         self.settings = settings
         self.client = client
         self.metrics = metrics
-        self.index = index
+        self.directory = directory
         self.backends: dict[str, BackendState] = {
             url: BackendState(url, model) for model, url in settings.static_backends()
         }
@@ -124,10 +127,10 @@ class BackendPool:
 
     # ----- discovery ----------------------------------------------------------------------------
     async def _discover(self) -> None:
-        if self.index is None:
+        if self.directory is None:
             return
         try:
-            records = await self.index.list_workers()
+            records = await self.directory.list()
         except IndexUnavailable:
             return  # keep what is known; health checks still run
         seen = set()
@@ -159,10 +162,11 @@ class BackendPool:
             self._set_up(backend, False, exc.message)
             backend.unreachable.set()
             return None
-        detail = {}
+        detail: dict[str, Any] = {}
         try:
             body = json.loads(answer.body)
-            detail = body.get("detail") if isinstance(body, dict) and isinstance(body.get("detail"), dict) else {}
+            found = body.get("detail") if isinstance(body, dict) else None
+            detail = found if isinstance(found, dict) else {}
         except ValueError:
             pass
         if isinstance(detail.get("checkpoint"), str):

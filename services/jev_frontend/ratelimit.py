@@ -110,7 +110,7 @@ class RateLimiter:
             "requests": seconds_until(levels.requests, 1, limit.requests),
             "tokens": seconds_until(levels.tokens, 1, limit.tokens),
         }
-        reached = max(waits, key=waits.get)
+        reached = max(waits, key=lambda name: waits[name])
         wait_s = waits[reached]
         self.refused.labels(reached).inc()
         per_minute = limit.requests if reached == "requests" else limit.tokens

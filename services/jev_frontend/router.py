@@ -25,7 +25,9 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from jev_common.cache_index import CacheIndex, IndexUnavailable
+from jev_common.index import IndexConnection, IndexUnavailable
+from jev_common.index.l2 import l2_owners
+from jev_common.index.routes import route_owners
 
 from .pool import BackendPool, BackendState
 from .settings import Settings
@@ -43,7 +45,7 @@ class Route:
 
 class Router:
     def __init__(
-        self, settings: Settings, pool: BackendPool, index: CacheIndex | None, rng: random.Random | None = None
+        self, settings: Settings, pool: BackendPool, index: IndexConnection | None, rng: random.Random | None = None
     ):
         self.settings = settings
         self.pool = pool
@@ -57,7 +59,7 @@ class Router:
         model: str,
         route_key: str | None = None,
         image_keys: list[str] | tuple = (),
-        exclude: set[str] = frozenset(),
+        exclude: frozenset[str] | set[str] = frozenset(),
     ) -> Route | None:
         """A replica of `model` (None when every replica is excluded)."""
         members = [b for b in self.pool.replicas(model) if b.url not in exclude]
@@ -76,7 +78,7 @@ class Router:
 
     async def _preferred(self, up: list[BackendState], route_key: str | None, image_keys) -> Route | None:
         if route_key:
-            warm = await self._owners(up, lambda ns: self.index.route_owners(ns, route_key))
+            warm = await self._owners(up, lambda index, ns: route_owners(index, ns, route_key))
             if warm:
                 return self._unless_overloaded(warm, up, "warm")
             url = self._affinity.get(route_key)
@@ -84,19 +86,20 @@ class Router:
             if sticky:
                 return self._unless_overloaded(sticky, up, "affinity")
         for key in image_keys:
-            holders = await self._owners(up, lambda ns: self.index.l2_owners(ns, key))
+            holders = await self._owners(up, lambda index, ns, key=key: l2_owners(index, ns, key))
             if holders:
                 return self._unless_overloaded(holders, up, "l2")
         return None
 
     async def _owners(self, up: list[BackendState], lookup) -> list[BackendState]:
         """Replicas in rotation that the index names as owners (matched by worker id, else URL)."""
-        if self.index is None:
+        index = self.index
+        if index is None:
             return []
         found = []
         for ns in sorted({b.ns for b in up if b.ns}):
             try:
-                owners = await lookup(ns)
+                owners = await lookup(index, ns)
             except IndexUnavailable:
                 return []
             ids = {o.worker_id for o in owners}

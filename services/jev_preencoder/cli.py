@@ -60,8 +60,9 @@ def _lines(path: str):
 async def _encode(args, settings: PreencoderSettings) -> int:
     from tqdm import tqdm
 
-    from jev_common.cache_index import CacheIndex
     from jev_common.checkpoint_files import ServingError
+    from jev_common.index import IndexConnection
+    from jev_common.index.assets import AssetIndex
 
     from .encode import Encoder, ModelNotAvailable
 
@@ -77,8 +78,8 @@ async def _encode(args, settings: PreencoderSettings) -> int:
         return 2
     index = None
     if settings.redis_url and settings.redis_url.lower() != "none":
-        index = CacheIndex(settings.redis_url, encoder.identity)
-        health = await index.health()
+        index = AssetIndex(IndexConnection(settings.redis_url), encoder.identity)
+        health = await index.connection.health(index.ns)
         if health["status"] != "ok":
             print(f"preencode: cache index degraded ({health['reason']}); writing assets only", file=sys.stderr)
     progress = tqdm(total=total, unit="line", desc="preencode", file=sys.stderr, disable=args.no_progress)
@@ -87,7 +88,7 @@ async def _encode(args, settings: PreencoderSettings) -> int:
     finally:
         progress.close()
         if index is not None:
-            await index.close()
+            await index.connection.close()
     for result in summary.results:
         if result.status == "failed":
             print(f"FAILED {result.message} [{result.reason}]", file=sys.stderr)

@@ -32,7 +32,8 @@ from jev_common.assets import (
     read_grid,
     write_asset,
 )
-from jev_common.cache_index import CacheIndex, IndexUnavailable
+from jev_common.index import IndexUnavailable
+from jev_common.index.assets import AssetIndex
 from jev_common.recipe import Recipe, load_recipe
 from jev_common.vl import checkpoint_identity, merge_size, processor_identity
 
@@ -210,11 +211,11 @@ class Encoder:
             return grid
         return None
 
-    async def _register(self, index: CacheIndex | None, out_dir: str, key: str, record: dict) -> bool | None:
+    async def _register(self, index: AssetIndex | None, out_dir: str, key: str, record: dict) -> bool | None:
         if index is None:
             return None
         try:
-            await index.register_asset(
+            await index.register(
                 key,
                 grid=record["grid"],
                 nbytes=int(record.get("nbytes", 0)),
@@ -266,7 +267,7 @@ class Encoder:
         return embeds, grid
 
     async def encode_line(
-        self, line_no: int, raw: str | dict, out_dir: str, index: CacheIndex | None, seen: set[str]
+        self, line_no: int, raw: str | dict, out_dir: str, index: AssetIndex | None, seen: set[str]
     ) -> LineResult:
         # 1. the line
         if isinstance(raw, str):
@@ -335,11 +336,11 @@ class Encoder:
         )
 
     async def encode_lines(
-        self, lines: Iterable[str | dict], out_dir: str, index: CacheIndex | None, progress=None
+        self, lines: Iterable[str | dict], out_dir: str, index: AssetIndex | None, progress=None
     ) -> Summary:
         started = time.perf_counter()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        summary, seen = Summary(), set()
+        summary, seen = Summary(), set[str]()
         for line_no, raw in enumerate(lines, start=1):
             if isinstance(raw, str) and not raw.strip():
                 if progress is not None:

@@ -15,12 +15,13 @@ import time
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
-from jev_common.cache_index import CacheIndex
-from jev_common.errors import DomainError, NotJson, NotReady, api_error_response, validation_error
+from jev_common.errors import DomainError, NotJson, NotReady, validation_error
+from jev_common.health import health_response
 from jev_common.http import error_middleware, read_body, request_id_middleware, run_app
+from jev_common.index import IndexConnection
+from jev_common.index.assets import AssetIndex
 from jev_common.internal_auth import backend_guard
 from jev_common.metrics import HttpMetrics
-from jev_common.schema import HealthResponse
 from jev_common.tracing import Tracing
 
 from .settings import PreencoderSettings
@@ -69,7 +70,7 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
     )
     state = {"encoder": encoder, "index": None, "error": None, "task": None, "lock": asyncio.Lock()}
     app[STATE] = state
-    metrics.watch_index("preencoder", lambda: state["index"])
+    metrics.watch_index("preencoder", lambda: state["index"].connection if state["index"] is not None else None)
 
     async def load():
         try:
@@ -79,7 +80,7 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
                 state["encoder"] = await asyncio.to_thread(Encoder, settings)
             state["encoder"].offload = True
             if settings.redis_url and settings.redis_url.lower() != "none":
-                state["index"] = CacheIndex(settings.redis_url, state["encoder"].identity)
+                state["index"] = AssetIndex(IndexConnection(settings.redis_url), state["encoder"].identity)
             log.info("preencoder ready (identity %s)", state["encoder"].identity)
         except Exception as exc:  # noqa: BLE001 - reported by /health, the service stays up to say so
             log.exception("model load failed")
@@ -92,7 +93,7 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
         if state["task"] is not None and not state["task"].done():
             state["task"].cancel()
         if state["index"] is not None:
-            await state["index"].close()
+            await state["index"].connection.close()
         await tracing.shutdown()
 
     app.on_startup.append(on_startup)
@@ -107,12 +108,13 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
 
     async def health(_request):
         if state["error"]:
-            body = HealthResponse(status="unavailable", detail={"error": state["error"]})
-            return web.json_response(body.model_dump(), status=503)
+            return health_response(
+                "unavailable", {"error": state["error"]}, NotReady(f"model failed to load: {state['error']}")
+            )
         try:
             encoder_ = ready_encoder()
         except DomainError as exc:
-            return api_error_response(exc)
+            return health_response("loading", {}, exc)
         detail = {
             "identity": encoder_.identity,
             "processor_identity": encoder_.processor_identity,
@@ -121,17 +123,17 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
             "dtype": str(encoder_.dtype),
         }
         if state["index"] is not None:
-            detail["index"] = await state["index"].health()
+            detail["index"] = await state["index"].connection.health(state["index"].ns)
         else:
             detail["index"] = {"status": "degraded", "reason": "no Redis URL configured"}
-        return web.json_response(HealthResponse(status="ok", detail=detail).model_dump())
+        return health_response("ok", detail)
 
     async def preencode(request: web.Request):
         encoder_ = ready_encoder()
         lines = parse_manifest_body(await read_body(request, settings.max_body_bytes))
         started = time.perf_counter()
         async with state["lock"]:  # one manifest at a time: the vision tower is the bottleneck anyway
-            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:
+            with tracing.span("encode", **{"jev.preencode.lines": len(lines)}) as span:  # type: ignore[arg-type]
                 summary = await encoder_.encode_lines(lines, settings.asset_dir, state["index"])
                 if span is not None:  # the assets made, by key: a VL request's trace names the one it used
                     span.set_attributes(

@@ -6,7 +6,8 @@ import asyncio
 
 from aiohttp import web
 
-from jev_common.errors import Stalled, domain_error_type, error_body, validation_error
+from jev_common.errors import Stalled, api_error_response, validation_error
+from jev_common.health import health_response
 from jev_common.http import (
     caller_retries,
     client_key,
@@ -105,23 +106,14 @@ def create_app(
     app.cleanup_ctx.append(lifecycle)
 
     async def health(_request: web.Request) -> web.Response:
-        code, body = await service.health()
-        if code != 200:
-            error = body.get("detail", {}).get("error")
-            message = f"worker is {body.get('status', service.state)}" + (f": {error}" if error else "")
-            type_ = domain_error_type(Stalled(message)) if body.get("status") == "stalled" else "not_ready"
-            detail = {**body.get("detail", {}), **error_body(type_, message)["detail"]}
-            return web.json_response({**body, "detail": detail}, status=code)
-        return web.json_response(body)
+        return health_response(*await service.health())
 
     async def live(_request: web.Request) -> web.Response:
         """Liveness (a Kubernetes livenessProbe): 200 while the worker makes progress, loading and draining
         included; 503 only when it is stalled (watchdog.py), which a restart may cure. Readiness is /health."""
         stalled = service.stalled()
         if stalled:
-            return web.json_response(
-                error_body(domain_error_type(Stalled(stalled)), f"worker is stalled: {stalled}"), status=503
-            )
+            return api_error_response(Stalled(f"worker is stalled: {stalled}"))
         return web.json_response({"status": "alive", "state": service.state})
 
     async def systemone(request: web.Request) -> web.Response:
@@ -150,10 +142,10 @@ def create_app(
         else:
             envelope = parse_model(SystemOneRequest, body.payload)
             timeline.mark("parse")
-            response, headers = await service.systemone(
+            answered, headers = await service.systemone(
                 envelope, body.parts, caller=caller, deadline_s=deadline_s, timeline=timeline
             )
-            out = web.json_response(text=response.model_dump_json(), headers=headers)
+            out = web.json_response(text=answered.model_dump_json(), headers=headers)
         timeline.mark("respond")
         return out
 

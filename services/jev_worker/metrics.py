@@ -79,7 +79,8 @@ class WorkerMetrics(HttpMetrics):
         self.stage_seconds = LoopHistogram(
             "jev_worker_stage_seconds",
             "Where a decision's time goes, by stage, back to back: parse (body read, decompressed, validated), "
-            "asset (an image's asset looked up: L2, the index, the asset folder), prepare (admission, the job, the prompt built or taken from L1, bounds), queue (waiting for its batch "
+            "asset (an image's asset looked up: L2, the index, the asset folder), prepare (admission, the job, the "
+            "prompt built or taken from L1, bounds), queue (waiting for its batch "
             "to start on the model thread), batch (the batch planned against L3; on a simulated device also the "
             "runner's host work), device (the forwards: a simulated device's wait, else the runner's whole run), "
             "readout (from the model thread's end to the typed answers), respond (the response built)",

@@ -16,20 +16,32 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jev_common.errors import DeadlineExceeded, ImagesNotSupported, InvalidRequest, validation_error
 from jev_common.route_key import state_route_key
 from jev_common.timeline import Timeline
 
 from .questions import coherence
-from .questions.plan import answers as plan_answers
-from .questions.plan import rows_for
+from .questions.plan import answers as plan_answers, rows_for
 from .request.job import ImageSlot, Job
 from .scheduling.batch import BatchTiming, EngineItem
 from .scheduling.caches import BudgetLRU
-from .scheduling.scheduler import Caller
+from .scheduling.scheduler import Caller, Scheduler
+
+if TYPE_CHECKING:
+    from jev_common.assets import ImageAsset
+    from jev_common.schema import SystemOneUsage
+
+    from .loading.vision import AssetStore
+    from .metrics import WorkerMetrics
+    from .prompt.bounds import PromptBounds
+    from .prompt.builder import PreparedRequest
+    from .protocols import PromptBuilder, Readout
+    from .registration import IndexLink
 
 log = logging.getLogger("jev.worker.pipeline")
 
@@ -39,7 +51,7 @@ class Decision:
     answers: dict  # question id -> typed answer
     prompt_tokens: int
     cached_tokens: int
-    usage: object = None  # an external server's own usage, when it reports one
+    usage: SystemOneUsage | None = None  # an external server's own usage, when it reports one
     cache: dict = field(default_factory=dict)  # level -> hit | miss | off
     device_s: float | None = None  # a simulated device's measured wait for the request's batches
 
@@ -56,13 +68,38 @@ class Pipeline(ABC):
     ) -> Decision: ...
 
 
-class LocalPipeline(Pipeline):
-    """L1 -> L2 -> scheduler -> readout -> answers, for a model loaded in this process (model.py)."""
+@dataclass(frozen=True)
+class Images:
+    """L2 and how a prompt stands for an image: a vision-language model's image assets (model.py)."""
 
-    def __init__(self, model, l1: BudgetLRU, settings, index_link, metrics):
-        self.model = model  # LocalModel: readout, builder, assets (L2), scheduler
+    store: AssetStore
+    placeholder: Callable[[ImageAsset], str]
+    l2_on: bool  # JEV_L2_CACHE: whether a hit counts (and the frontends hear where the image is warm)
+
+
+class LocalPipeline(Pipeline):
+    """L1 -> L2 -> scheduler -> readout -> answers, for a model loaded in this process (model.py's parts)."""
+
+    def __init__(
+        self,
+        model_name: str,
+        readout: Readout,
+        builder: PromptBuilder,
+        bounds: PromptBounds,
+        scheduler: Scheduler,
+        images: Images | None,
+        l1: BudgetLRU[PreparedRequest],
+        index_link: IndexLink,
+        metrics: WorkerMetrics,
+    ) -> None:
+        """`images`: None when the model reads text states only."""
+        self.model_name = model_name
+        self.readout = readout
+        self.builder = builder
+        self.bounds = bounds
+        self.scheduler = scheduler
+        self.images = images
         self.l1 = l1
-        self.settings = settings
         self.index_link = index_link
         self.metrics = metrics
         self.prep_executor = ThreadPoolExecutor(2, thread_name_prefix="jev-prep")
@@ -73,29 +110,30 @@ class LocalPipeline(Pipeline):
     async def answer(
         self, job: Job, started: float, timeout: float, caller: Caller = Caller(), timeline: Timeline | None = None
     ) -> Decision:
-        model = self.model
         timeline = timeline if timeline is not None else Timeline(started)
-        if job.images and model.assets is None:
+        images = self.images
+        if job.images and images is None:
             raise ImagesNotSupported(
-                f"model {model.recipe.name} reads text states only; send a text state or serve a vision-language recipe"
+                f"model {self.model_name} reads text states only; send a text state or serve a vision-language recipe"
             )
         for piece in job.pieces:
             if isinstance(piece, str):
-                model.builder.check_user_text(piece, job.where)
+                self.builder.check_user_text(piece, job.where)
         cache: dict[str, str] = {}
         state_parts, assets = [], []
         for piece in job.pieces:
             if isinstance(piece, ImageSlot):
-                asset, placeholder = await asyncio.wait_for(self._image(piece.key, cache), timeout)
+                assert images is not None  # job.images is set whenever a piece is an image
+                asset, placeholder = await asyncio.wait_for(self._image(images, piece.key, cache), timeout)
                 timeline.mark("asset", key=piece.key, l2=cache["l2"])  # the trace names the preencoder's asset
-                model.builder.check_image(asset, job.where)
+                self.builder.check_image(asset, job.where)
                 assets.append(asset)
                 state_parts.append(placeholder)
             else:
                 state_parts.append(piece)
         state_text = "".join(state_parts)
-        kinds = {**job.extra_kinds, **model.readout.kinds}
-        groups = model.builder.prefix_groups(job.questions)
+        kinds = {**job.extra_kinds, **self.readout.kinds}
+        groups = self.builder.prefix_groups(job.questions)
         keys = [job.l1_key] if len(groups) == 1 else [f"{job.l1_key}|{i}" for i in range(len(groups))]
         sequences = [
             self._sequence(job, questions, key, state_text, assets, kinds, started, timeout, caller, timeline)
@@ -125,15 +163,15 @@ class LocalPipeline(Pipeline):
         timeline: Timeline,
     ) -> Decision:
         """One prefix group's questions (PromptBuilder.prefix_groups): prepared (L1), then run after its prefix."""
-        model = self.model
+        builder, bounds = self.builder, self.bounds
         began = timeline.last  # prepare counts from where the request's last stage ended (its parse)
 
         def build():
-            rows, plan = rows_for(questions, job.state, model.builder, kinds, model.readout.name, job.coherence)
-            bounds = model.bounds  # bounds before compute: cheapest first, the exact count last
+            rows, plan = rows_for(questions, job.state, builder, kinds, self.readout.name, job.coherence)
+            # bounds before compute: cheapest first, the exact count last
             bounds.check_chars(state_text, questions, job.where)
-            bounds.check_state_tokens(model.builder.tokenizer, state_text, job.where)
-            prepared = model.builder.prepare(state_text, rows, job.image_keys, plan)
+            bounds.check_state_tokens(builder.tokenizer, state_text, job.where)
+            prepared = builder.prepare(state_text, rows, job.image_keys, plan)
             bounds.check_prepared(prepared, job.where)
             return prepared
 
@@ -145,8 +183,8 @@ class LocalPipeline(Pipeline):
         if remaining <= 0:
             raise DeadlineExceeded("deadline passed while preparing the request")
         submitted = time.perf_counter()
-        result = await model.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining, caller)
-        out = plan_answers(prepared.plan, result.row_logits, model.builder, kinds)
+        result = await self.scheduler.submit(EngineItem(prepared=prepared, assets=assets), remaining, caller)
+        out = plan_answers(prepared.plan, result.row_logits, builder, kinds)
         timing = result.timing
         if timing is not None:
             _mark(timeline, began, submitted, timing, result.l3)
@@ -176,16 +214,15 @@ class LocalPipeline(Pipeline):
         self.l1.put(key, prepared)
         return prepared
 
-    async def _image(self, key: str, cache: dict[str, str]):
+    async def _image(self, images: Images, key: str, cache: dict[str, str]) -> tuple[ImageAsset, str]:
         """L2: the image's asset (and the prompt text standing for it)."""
-        model, l2_on = self.model, self.settings.cache.l2_on
-        asset, l2_hit = await model.assets.get_by_key(key)
-        if l2_on:
+        asset, l2_hit = await images.store.get_by_key(key)
+        if images.l2_on:
             self.index_link.register_l2(key)  # a routing hint: where this image is warm
             cache["l2"] = "miss" if cache.get("l2") == "miss" or not l2_hit else "hit"
         else:
             cache["l2"] = "off"
-        return asset, model.image_placeholder(asset)
+        return asset, images.placeholder(asset)
 
 
 def _mark(timeline: Timeline, began: float, submitted: float, timing: BatchTiming, l3: str) -> None:

@@ -16,17 +16,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from jev_common.checkpoint_files import ServingError
 from jev_common.control_tokens import ControlTokens
+from jev_common.recipe import PromptSpec
+from jev_common.state_text import render_state
 
-if TYPE_CHECKING:  # imported for annotations only: these modules import torch and transformers
+from .datatypes import (
+    BatchOutput,
+    Calibration,
+    EngineItem,
+    Job,
+    LoadedModel,
+    Match,
+    PrefixGroup,
+    PrefixState,
+    PreparedRequest,
+    RowSpec,
+)
+
+if TYPE_CHECKING:  # imported for annotations only
+    from collections.abc import Callable
+
     import torch
     from pydantic import BaseModel
 
     from jev_common.assets import ImageAsset
-    from jev_common.control_tokens import ControlTokens
     from jev_common.recipe import Recipe
     from jev_common.schema import SystemOneRequest
 
@@ -66,13 +82,13 @@ class ForwardAdapter(ABC):
     reads: ClassVar[str] = "last"  # the head reads: last | row (every position of a row) | sequence
 
     @abstractmethod
-    def positions(self, start: int, length: int, batch: int, rope_delta: int, device) -> torch.Tensor: ...
+    def positions(self, start: int, length: int, batch: int, rope_delta: int, device: Any) -> torch.Tensor: ...
 
     @abstractmethod
-    def prefix_inputs(self, model, ids: torch.Tensor, assets: list) -> tuple[dict, int]:
+    def prefix_inputs(self, model: Any, ids: torch.Tensor, assets: list[Any]) -> tuple[dict[str, Any], int]:
         """The prefix's forward inputs (ids, or embeddings with images spliced) and its rope delta."""
 
-    def whole_mask(self, lengths: torch.Tensor, width: int, dtype) -> torch.Tensor | None:
+    def whole_mask(self, lengths: torch.Tensor, width: int, dtype: Any) -> torch.Tensor | None:
         """The attention mask of right-padded whole rows (None: causal attention hides the padding)."""
         return None
 
@@ -93,7 +109,7 @@ class Engine(ABC):
         ReuseCosts), or None."""
         return None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What /health shows about the engine's paths (default: nothing)."""
         return {}
 
@@ -104,7 +120,7 @@ class Backend(ABC):
     name: ClassVar[str]
     prefix_reuse: ClassVar[str]  # whether rows reuse the state prefix's KV (L3), or why not (stats, /health)
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe: Recipe) -> None:  # noqa: B027 - a hook: by default a backend runs every recipe
         """Refuse a recipe this backend cannot run (raise ServingError)."""
 
     @abstractmethod
@@ -120,16 +136,16 @@ class Backend(ABC):
         self,
         loaded: LoadedModel,
         *,
-        head: Head,
+        head: Head | RequestHead | None,
         batching: bool,
         max_batch_rows: int,
         pad_id: int,
-        vision=None,
-        graph_capture=None,
+        vision: Any = None,
+        graph_capture: Any = None,
         kv_budget_bytes: int = 0,
         prefill_chunk: int = 0,
         pack_tokens: int = 0,
-        simulated=None,
+        simulated: Any = None,
     ) -> Engine:
         """The engine that runs this checkpoint's batches. `graph_capture` (graphs.py) and `kv_budget_bytes` (the
         L3 budget, the most prefix KV a graph's pool holds) are for engines that replay graphed forwards;
@@ -137,21 +153,23 @@ class Backend(ABC):
         `pack_tokens` (JEV_PACK_TOKENS) for those that pack rows after prefix states into one forward;
         `simulated` (engine/simulated.py Shapes, benchmarks only) for the runner, whose forwards it replaces."""
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "prefix_reuse": self.prefix_reuse}
 
 
 class ExternalBackend(Backend):
     """A backend whose network runs in another server: requests are posted there, nothing is loaded here."""
 
-    def load(self, recipe, folder, device, dtype, *, lm_head):
+    endpoint: str | None = None  # the server's base URL
+
+    def load(self, recipe: Recipe, folder: str, device: str, dtype: str, *, lm_head: bool) -> LoadedModel:
         raise ServingError(f"backend {self.name!r} loads no local model")
 
-    def build(self, loaded, **kwargs) -> Engine:
+    def build(self, loaded: LoadedModel, **kwargs: Any) -> Engine:
         raise ServingError(f"backend {self.name!r} runs no local model")
 
     @abstractmethod
-    async def post(self, path: str, body: dict, timeout_s: float) -> dict:
+    async def post(self, path: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """The server's JSON answer (raise ExternalServerFailed / ExternalServerTimeout)."""
 
     @abstractmethod
@@ -194,7 +212,7 @@ class PromptBuilder(ABC):
     # characters before tokenising (the schema's cap still holds), only the prepared prompt is checked.
     cuts_state: bool = False
 
-    def __init__(self, tokenizer, recipe: Recipe, identity: str, *, controls: ControlTokens | None = None):
+    def __init__(self, tokenizer: Any, recipe: Recipe, identity: str, *, controls: ControlTokens | None = None) -> None:
         from jev_common.control_tokens import ControlTokens
 
         self.tokenizer = tokenizer
@@ -206,7 +224,7 @@ class PromptBuilder(ABC):
         """Refuse text the model's layout cannot carry (raise UnreadableInput naming `where`)."""
         self.controls.check(text, where)
 
-    def check_image(self, asset: ImageAsset, where: str) -> None:
+    def check_image(self, asset: ImageAsset, where: str) -> None:  # noqa: B027 - a hook with a default
         """Refuse a prepared image the model's contract does not read (its asset's grid and the image facts the
         preencoder recorded: a domain error naming `where`); by default every prepared image is read."""
 
@@ -216,7 +234,7 @@ class PromptBuilder(ABC):
     ) -> PreparedRequest:
         """The prefix (what L3 caches) and rows; `state_text` may hold image placeholders already."""
 
-    def prefix_groups(self, questions: dict) -> list[dict]:
+    def prefix_groups(self, questions: dict[str, Any]) -> list[dict[str, Any]]:
         """A request's questions (id -> question) in groups whose rows share one prompt prefix; each group is
         prepared and run as its own sequence. One group by default (every row follows the shared state
         prefix); a layout that writes question text before the state splits them, so that each group's
@@ -224,31 +242,82 @@ class PromptBuilder(ABC):
         return [questions]
 
 
+@dataclass(frozen=True)
+class BuildContext:
+    builder: PromptBuilder
+    state: object  # the request's state as sent (span questions locate candidates in it)
+    plan: object = None  # when answering: the prepared request's plan (a readout's own, e.g. its image count)
+    coherence: str = "off"  # the request's x_coherence: how a kind that offers it lays out and reads its rows
+
+    @property
+    def prompt(self) -> PromptSpec:
+        return self.builder.recipe.prompt
+
+    def default_question(self, type_: str) -> str:
+        """The recipe's question for a question of `type_` sent without instructions (span and set read as
+        choice and noul)."""
+        prompt = self.prompt
+        return {
+            "noul": prompt.default_noul_question,
+            "set": prompt.default_noul_question,
+            "choice": prompt.default_choice_question,
+            "span": prompt.default_choice_question,
+            "score": prompt.default_score_question,
+        }[type_]
+
+    def user_text(self, value: object, where: str) -> str:
+        """Render a user-supplied value and refuse it if it carries the model's control tokens."""
+        text = render_state(value)
+        self.builder.check_user_text(text, where)
+        return text
+
+    def instructions(self, question: Any, where: str) -> str:
+        """The question's instructions as checked user text, or the recipe's default question of its type."""
+        if question.instructions is None:
+            return self.default_question(question.type)
+        return self.user_text(question.instructions, f"{where}.instructions")
+
+    def criteria(self, question: Any, where: str) -> list[tuple[str, str | None]]:
+        """(name, description as checked user text, or None) of a choice or set question's criteria, in order."""
+        out = []
+        for name, description in question.criteria.items():
+            self.builder.check_user_text(name, f"{where}.criteria")
+            out.append(
+                (name, None if description is None else self.user_text(description, f"{where}.criteria[{name!r}]"))
+            )
+        return out
+
+    def question_line(self, question: Any, where: str) -> str:
+        return str(self.prompt.question_block.format(question=self.instructions(question, where)))
+
+
 class QuestionKind(ABC):
     """One System One question type: its rows after the state prefix, and its answer from their logits."""
 
-    type: ClassVar[str]
+    # class attributes, which a kind that wraps another (readouts/calibration.py, questions/prior_choice.py) sets
+    # per instance from the one it wraps
+    type: str
     # the fewest options a choice of this type is answered with (the API allows one; most families' upstreams need
     # two, and the envelope refuses fewer with a 422 naming the family's readout)
-    min_options: ClassVar[int] = 2
+    min_options: int = 2
     # the coherence modes (a request's x_coherence besides "off") that change how this type lays out and reads its
     # rows (questions/choice.py, questions/score.py); under another mode the model offers, it answers single pass
-    coherence_modes: ClassVar[frozenset[str]] = frozenset()
+    coherence_modes: frozenset[str] = frozenset()
     # the head scores each option apart from where it is listed (a row per candidate): no option order to correct,
     # so every mode is answered unchanged, and GET /v1/models says "position-free"
-    position_free: ClassVar[bool] = False
+    position_free: bool = False
     # why the modes are what they are, when a family's layout is the reason (GET /v1/models, the 422)
-    coherence_note: ClassVar[str | None] = None
+    coherence_note: str | None = None
 
-    def refuses(self, question, mode: str) -> str | None:
+    def refuses(self, question: Any, mode: str) -> str | None:
         """Why this type cannot answer `question` under coherence `mode` (one the model offers), or None."""
         return None
 
     @abstractmethod
-    def rows(self, question, ctx: BuildContext, where: str) -> list[RowSpec]: ...
+    def rows(self, question: Any, ctx: BuildContext, where: str) -> list[RowSpec]: ...
 
     @abstractmethod
-    def answer(self, question, logits: list[torch.Tensor], ctx: BuildContext) -> BaseModel: ...
+    def answer(self, question: Any, logits: list[torch.Tensor], ctx: BuildContext) -> BaseModel: ...
 
 
 # ----- the single-question form ----------------------------------------------------------------
@@ -257,11 +326,11 @@ class SingleQuestionForm(ABC):
     asks it (one question, under legacy.QID) and the form's response fields from that question's answer."""
 
     @abstractmethod
-    def job(self, request, image_key: Callable[[str], str] | None) -> Job:
+    def job(self, request: Any, image_key: Callable[[str], str] | None) -> Job:
         """The request as a Job; `image_key(data_uri)` names an image's asset (None: no image store)."""
 
     @abstractmethod
-    def fields(self, request, answer) -> dict:
+    def fields(self, request: Any, answer: Any) -> dict[str, Any]:
         """DecisionResponse's `probabilities`, `choice_index`, `choice` and kind-specific fields."""
 
 
@@ -274,14 +343,14 @@ class Readout(ABC):
     names the family (`serving.family`) and the readout says which backend runs it (`make_backend`).
     """
 
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     name: ClassVar[str] = "readout"
     question_types: ClassVar[frozenset[str]] = frozenset()
     needs_lm_head: ClassVar[bool] = False  # load the checkpoint with its LM head (AutoModelForCausalLM)
     single_question_form: ClassVar[bool] = False  # answers the JEV-VL `kind` form too (label-token rows only)
     head: Head | RequestHead | None = None
     calibration: Calibration | None = None  # set by `serve` (readouts.standard.StandardReadout)
-    kinds: dict = field(default_factory=dict)
+    kinds: dict[str, QuestionKind] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.options) - set(self.known_options()))
@@ -291,11 +360,11 @@ class Readout(ABC):
                 f"known: {', '.join(sorted(self.known_options())) or 'none'}"
             )
 
-    def known_options(self) -> dict:
+    def known_options(self) -> dict[str, Any]:
         """Option name -> default, for the recipe's `serving.options`."""
         return {}
 
-    def option(self, key: str):
+    def option(self, key: str) -> Any:
         return self.options.get(key, self.known_options()[key])
 
     def warmup_request(self, request: SystemOneRequest) -> SystemOneRequest | None:
@@ -311,7 +380,7 @@ class Readout(ABC):
         """The backend that runs this readout's checkpoint; called after `check` (it may depend on it)."""
 
     @abstractmethod
-    def prompt_builder(self, tokenizer, recipe: Recipe, identity: str) -> PromptBuilder: ...
+    def prompt_builder(self, tokenizer: Any, recipe: Recipe, identity: str) -> PromptBuilder: ...
 
     # the request forms
     @abstractmethod
@@ -320,12 +389,12 @@ class Readout(ABC):
         `single_question_form`)."""
 
     @abstractmethod
-    def envelope_state(self, request) -> str:
+    def envelope_state(self, request: Any) -> str:
         """A System One request's state as this family's prompt writes it, asset references still in place
         (the envelope puts its images there)."""
 
     # the checkpoint
-    def requirements(self) -> list:
+    def requirements(self) -> list[Any]:
         """Files (and keys in them) the checkpoint folder must hold (loading/checkpoint.py: Requirement)."""
         return []
 
@@ -338,10 +407,10 @@ class Readout(ABC):
         """Build the head and the question types answered (`serve`)."""
 
     @abstractmethod
-    def serve(self, kinds: list, calibration: Calibration) -> None:
+    def serve(self, kinds: list[QuestionKind], calibration: Calibration) -> None:
         """Answer `kinds` (question-type objects), each calibrated; called at the end of `load`."""
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "readout": self.name,
             "question_types": sorted(self.question_types),

@@ -1,9 +1,11 @@
-"""What a worker tells the frontends through the cache index (jev_common.cache_index):
+"""What a worker tells the frontends through the cache index (jev_common.index):
 
+- `WorkerIndex`: the worker's view of the index, one value: the connection, and the key spaces it reads (assets)
+  and writes (its routes, its L2 assets, its registration);
 - `WorkerRegistration`: this worker's record (model, URL, namespace, health, queue depth) under
   `jev:worker:{id}` with a short TTL, refreshed every TTL/3 and removed on a clean stop; a host that
   dies drops out when the TTL runs out. When a refresh finds the record gone (an index restarted empty), the
-  worker's resident prefixes and routes are re-announced at once, not at their next refresh.
+  worker's route keys are re-announced at once, not at their next refresh.
 - `IndexLink`: the calls the request path and the model thread make (prefixes in and out of L3, images warm
   in L2), each scheduled on the event loop without waiting;
 - `RouteRegistry`: the route key (jev_common.route_key) of every state whose prefix is resident in
@@ -18,28 +20,79 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
-from jev_common.cache_index import WORKER_TTL_S, CacheIndex, IndexUnavailable
+from jev_common.index import IndexConnection, IndexUnavailable, namespace
+from jev_common.index.assets import AssetIndex
+from jev_common.index.l2 import OwnL2
+from jev_common.index.owners import DEFAULT_OWNER_TTL_S, Owner
+from jev_common.index.routes import OwnRoutes
+from jev_common.index.workers import WORKER_TTL_S, WorkerDirectory
 
 log = logging.getLogger("jev.worker.registration")
 
 MAX_PENDING_PREFIXES = 8192  # prefixes noted by requests but not (or no longer) resident
 
 
-async def _quietly(call) -> None:
+async def _quietly(call: Awaitable[Any]) -> None:
     try:
         await call
     except IndexUnavailable:
         pass  # logged by the index; routing falls back to load
 
 
+@dataclass(frozen=True)
+class WorkerIndex:
+    """The key spaces a worker reads (assets, the preencoder's) and writes (its route keys, its L2 assets, its
+    registration), over one connection, in the namespace of its checkpoint."""
+
+    connection: IndexConnection
+    ns: str
+    assets: AssetIndex
+    routes: OwnRoutes
+    l2: OwnL2
+    directory: WorkerDirectory
+
+    @classmethod
+    def over(
+        cls, connection: IndexConnection, identity: str, owner: Owner, ttl_s: float = DEFAULT_OWNER_TTL_S
+    ) -> WorkerIndex:
+        """`ttl_s`: how long a route or L2 entry outlives a worker that stopped refreshing it."""
+        ns = namespace(identity)
+        return cls(
+            connection,
+            ns,
+            AssetIndex(connection, identity),
+            OwnRoutes(connection, ns, owner, ttl_s),
+            OwnL2(connection, ns, owner, ttl_s),
+            WorkerDirectory(connection),
+        )
+
+    async def unregister_owner(self) -> int:
+        """Remove this worker from every route and L2 entry (a clean stop), so no entry points at an address that
+        no longer answers; how many entries it was in."""
+        return await self.routes.unregister_all() + await self.l2.unregister_all()
+
+    async def close(self) -> None:
+        await self.routes.close()
+        await self.connection.close()
+
+
 class WorkerRegistration:
-    def __init__(self, index: CacheIndex, record: Callable[[], dict], ttl_s: float = WORKER_TTL_S):
-        self.index = index
+    def __init__(
+        self,
+        directory: WorkerDirectory,
+        routes: OwnRoutes,
+        record: Callable[[], dict[str, Any]],
+        ttl_s: float = WORKER_TTL_S,
+    ) -> None:
+        self.directory = directory
+        self.routes = routes
         self.record = record
         self.ttl_s = ttl_s
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self.ttl_s > 0 and self._task is None:
@@ -49,12 +102,10 @@ class WorkerRegistration:
         announced = False
         while True:
             try:
-                present = await self.index.register_worker(self.record(), self.ttl_s)
+                present = await self.directory.register(self.record(), self.ttl_s)
                 if announced and not present:  # the index lost this worker (restarted empty): everything again now
-                    count = await self.index.refresh_own_prefixes()
-                    log.info(
-                        "the index had lost this worker's record: re-announced it and %d prefixes and routes", count
-                    )
+                    count = await self.routes.refresh()
+                    log.info("the index had lost this worker's record: re-announced it and %d routes", count)
                 announced = True
             except IndexUnavailable:
                 pass  # logged by the index; routing falls back to load
@@ -66,7 +117,7 @@ class WorkerRegistration:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
-        await _quietly(self.index.unregister_worker(str(self.record()["worker_id"])))
+        await _quietly(self.directory.unregister(str(self.record()["worker_id"])))
 
 
 class RouteRegistry:
@@ -77,7 +128,7 @@ class RouteRegistry:
         self._resident: set[str] = set()
         self._registered: set[str] = set()
 
-    def note(self, index: CacheIndex | None, prefix_key: str, route_key: str) -> None:
+    def note(self, index: OwnRoutes | None, prefix_key: str, route_key: str) -> None:
         """A request with this route key uses this prefix (called before it runs)."""
         routes = self._routes.setdefault(prefix_key, set())
         self._routes.move_to_end(prefix_key)
@@ -89,21 +140,21 @@ class RouteRegistry:
             if oldest is not None:
                 self._routes.pop(oldest)
 
-    def _register(self, index: CacheIndex, route_key: str) -> None:
+    def _register(self, index: OwnRoutes, route_key: str) -> None:
         self._registered.add(route_key)
-        asyncio.get_running_loop().create_task(_quietly(index.register_route(route_key)))
+        asyncio.get_running_loop().create_task(_quietly(index.register(route_key)))
 
-    async def resident(self, index: CacheIndex, prefix_key: str) -> None:
+    async def resident(self, index: OwnRoutes, prefix_key: str) -> None:
         self._resident.add(prefix_key)
         new = [r for r in self._routes.get(prefix_key, ()) if r not in self._registered]
         self._registered.update(new)
-        await asyncio.gather(*(_quietly(index.register_route(r)) for r in new))
+        await asyncio.gather(*(_quietly(index.register(r)) for r in new))
 
-    async def evicted(self, index: CacheIndex, prefix_key: str) -> None:
+    async def evicted(self, index: OwnRoutes, prefix_key: str) -> None:
         self._resident.discard(prefix_key)
         gone = [r for r in self._routes.pop(prefix_key, ()) if r in self._registered]
         self._registered.difference_update(gone)
-        await asyncio.gather(*(_quietly(index.unregister_route(r)) for r in gone))
+        await asyncio.gather(*(_quietly(index.unregister(r)) for r in gone))
 
     def resident_routes(self) -> int:
         return len(self._registered)
@@ -111,42 +162,41 @@ class RouteRegistry:
 
 class IndexLink:
     """The worker's best-effort calls to the cache index, from the event loop or the model thread: prefixes
-    entering and leaving L3 (with their route keys), images warm in L2. A down index only degrades routing."""
+    entering and leaving L3 (the route keys of their states), images warm in L2. A down index only degrades
+    routing. `bind` names the event loop the calls run on (the service's, known once it starts)."""
 
-    def __init__(self) -> None:
-        self.index: CacheIndex | None = None
+    def __init__(self, index: WorkerIndex) -> None:
+        self.index = index
         self.routes = RouteRegistry()  # route keys of resident prefixes, for prefix-aware frontends
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def connect(self, index: CacheIndex, loop: asyncio.AbstractEventLoop) -> None:
-        self.index, self._loop = index, loop
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
 
-    def _call(self, call) -> None:
-        """Schedule `call(index)` on the loop (safe from any thread) and never wait for it."""
-        index, loop = self.index, self._loop
-        if index is None or loop is None:
+    def _call(self, call: Callable[[OwnRoutes], Coroutine[Any, Any, None]]) -> None:
+        """Schedule `call(routes)` on the loop (safe from any thread) and never wait for it."""
+        loop = self._loop
+        if loop is None:
             return
+        routes = self.index.routes
 
         def schedule() -> None:
-            task = loop.create_task(call(index))
+            task = loop.create_task(call(routes))
             task.add_done_callback(lambda t: t.exception())  # a down index only degrades, never fails
 
         loop.call_soon_threadsafe(schedule)
 
     # on the model thread (engine callbacks)
-    def prefix_resident(self, key: str, state) -> None:
-        self._call(lambda index: index.register_prefix(key, None, state.length, state.nbytes))
-        self._call(lambda index: self.routes.resident(index, key))
+    def prefix_resident(self, key: str, _state: object) -> None:
+        self._call(lambda routes: self.routes.resident(routes, key))
 
-    def prefix_evicted(self, key: str, _state) -> None:
-        self._call(lambda index: index.unregister_prefix(key))
-        self._call(lambda index: self.routes.evicted(index, key))
+    def prefix_evicted(self, key: str, _state: object) -> None:
+        self._call(lambda routes: self.routes.evicted(routes, key))
 
     # on the loop
     def note_route(self, prefix_key: str, route_key: str) -> None:
-        self.routes.note(self.index, prefix_key, route_key)
+        self.routes.note(self.index.routes, prefix_key, route_key)
 
     def register_l2(self, key: str) -> None:
-        if self.index is not None:
-            task = asyncio.get_running_loop().create_task(self.index.register_l2(key))
-            task.add_done_callback(lambda t: t.exception())
+        task = asyncio.get_running_loop().create_task(self.index.l2.register(key))
+        task.add_done_callback(lambda t: t.exception())

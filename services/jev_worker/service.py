@@ -9,18 +9,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from jev_common.cache_index import CacheIndex
 from jev_common.errors import (
     DeadlineExceeded,
     DomainError,
     ModelNotServed,
     NotReady,
     ShuttingDown,
+    Stalled,
     UnsupportedRequestForm,
     domain_error_type,
 )
 from jev_common.http import CODE_VERSION_HEADER, DEVICE_SECONDS_HEADER, REVISION_HEADER, WORKER_HEADER
+from jev_common.index import IndexConnection
+from jev_common.index.owners import Owner
 from jev_common.schema import (
     LATEST_ALIAS,
     CacheStats,
@@ -34,10 +37,12 @@ from jev_common.timeline import Timeline
 from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
+from .loading.load_progress import LoadProgress
 from .metrics import WorkerMetrics
-from .pipeline import Decision, ExternalPipeline, Job, LocalPipeline, Pipeline
+from .pipeline import Decision, ExternalPipeline, Images, Job, LocalPipeline, Pipeline
+from .protocols import ExternalBackend
 from .questions import coherence
-from .registration import IndexLink, WorkerRegistration
+from .registration import IndexLink, WorkerIndex, WorkerRegistration
 from .request import envelope, legacy
 from .scheduling.caches import WorkerCaches
 from .scheduling.scheduler import Caller
@@ -45,20 +50,29 @@ from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
 from .watchdog import Watchdog
 
+if TYPE_CHECKING:  # model.py imports torch: loaded only by a worker that runs the network
+    from .model import LocalModel
+
 log = logging.getLogger("jev.worker")
 
-WARMUP_REQUEST = SystemOneRequest(
-    model=LATEST_ALIAS,
-    state="The lamp is switched on and the room is bright.",
-    questions={
-        "on": {"type": "noul", "instructions": "Is the lamp on?"},
-        "light": {
-            "type": "choice",
-            "instructions": "Is the room bright or dark?",
-            "criteria": {"bright": None, "dark": None},
+WARMUP_REQUEST = SystemOneRequest.model_validate(
+    dict(
+        model=LATEST_ALIAS,
+        state="The lamp is switched on and the room is bright.",
+        questions={
+            "on": {"type": "noul", "instructions": "Is the lamp on?"},
+            "light": {
+                "type": "choice",
+                "instructions": "Is the room bright or dark?",
+                "criteria": {"bright": None, "dark": None},
+            },
+            "level": {
+                "type": "score",
+                "instructions": "How bright is the room?",
+                "criteria": ["dark", "dim", "bright"],
+            },
         },
-        "level": {"type": "score", "instructions": "How bright is the room?", "criteria": ["dark", "dim", "bright"]},
-    },
+    )
 )
 WARMUP_TIMEOUT_S = 600.0  # the first forward also checks packing and prefix branching once: not a request's deadline
 
@@ -72,12 +86,17 @@ class WorkerService:
         self.code_version = settings.code_version or source_version()  # named with every answer (_headers)
         self.metrics = metrics or WorkerMetrics(model=self.recipe.name)
         self.metrics.queue_limit.set(settings.max_queue)
-        self.index_link = IndexLink()
+        self.index_link = IndexLink(
+            WorkerIndex.over(
+                IndexConnection(settings.index_url), self.identity, Owner(settings.worker_id, settings.worker_url)
+            )
+        )
         self.caches = WorkerCaches(
             settings.cache, on_l3_insert=self.index_link.prefix_resident, on_l3_evict=self.index_link.prefix_evicted
         )
         self.serving: Serving | None = None
-        self.model = None  # model.LocalModel, when the network runs in this process
+        self.progress: LoadProgress | None = None  # how far loading a model in this process is
+        self.model: LocalModel | None = None  # when the network runs in this process
         self.pipeline: Pipeline | None = None
         self.registration: WorkerRegistration | None = None
         self.state = "loading"
@@ -86,7 +105,7 @@ class WorkerService:
         self.watchdog: Watchdog | None = None
         self.metrics.watch_caches(self.cache_stats)
         self.metrics.watch_engine(lambda: self.model.engine_paths() if self.model else {})
-        self.metrics.watch_index("worker", lambda: self.index_link.index)
+        self.metrics.watch_index("worker", lambda: self.index_link.index.connection)
 
     # ----- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -98,13 +117,24 @@ class WorkerService:
             else:
                 from .model import LocalModel
 
-                self.model = LocalModel(self.settings, self.identity, self.metrics, self.caches)
-                try:
-                    await self.model.start()
-                finally:
-                    self.serving = self.model.serving
-                self.metrics.device_info.labels(self.model.device).set(1)
-                model = self.model
+                def known(serving: Serving) -> None:
+                    self.serving = serving  # health describes it even when loading fails later
+
+                def on_serving(serving: Serving) -> None:  # on the model thread
+                    loop.call_soon_threadsafe(known, serving)
+
+                self.progress = LoadProgress()
+                model = await LocalModel.open(
+                    self.settings,
+                    self.identity,
+                    self.metrics,
+                    self.caches,
+                    self.index_link.index.assets,
+                    self.progress,
+                    on_serving,
+                )
+                self.model, self.serving = model, model.serving
+                self.metrics.device_info.labels(model.device).set(1)
                 self.watchdog = Watchdog(
                     self.settings.stall_s,
                     lambda: model.scheduler.running,
@@ -112,11 +142,9 @@ class WorkerService:
                     self.metrics,
                 )
                 self.watchdog.start()
-            self.index_link.connect(self._new_index(), loop)
+            self.index_link.bind(loop)
             if self.model is not None:
-                if self.model.assets is not None:
-                    self.model.assets.index = self.index_link.index
-                self.pipeline = LocalPipeline(self.model, self.caches.l1, self.settings, self.index_link, self.metrics)
+                self.pipeline = self._local_pipeline(self.model)
                 warmup = self.serving.readout.warmup_request(WARMUP_REQUEST)
                 if warmup is not None:  # None: the readout answers nothing without the caller's data
                     started = time.perf_counter()
@@ -124,8 +152,9 @@ class WorkerService:
                     self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
             self.state = "ok"
+            index = self.index_link.index
             self.registration = WorkerRegistration(
-                self.index_link.index, self._registration_record, self.settings.register_ttl_s
+                index.directory, index.routes, self._registration_record, self.settings.register_ttl_s
             )
             self.registration.start()
             warmed = "no warmup decision" if self.warmup_seconds is None else f"warmup {self.warmup_seconds:.3f} s"
@@ -137,18 +166,29 @@ class WorkerService:
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("worker failed to start")
 
-    def _new_index(self) -> CacheIndex:
-        return CacheIndex(
-            self.settings.index_url, self.identity, owner_id=self.settings.worker_id, owner_url=self.settings.worker_url
+    def _local_pipeline(self, model: LocalModel) -> LocalPipeline:
+        store = model.assets
+        images = None
+        if store is not None:
+            images = Images(store, model.image_placeholder, self.settings.cache.l2_on)
+        return LocalPipeline(
+            self.recipe.name,
+            model.readout,
+            model.builder,
+            model.bounds,
+            model.scheduler,
+            images,
+            self.caches.l1,
+            self.index_link,
+            self.metrics,
         )
 
     def _registration_record(self) -> dict:
-        index = self.index_link.index
         return {
             "worker_id": self.settings.worker_id,
             "url": self.settings.worker_url,
             "model": self.recipe.name,
-            "ns": index.ns if index else "",
+            "ns": self.index_link.index.ns,
             "state": self.state,
             "queue_depth": self.depth,
             "max_queue": self.settings.max_queue,
@@ -164,9 +204,9 @@ class WorkerService:
         if self.registration is not None:  # frontends that discover workers stop sending here
             await self.registration.stop()
             self.registration = None
-        scheduler = self.scheduler
-        if scheduler is None:
+        if self.model is None:
             return
+        scheduler = self.model.scheduler
         loop = asyncio.get_running_loop()
         until = loop.time() + grace_s
         while scheduler.depth and loop.time() < until:
@@ -190,22 +230,21 @@ class WorkerService:
             await self.model.stop()
         if isinstance(self.pipeline, LocalPipeline):
             self.pipeline.close()
-        index = self.index_link.index
-        if index is not None:  # no index entry may point at a stopped worker
-            await asyncio.gather(index.unregister_owner(), return_exceptions=True)
-            await index.close()
-        if self.model is None and self.serving is not None:
+        index = self.index_link.index  # no index entry may point at a stopped worker
+        await asyncio.gather(index.unregister_owner(), return_exceptions=True)
+        await index.close()
+        if self.model is None and self.serving is not None and isinstance(self.serving.backend, ExternalBackend):
             await self.serving.backend.close()
 
     # ----- the request path ---------------------------------------------------------------------
     def accepts_model(self, name: str | None) -> bool:
         return name is None or name in (self.recipe.name, LATEST_ALIAS)
 
-    def _admit(self, model: str | None, single_question: bool) -> None:
-        """A request this worker answers now: ready, its model, its form."""
+    def _admit(self, model: str | None, single_question: bool) -> Serving:
+        """A request this worker answers now: ready, its model, its form. Returns what serves it."""
         if self.state == "stopping":
             raise ShuttingDown("worker is shutting down; retry on another replica")
-        if self.pipeline is None or self.state == "unavailable":
+        if self.pipeline is None or self.serving is None or self.state == "unavailable":
             raise NotReady(
                 "the model is still loading"
                 if self.state == "loading"
@@ -216,12 +255,14 @@ class WorkerService:
                 f"model {model!r} is not served here; this worker serves {self.recipe.name!r} "
                 f"(also as {LATEST_ALIAS!r}); GET /v1/models lists them"
             )
-        if single_question and not self.serving.readout.single_question_form:
+        serving = self.serving
+        if single_question and not serving.readout.single_question_form:
             raise UnsupportedRequestForm(
                 f"the single-question form (`kind`) is answered by label-token and JEV-VL recipes only; "
-                f"{self.recipe.name} serves with readout {self.serving.readout.name!r}: send the System One envelope "
+                f"{self.recipe.name} serves with readout {serving.readout.name!r}: send the System One envelope "
                 "({model, state, questions})"
             )
+        return serving
 
     async def run(
         self,
@@ -238,8 +279,11 @@ class WorkerService:
         decision and the seconds it took."""
         started = time.perf_counter()
         timeout = timeout_s or min(deadline_s or self.settings.deadline_s, self.settings.max_deadline_s)
+        pipeline = self.pipeline
+        if pipeline is None:  # admitted work has one; a caller that skipped admission does not
+            raise NotReady("the model is still loading")
         with self._counted(label, timeout):
-            decision = await self.pipeline.answer(make_job(), started, timeout, caller, timeline)
+            decision = await pipeline.answer(make_job(), started, timeout, caller, timeline)
         return decision, time.perf_counter() - started
 
     @contextlib.contextmanager
@@ -271,8 +315,7 @@ class WorkerService:
         timeline: Timeline | None = None,
     ) -> tuple[SystemOneResponse, dict[str, str]]:
         """One System One request: every question a row (or rows) after the shared state prefix."""
-        self._admit(request.model, single_question=False)
-        render = self.serving.readout.envelope_state
+        render = self._admit(request.model, single_question=False).readout.envelope_state
         decision, elapsed = await self.run(
             "systemone",
             lambda: envelope.job(request, parts or {}, render),
@@ -281,7 +324,11 @@ class WorkerService:
             caller=caller,
             timeline=timeline,
         )
-        usage = decision.usage or SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
+        usage = (
+            decision.usage
+            if decision.usage is not None
+            else SystemOneUsage(input_tokens=decision.prompt_tokens, output_tokens=0)
+        )
         extra = {} if decision.usage is not None else {"x_cached_input_tokens": decision.cached_tokens}
         response = SystemOneResponse(
             model=self.recipe.name, answers=decision.answers, usage=usage, x_elapsed_seconds=elapsed, **extra
@@ -312,11 +359,10 @@ class WorkerService:
     ) -> tuple[DecisionResponse, dict[str, str]]:
         """One request of the single-question form (the JEV-VL worker contract); its body's `deadline_s`
         (upstream's field) and the deadline header: the shorter wins."""
-        self._admit(None, single_question=True)
-        form = self.serving.readout.single_question(self.recipe)
+        form = self._admit(None, single_question=True).readout.single_question(self.recipe)
 
         def make_job() -> Job:
-            assets = self.assets
+            assets = self.model.assets if self.model is not None else None
             return form.job(request, assets.key_for if assets is not None else None)
 
         deadlines = [d for d in (request.deadline_s, deadline_s) if d is not None]
@@ -329,35 +375,7 @@ class WorkerService:
             self._headers(decision),
         )
 
-    # ----- the model's parts (tests, tools) ---------------------------------------------------------
-    @property
-    def loaded(self):
-        return self.model.loaded if self.model else None
-
-    @property
-    def engine(self):
-        return self.model.engine if self.model else None
-
-    @property
-    def builder(self):
-        return self.model.builder if self.model else None
-
-    @property
-    def scheduler(self):
-        return self.model.scheduler if self.model else None
-
-    @property
-    def assets(self):
-        return self.model.assets if self.model else None
-
-    @property
-    def index(self) -> CacheIndex | None:
-        return self.index_link.index
-
-    @property
-    def routes(self):
-        return self.index_link.routes
-
+    # ----- queue ---------------------------------------------------------------------------------
     @property
     def depth(self) -> int:
         return self.model.depth if self.model else 0
@@ -370,11 +388,12 @@ class WorkerService:
 
     def reset_counters(self) -> None:
         self.caches.reset_counters()
-        if self.assets is not None:
-            self.assets.reset_counters()  # and its index and disk counters
+        if self.model is not None and self.model.assets is not None:
+            self.model.assets.reset_counters()  # and its index and disk counters
 
     # ----- health -------------------------------------------------------------------------------
-    async def health(self) -> tuple[int, dict]:
+    async def health(self) -> tuple[str, dict, DomainError | None]:
+        """(status word, detail, why the worker is not ready: None while it is), for jev_common.health."""
         detail = {
             "recipe": self.recipe.name,
             "checkpoint": self.identity,
@@ -382,8 +401,8 @@ class WorkerService:
             "worker_id": self.settings.worker_id,
             "queue_depth": self.depth,
         }
-        if self.state == "loading" and self.model is not None:
-            detail["stage"] = self.model.stage  # how far loading is
+        if self.state == "loading" and self.progress is not None:
+            detail["stage"] = self.progress.describe()  # how far loading is
         if self.model is not None:
             detail.update(self.model.describe())
         if self.serving is not None:
@@ -392,20 +411,22 @@ class WorkerService:
             detail["warmup_seconds"] = round(self.warmup_seconds, 4)
         if self.error:
             detail["error"] = self.error
-        status, code = self.state, 200 if self.state == "ok" else 503
-        index = self.index_link.index
-        if index is not None and self.state == "ok":
-            index_health = await index.health()
+        status, ready = self.state, self.state == "ok"
+        if self.state == "ok":
+            index_health = await self.index_link.index.connection.health(self.index_link.index.ns)
             detail["index"] = index_health
             if index_health.get("status") != "ok":
                 status = "degraded"  # text decisions still work; image lookups fall back to files
         if self.state == "ok" and self.model is None:
-            code, status = await self._external_health(detail, code, status)
+            ready, status = await self._external_health(detail, ready, status)
         stalled = self.stalled()
         if stalled and self.state == "ok":
             detail["error"] = f"stalled: {stalled}"
-            code, status = 503, "stalled"
-        return code, {"status": status, "detail": detail}
+            ready, status = False, "stalled"
+        if ready:
+            return status, detail, None
+        message = f"worker is {status}" + (f": {detail['error']}" if detail.get("error") else "")
+        return status, detail, Stalled(message) if status == "stalled" else NotReady(message)
 
     def coherence(self) -> tuple[list[str] | None, dict | None]:
         """The x_coherence modes this model accepts, and how each question type with an option order answers them
@@ -419,16 +440,18 @@ class WorkerService:
         """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""
         return self.watchdog.problem() if self.watchdog is not None else None
 
-    async def _external_health(self, detail: dict, code: int, status: str) -> tuple[int, str]:
+    async def _external_health(self, detail: dict, ready: bool, status: str) -> tuple[bool, str]:
         """The family's own server's health is the worker's (503 naming it while it, or a server it needs
         such as CLM's embeddings server, is down)."""
-        backend = self.serving.backend
+        backend = self.serving.backend if self.serving is not None else None
+        if not isinstance(backend, ExternalBackend):
+            return ready, status
         reachable, remote = await backend.health()
         detail["external"] = remote
         problem = None if reachable else remote
         if reachable and isinstance(remote, dict) and remote.get("embedder") is False:
             problem = f"{backend.endpoint} reports its embeddings server down (embedder: false)"
         if problem is None:
-            return code, status
+            return ready, status
         detail["error"] = f"external server: {problem}"
-        return 503, "unavailable"
+        return False, "unavailable"

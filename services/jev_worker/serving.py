@@ -30,6 +30,8 @@ class Serving:
 
     def load(self, device: str, dtype: str) -> LoadedModel:
         """The checked checkpoint, loaded by the backend the readout chose."""
+        if self.folder is None:
+            raise ServingError(f"backend {self.backend.name!r} runs no local checkpoint")
         return self.backend.load(self.recipe, self.folder, device, dtype, lm_head=self.readout.needs_lm_head)
 
     def describe(self) -> dict:

@@ -12,6 +12,8 @@ import os
 import socket
 from dataclasses import dataclass, replace
 
+from pydantic import BaseModel
+
 from jev_common.config import (
     COMPUTED,
     LOG_LEVEL,
@@ -47,7 +49,7 @@ def positive_number(raw: str) -> float:
     return value
 
 
-def _recipe_default(spec: type, name: str):
+def _recipe_default(spec: type[BaseModel], name: str) -> object:
     """The recipe schema's default for one field (what a recipe that does not set it gets)."""
     return spec.model_fields[name].default
 
@@ -300,9 +302,9 @@ ENV = EnvTable(
         float_var(
             "JEV_GIL_SWITCH_MS",
             0.2,
-            "the interpreter's thread switch interval (`sys.setswitchinterval`, Python's default 5): how long the model "
-            "thread may wait for the event loop to let it run between two batches; short, so a fast device is not "
-            "left idle while the loop parses requests (docs/benchmarks.md, host overhead)",
+            "the interpreter's thread switch interval (`sys.setswitchinterval`, Python's default 5): how long "
+            "the model thread may wait for the event loop to let it run between two batches; short, so a fast "
+            "device is not left idle while the loop parses requests (docs/benchmarks.md, host overhead)",
         ),
         list_var(
             "JEV_API_KEYS",

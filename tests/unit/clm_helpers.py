@@ -117,7 +117,7 @@ class UpstreamClm:
         )
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
         config = uvicorn.Config(
             create_app(self.engine, ui=False),
             lifespan="off",

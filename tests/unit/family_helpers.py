@@ -140,8 +140,8 @@ def served_ids(service, state, questions: dict) -> list[list[int]]:
     from jev_worker.questions.plan import rows_for
 
     request = SystemOneRequest.model_validate({"model": "jev-latest", "state": state, "questions": questions})
-    rows, plan = rows_for(request.questions, request.state, service.builder, service.model.readout.kinds)
-    prepared = service.builder.prepare("", rows, (), plan)
+    rows, plan = rows_for(request.questions, request.state, service.model.builder, service.model.readout.kinds)
+    prepared = service.model.builder.prepare("", rows, (), plan)
     return [list(prepared.full_ids(i)) for i in range(len(rows))]
 
 

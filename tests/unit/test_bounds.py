@@ -41,10 +41,10 @@ async def test_chunked_prefill_answers_as_one_pass(worker_settings, kind, cache)
     body = REQUESTS[kind]
     settings = worker_settings(prefill_chunk_tokens=3, **({} if cache else {"cache": CACHE_OFF}))
     async with worker_client(settings) as (client, service):
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         chunks = []
-        original = service.engine.forwards.backbone_forward
-        service.engine.forwards.backbone_forward = lambda **kw: chunks.append(kw) or original(**kw)
+        original = service.model.engine.forwards.backbone_forward
+        service.model.engine.forwards.backbone_forward = lambda **kw: chunks.append(kw) or original(**kw)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
         assert_close(served_row_probs(body, await response.json()), reference_row_probs(service, body))
@@ -77,8 +77,8 @@ def test_the_familys_own_limit_wins_over_positions():
 async def test_megabytes_refused_before_compute_and_the_worker_still_answers(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
         calls = []
-        original = service.engine.run
-        service.engine.run = lambda items, groups: calls.append(items) or original(items, groups)
+        original = service.model.engine.run
+        service.model.engine.run = lambda items, groups: calls.append(items) or original(items, groups)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         one_mb = await client.post("/v1/systemone", json=envelope("word " * 200_000))
         assert one_mb.status == 422

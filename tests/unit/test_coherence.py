@@ -135,7 +135,7 @@ async def test_a_score_under_cyclic_averages_its_levels_asked_in_both_orders(wor
         with torch.inference_mode():  # each order as a plain forward over its whole prompt
             want = [
                 torch.softmax(
-                    service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
+                    service.model.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
                     .logits[0, -1, list(prepared.row_labels[i])]
                     .float(),
                     -1,
@@ -178,7 +178,7 @@ async def test_a_span_under_cyclic_gets_the_same_answer_in_any_candidate_order_a
         with torch.inference_mode():  # each shift as a plain forward over its whole prompt
             shifts = [
                 torch.softmax(
-                    service.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
+                    service.model.loaded.model(input_ids=torch.tensor([prepared.full_ids(i)]))
                     .logits[0, -1, list(prepared.row_labels[i])]
                     .float(),
                     -1,

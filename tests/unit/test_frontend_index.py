@@ -1,5 +1,5 @@
 """What workers write to the index for the frontend's routing: their registrations (discovery) and the
-route keys of their resident prefixes (cache_index + jev_worker.registration), on a real Redis."""
+route keys of their resident prefixes (jev_common.index + jev_worker.registration), on a real Redis."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import uuid
 
 import pytest
 
-from jev_common.cache_index import CacheIndex, IndexUnavailable
-from jev_worker.registration import RouteRegistry, WorkerRegistration
+from jev_common.index import IndexConnection, IndexUnavailable
+from jev_common.index.l2 import l2_owners
+from jev_common.index.owners import Owner
+from jev_common.index.routes import route_owners
+from jev_worker.registration import RouteRegistry, WorkerIndex, WorkerRegistration
 
 from .test_cache_index import DEAD_URL, needs_redis
 
@@ -20,16 +23,15 @@ pytestmark = needs_redis
 
 @pytest.fixture
 async def index():
-    made = CacheIndex(
-        f"redis://127.0.0.1:6379/{random.randint(1, 15)}",
+    made = WorkerIndex.over(
+        IndexConnection(f"redis://127.0.0.1:6379/{random.randint(1, 15)}"),
         f"test/{uuid.uuid4().hex}@1",
-        owner_id=f"w-{uuid.uuid4().hex[:8]}",
-        owner_url="http://127.0.0.1:9",
-        prefix_ttl_s=60,
+        Owner(f"w-{uuid.uuid4().hex[:8]}", "http://127.0.0.1:9"),
+        60,
     )
     yield made
-    await made.unregister_worker(made.owner_id)
-    await made.purge_namespace()
+    await made.directory.unregister(made.routes.owner.worker_id)
+    await made.connection.purge(made.ns)
     await made.close()
 
 
@@ -38,81 +40,86 @@ def mine(records, worker_id):
 
 
 async def test_worker_registration_expires_with_its_ttl_and_leaves_on_stop(index):
-    record = {"worker_id": index.owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns, "queue_depth": 3}
-    await index.register_worker(record, ttl_s=1)
-    [found] = mine(await index.list_workers(), index.owner_id)
+    owner_id = index.routes.owner.worker_id
+    record = {"worker_id": owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns, "queue_depth": 3}
+    await index.directory.register(record, ttl_s=1)
+    [found] = mine(await index.directory.list(), owner_id)
     assert found["model"] == "m" and found["ns"] == index.ns and found["queue_depth"] == 3
     await asyncio.sleep(2.1)  # a dead host: nobody refreshes it
-    assert mine(await index.list_workers(), index.owner_id) == []
-    assert index.owner_id not in await index._redis().smembers("jev:workers")  # pruned on read
+    assert mine(await index.directory.list(), owner_id) == []
+    assert owner_id not in await index.connection.redis().smembers("jev:workers")  # pruned on read
 
-    registration = WorkerRegistration(index, lambda: record, ttl_s=0.6)
+    registration = WorkerRegistration(index.directory, index.routes, lambda: record, ttl_s=0.6)
     registration.start()
     await asyncio.sleep(1.5)  # refreshed every TTL/3: still there after two TTLs
-    assert mine(await index.list_workers(), index.owner_id)
+    assert mine(await index.directory.list(), owner_id)
     await registration.stop()
-    assert mine(await index.list_workers(), index.owner_id) == []
+    assert mine(await index.directory.list(), owner_id) == []
 
 
 async def test_route_keys_follow_the_prefixes_in_l3(index):
+    own, conn, owner_id = index.routes, index.connection, index.routes.owner.worker_id
     routes = RouteRegistry()
-    routes.note(index, "prefix-1", "route-1")
-    assert await index.route_owners(index.ns, "route-1") == []  # noted, not resident yet
-    await routes.resident(index, "prefix-1")
-    [owner] = await index.route_owners(index.ns, "route-1")
-    assert owner.worker_id == index.owner_id and owner.url == "http://127.0.0.1:9"
-    routes.note(index, "prefix-1", "route-2")  # another state with the same prefix, already resident
+    routes.note(own, "prefix-1", "route-1")
+    assert await route_owners(conn, index.ns, "route-1") == []  # noted, not resident yet
+    await routes.resident(own, "prefix-1")
+    [owner] = await route_owners(conn, index.ns, "route-1")
+    assert owner.worker_id == owner_id and owner.url == "http://127.0.0.1:9"
+    routes.note(own, "prefix-1", "route-2")  # another state with the same prefix, already resident
     await asyncio.sleep(0.1)
-    assert [o.worker_id for o in await index.route_owners(index.ns, "route-2")] == [index.owner_id]
-    assert await index.refresh_own_prefixes() == 2
-    await routes.evicted(index, "prefix-1")
-    assert await index.route_owners(index.ns, "route-1") == await index.route_owners(index.ns, "route-2") == []
-    assert await index.refresh_own_prefixes() == 0
+    assert [o.worker_id for o in await route_owners(conn, index.ns, "route-2")] == [owner_id]
+    assert await own.refresh() == 2
+    await routes.evicted(own, "prefix-1")
+    assert await route_owners(conn, index.ns, "route-1") == await route_owners(conn, index.ns, "route-2") == []
+    assert await own.refresh() == 0
 
-    await routes.resident(index, "prefix-3")
-    routes.note(index, "prefix-3", "route-3")
-    await index.register_l2("asset-1")
+    await routes.resident(own, "prefix-3")
+    routes.note(own, "prefix-3", "route-3")
+    await index.l2.register("asset-1")
     await asyncio.sleep(0.1)
-    assert await index.route_owners(index.ns, "route-3") and await index.l2_owners(index.ns, "asset-1")
-    assert await index.route_owners("another-ns", "route-3") == []
+    assert await route_owners(conn, index.ns, "route-3") and await l2_owners(conn, index.ns, "asset-1")
+    assert await route_owners(conn, "another-ns", "route-3") == []
     await index.unregister_owner()  # a clean stop removes route and L2 entries too
-    assert await index.route_owners(index.ns, "route-3") == await index.l2_owners(index.ns, "asset-1") == []
+    assert await route_owners(conn, index.ns, "route-3") == await l2_owners(conn, index.ns, "asset-1") == []
 
 
 async def test_redis_down_never_fails_the_worker_side():
-    dead = CacheIndex(DEAD_URL, "test/dead@1", owner_id="w", owner_url="http://x")
+    dead = WorkerIndex.over(IndexConnection(DEAD_URL), "test/dead@1", Owner("w", "http://x"))
     routes = RouteRegistry()
-    routes.note(dead, "p", "r")
-    await routes.resident(dead, "p")
-    await routes.evicted(dead, "p")
-    registration = WorkerRegistration(dead, lambda: {"worker_id": "w", "url": "http://x"}, ttl_s=0.3)
+    routes.note(dead.routes, "p", "r")
+    await routes.resident(dead.routes, "p")
+    await routes.evicted(dead.routes, "p")
+    registration = WorkerRegistration(
+        dead.directory, dead.routes, lambda: {"worker_id": "w", "url": "http://x"}, ttl_s=0.3
+    )
     registration.start()
     await asyncio.sleep(0.2)
     await registration.stop()
     with pytest.raises(IndexUnavailable):
-        await dead.list_workers()
+        await dead.directory.list()
     await dead.close()
 
 
 async def test_an_index_restarted_empty_gets_the_worker_and_its_routes_back_at_once(index, caplog):
     """The registration finds its record gone (Redis restarted empty) and re-announces the resident prefixes and
     routes then, not at their next refresh (a third of the 60 s prefix TTL here)."""
-    record = {"worker_id": index.owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns}
+    owner_id = index.routes.owner.worker_id
+    record = {"worker_id": owner_id, "url": "http://127.0.0.1:9", "model": "m", "ns": index.ns}
     routes = RouteRegistry()
-    routes.note(index, "prefix-1", "route-1")
-    await routes.resident(index, "prefix-1")
-    registration = WorkerRegistration(index, lambda: record, ttl_s=0.3)
+    routes.note(index.routes, "prefix-1", "route-1")
+    await routes.resident(index.routes, "prefix-1")
+    registration = WorkerRegistration(index.directory, index.routes, lambda: record, ttl_s=0.3)
     registration.start()
     try:
         await asyncio.sleep(0.2)
-        redis = index._redis()
-        keys = [key async for key in redis.scan_iter(f"jev:{index.ns}:*")] + [f"jev:worker:{index.owner_id}"]
+        redis = index.connection.redis()
+        keys = [key async for key in redis.scan_iter(f"jev:{index.ns}:*")] + [f"jev:worker:{owner_id}"]
         with caplog.at_level(logging.INFO, logger="jev"):
             # what an empty Redis holds of this worker: nothing (one transaction, so no refresh lands in between)
             assert await redis.delete(*keys) > 0
             await asyncio.sleep(0.4)
         assert "had lost this worker's record" in caplog.text  # noticed and re-announced, not waited out
-        assert mine(await index.list_workers(), index.owner_id)
-        assert [o.worker_id for o in await index.route_owners(index.ns, "route-1")] == [index.owner_id]
+        assert mine(await index.directory.list(), owner_id)
+        assert [o.worker_id for o in await route_owners(index.connection, index.ns, "route-1")] == [owner_id]
     finally:
         await registration.stop()

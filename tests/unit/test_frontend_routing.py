@@ -15,13 +15,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from jev_common.cache_index import CacheIndex, namespace
+from jev_common.index import IndexConnection, namespace
+from jev_common.index.owners import Owner
 from jev_common.route_key import render_state, state_route_key
 from jev_common.schema import ErrorEnvelope
 from jev_frontend.app import create_app
 from jev_frontend.pool import BackendState
 from jev_frontend.router import Router
 from jev_frontend.settings import Settings, parse_backends
+from jev_worker.registration import WorkerIndex
 from tests.fakes.fake_worker import FakeWorker
 
 from .test_cache_index import needs_redis
@@ -351,27 +353,27 @@ async def test_discovery_and_warm_routing_from_the_index():
     identity = f"test/{uuid.uuid4().hex}@1"
     model = f"m-{uuid.uuid4().hex[:8]}"
     ns = namespace(identity)
-    index_a = CacheIndex(redis_url, identity, owner_id=f"{model}-a", owner_url="http://unused")
-    index_b = CacheIndex(redis_url, identity, owner_id=f"{model}-b", owner_url="http://unused")
+    index_a = WorkerIndex.over(IndexConnection(redis_url), identity, Owner(f"{model}-a", "http://unused"))
+    index_b = WorkerIndex.over(IndexConnection(redis_url), identity, Owner(f"{model}-b", "http://unused"))
     try:
         async with fakes({"model": model, "worker_id": f"{model}-a"}, {"model": model, "worker_id": f"{model}-b"}) as (
             a,
             b,
         ):
             for index, fake in ((index_a, a), (index_b, b)):
-                await index.register_worker({"worker_id": fake.worker_id, "url": fake.url, "model": model, "ns": ns})
+                await index.directory.register({"worker_id": fake.worker_id, "url": fake.url, "model": model, "ns": ns})
             async with frontend([], discovery=True, redis_url=redis_url, default_model=model) as client:
                 health = await (await client.get("/health")).json()
                 mine = {x["url"] for x in health["detail"]["backends"] if x["model"] == model}
                 assert mine == {a.url, b.url}
                 # b holds "warm state" (what a worker registers when the prefix enters its L3)
-                await index_b.register_route(state_route_key(render_state("warm state")))
+                await index_b.routes.register(state_route_key(render_state("warm state")))
                 for _ in range(5):
                     assert (await post(client, ask("warm state", model)))[1] == f"{model}-b"
                 assert await metric(client, "jev_frontend_route_requests_total", decision="warm") == 5
                 # the index loses every record (Redis restarted empty): the workers that still answer stay
-                await index_a.unregister_worker(a.worker_id)
-                await index_b.unregister_worker(b.worker_id)
+                await index_a.directory.unregister(a.worker_id)
+                await index_b.directory.unregister(b.worker_id)
                 await asyncio.sleep(0.6)
                 health = await (await client.get("/health")).json()
                 assert {x["url"] for x in health["detail"]["backends"] if x["model"] == model} == {a.url, b.url}
@@ -393,8 +395,8 @@ async def test_discovery_and_warm_routing_from_the_index():
                 assert await metric(client, "jev_frontend_index_up") == 1
     finally:
         for index in (index_a, index_b):
-            await index.unregister_worker(index.owner_id)
-            await index.purge_namespace()
+            await index.directory.unregister(index.routes.owner.worker_id)
+            await index.connection.purge(index.ns)
             await index.close()
 
 

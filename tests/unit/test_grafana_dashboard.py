@@ -109,4 +109,6 @@ def test_the_chart_ships_the_same_dashboard():
     """A plain copy, not a link (helm prints a warning for each link it follows, into tools/chart.py's output)."""
     shipped = ROOT / "deploy" / "helm" / "jev" / "files" / DASHBOARD.name
     assert not shipped.is_symlink()
-    assert shipped.read_bytes() == DASHBOARD.read_bytes(), f"copy {DASHBOARD.relative_to(ROOT)} over {shipped.relative_to(ROOT)}"
+    assert shipped.read_bytes() == DASHBOARD.read_bytes(), (
+        f"copy {DASHBOARD.relative_to(ROOT)} over {shipped.relative_to(ROOT)}"
+    )

@@ -82,7 +82,7 @@ def _both(engine, call):
 
 async def test_hidden_states_equal_the_eager_engine(worker_settings):
     async with worker_client(worker_settings(cuda_graphs="on")) as (_, service):
-        engine = service.engine
+        engine = service.model.engine
         runner = engine.graphs
         assert runner is not None and runner.capture.name == "eager"
         with torch.inference_mode():
@@ -105,7 +105,7 @@ async def test_hidden_states_equal_the_eager_engine(worker_settings):
             shared = [(long, _tokens(5, 9)), (long, _tokens(11, 10)), (long, _tokens(3, 11))]
             mixed = [(short, _tokens(6, 12)), (long, _tokens(2, 13)), (short, _tokens(9, 14))]
             for pairs in (shared, mixed, [(short, _tokens(1, 15))]):
-                graphed, eager = _both(engine, lambda: engine.forwards.after(pairs))
+                graphed, eager = _both(engine, lambda pairs=pairs: engine.forwards.after(pairs))
                 torch.testing.assert_close(graphed, eager, rtol=0, atol=1e-5)
         buckets = {program.bucket for program in runner.programs.values()}
         assert Bucket(4, 16, 64, True) in buckets and Bucket(4, 16, 64, False) in buckets
@@ -123,7 +123,7 @@ async def test_served_answers_equal_a_one_pass_forward_through_the_static_path(w
         reference = reference_row_probs(service, body)
         assert_close(served_row_probs(body, first), reference)
         assert_close(served_row_probs(body, cached), reference)
-        assert service.engine.graphs.replays >= 3 and not service.engine.graphs.fallbacks
+        assert service.model.engine.graphs.replays >= 3 and not service.model.engine.graphs.fallbacks
 
 
 async def test_concurrent_requests_run_in_one_replay(worker_settings):
@@ -132,7 +132,7 @@ async def test_concurrent_requests_run_in_one_replay(worker_settings):
     async with worker_client(worker_settings(batching=False)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, max_wait_ms=250.0, cuda_graphs="on")) as (client, service):
-        runner = service.engine.graphs
+        runner = service.model.engine.graphs
         rows_per_replay = []
         original = runner._replay
         runner._replay = lambda program: rows_per_replay.append(program.bucket.rows) or original(program)
@@ -148,11 +148,11 @@ async def test_what_fits_no_bucket_runs_eagerly_and_is_counted(worker_settings):
     body = REQUESTS["set"]
     cache = CacheSettings(True, 1024, 64 << 20, 64 << 20)
     async with worker_client(worker_settings(cuda_graphs="on", cache=cache)) as (client, service):
-        runner = service.engine.graphs
+        runner = service.model.engine.graphs
         runner.kv_budget_bytes, runner.pool = 1024, None  # the pool made anew holds ~2 tokens
         answer = await (await client.post("/v1/systemone", json=body)).json()
         assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
-        assert service.engine.graphs.fallbacks.get("kv_budget", 0) >= 1
+        assert service.model.engine.graphs.fallbacks.get("kv_budget", 0) >= 1
         metrics = await (await client.get("/metrics")).text()
         assert sample_value(metrics, "jev_worker_graph_fallbacks_total", reason="kv_budget")
         assert "jev_worker_graph_replays_total" in metrics
@@ -160,7 +160,7 @@ async def test_what_fits_no_bucket_runs_eagerly_and_is_counted(worker_settings):
 
 async def test_cpu_default_keeps_the_plain_eager_engine(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
-        assert service.engine.graphs is None
+        assert service.model.engine.graphs is None
         health = await (await client.get("/health")).json()
         assert "graphs" not in health["detail"] and health["detail"]["l3_reuse"]["mode"] == "always"
 
@@ -174,5 +174,5 @@ async def test_cache_snapshot_models_fall_back_visibly(worker_settings, tmp_path
         for _ in range(2):
             answer = await (await client.post("/v1/systemone", json=body)).json()
             assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
-        assert service.engine.forwards.prefix_mode == "snapshot"
-        assert service.engine.graphs.fallbacks.get("snapshot_cache", 0) >= 1
+        assert service.model.engine.forwards.prefix_mode == "snapshot"
+        assert service.model.engine.graphs.fallbacks.get("snapshot_cache", 0) >= 1

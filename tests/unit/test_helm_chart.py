@@ -277,7 +277,7 @@ def test_only_the_frontend_is_exposed(rendered):
 
 def test_secrets_only_through_secret_key_refs(rendered):
     name, values, docs = rendered
-    for doc, container in containers(docs):
+    for _doc, container in containers(docs):
         env = env_of(container)
         for item in env.values():
             value = item.get("value", "")
@@ -389,4 +389,3 @@ def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_ass
 def test_the_schema_refuses(values, why):
     with pytest.raises(chart_tool.ChartError):  # in words: tests/unit/test_chart_tool.py
         render(values)
-

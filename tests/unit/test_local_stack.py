@@ -150,7 +150,8 @@ SERVER = textwrap.dedent("""
     from http.server import BaseHTTPRequestHandler, HTTPServer
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
-            body = json.dumps({"path": self.path, "env": {k: v for k, v in os.environ.items() if k.startswith("T_")}}).encode()
+            env = {k: v for k, v in os.environ.items() if k.startswith("T_")}
+            body = json.dumps({"path": self.path, "env": env}).encode()
             self.send_response(200 if self.path in ("/health", "/env") else 404)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

@@ -18,7 +18,8 @@ PROGRAM = textwrap.dedent("""
     log = setup_logging("jev.test")
     log.info("hello %s", "world")
     print("a library printing\\r50%", file=sys.stderr)
-    own = logging.getLogger("lib"); own.propagate = False; own.addHandler(logging.StreamHandler()); own.warning("own handler")
+    own = logging.getLogger("lib"); own.propagate = False
+    own.addHandler(logging.StreamHandler()); own.warning("own handler")
     warnings.warn("deprecated thing")
     from tqdm import tqdm
     for _ in tqdm(range(3), desc="bar"):

@@ -100,7 +100,7 @@ async def test_a_tampered_file_is_refused_before_it_is_imported(worker_settings,
 async def test_a_pinned_package_is_imported_and_served(worker_settings, tiny_recipe, package, mark):
     recipe = gated(tiny_recipe, package)
     async with served(worker_settings(recipe=recipe, model_path=str(package))) as (front, _, service):
-        assert type(service.loaded.model).__name__ == "GatedForCausalLM"
+        assert type(service.model.loaded.model).__name__ == "GatedForCausalLM"
         body = await ask(front, "The lamp is on.", {"on": {"type": "noul", "instructions": "Is the lamp on?"}})
         assert 0 <= body["answers"]["on"]["noul"] <= 1
     assert mark.read_text().startswith("imported")

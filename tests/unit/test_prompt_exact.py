@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from jev_common.schema import SystemOneRequest
 from jev_worker.prompt.builder import ChatPromptBuilder
@@ -66,13 +65,13 @@ def served_rows(answer: dict) -> list[list[float]]:
 @torch.inference_mode()
 def reference_rows(service, body: dict, qid: str) -> list[list[float]]:
     request = SystemOneRequest.model_validate({**body, "questions": {qid: body["questions"][qid]}})
-    rows, _ = question_rows(request, service.builder)
+    rows, _ = question_rows(request, service.model.builder)
     out = []
     for row in rows:
-        ids = one_pass_ids(service.builder, render_state(request), row.content)
-        prepared = service.builder.prepare(render_state(request), [row])
+        ids = one_pass_ids(service.model.builder, render_state(request), row.content)
+        prepared = service.model.builder.prepare(render_state(request), [row])
         assert list(prepared.full_ids(0)) == ids  # the ids the engine runs are the one-pass ids
-        logits = service.loaded.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        logits = service.model.loaded.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
         out.append(torch.softmax(logits[list(row.labels)], dim=-1).tolist())
     return out
 
@@ -87,7 +86,7 @@ def layout_recipe(request, tiny_recipe):
 async def test_every_question_type_equals_the_one_pass_reference(worker_settings, layout_recipe, cache):
     body = {"model": "jev-latest", "state": STATE, "questions": QUESTIONS}
     async with worker_client(worker_settings(recipe=layout_recipe, cache=cache)) as (client, service):
-        assert service.builder.use_chat == layout_recipe.prompt.use_chat_template
+        assert service.model.builder.use_chat == layout_recipe.prompt.use_chat_template
         for _ in range(2):  # the second time the prefix comes from L3 (when on)
             response = await client.post("/v1/systemone", json=body)
             assert response.status == 200, await response.text()

@@ -13,7 +13,7 @@ import yaml
 
 from jev_common.recipe import RECIPES_DIR, Recipe, load_recipe
 from jev_common.schema import SystemOneRequest
-from jev_worker.families.registry import FAMILIES, family_class
+from jev_worker.families.registry import FAMILIES as SERVED_FAMILIES, family_class
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent for p in RECIPES_DIR.glob("*/recipe.yaml"))
@@ -83,7 +83,7 @@ def test_example_request_validates(folder):
     request = SystemOneRequest.model_validate(payload)  # the System One envelope
     recipe = load_recipe(str(folder))
     readout = (
-        family_class(recipe.serving.family) if recipe.serving.family in FAMILIES else None
+        family_class(recipe.serving.family) if recipe.serving.family in SERVED_FAMILIES else None
     )  # not served: README says so
     if readout is not None:
         assert {q.type for q in request.questions.values()} <= readout.question_types

@@ -50,7 +50,7 @@ def test_policy_modes():
 async def test_engine_recomputes_a_cached_prefix_when_reuse_does_not_pay(worker_settings, kind):
     body = REQUESTS[kind]
     async with worker_client(worker_settings(l3_reuse="measured")) as (client, service):
-        policy = service.scheduler.prefix_cache.reuse
+        policy = service.model.scheduler.prefix_cache.reuse
         assert policy.costs is not None  # measured at start-up (calibrate), on this CPU
         policy.costs = NEVER
         first = await client.post("/v1/systemone", json=body)

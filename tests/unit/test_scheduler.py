@@ -38,7 +38,8 @@ def ask(i: int = 0, state: str = "The lamp is on and the room is bright.") -> di
 def slow_layers(service, seconds: float):
     """Every decoder layer sleeps `seconds` first (after the abandon check, which is registered before)."""
     handles = [
-        block.register_forward_pre_hook(lambda *_: time.sleep(seconds)) for block in layer_stack(service.loaded.model)
+        block.register_forward_pre_hook(lambda *_: time.sleep(seconds))
+        for block in layer_stack(service.model.loaded.model)
     ]
     try:
         yield
@@ -74,7 +75,7 @@ async def test_a_caller_that_leaves_stops_its_forward(worker_settings):
         with slow_layers(service, 0.5):
             await leave_after(client, ask(), 0.2)
             await until(lambda: abandoned(service) == 1)  # stopped at its next layer, not run to the end
-            await until(lambda: service.scheduler.depth == 0)
+            await until(lambda: service.model.scheduler.depth == 0)
         assert flight(service, "computed") == computed
         response = await client.post("/v1/systemone", json=ask(1))
         assert response.status == 200
@@ -84,10 +85,10 @@ async def test_rows_finished_after_their_caller_left_are_counted_unwanted(worker
     """Two queued requests batched together; one caller leaves mid-batch: the batch runs on for the other, and the
     leaver's rows are computed for nobody, so computed = answered + unwanted."""
     async with worker_client(worker_settings()) as (client, service):
-        scheduler = service.scheduler
+        scheduler = service.model.scheduler
         events = ("computed", "answered", "unwanted")
         before = {e: flight(service, e) for e in events}
-        layers = len(layer_stack(service.loaded.model))
+        layers = len(layer_stack(service.model.loaded.model))
         with slow_layers(service, 1.0 / layers):  # each batch takes about 1 s
             blocker = asyncio.ensure_future(client.post("/v1/systemone", json=ask(0, state="The first state.")))
             await until(lambda: len(scheduler.running_jobs) == 1)  # the blocker runs; the next two queue behind it
@@ -169,7 +170,7 @@ async def test_one_client_flooding_cannot_starve_another(worker_settings):
 
         with slow_layers(service, 0.1):
             flood = [asyncio.ensure_future(post("flood", i)) for i in range(9)]
-            await until(lambda: service.scheduler.depth >= 6)
+            await until(lambda: service.model.scheduler.depth >= 6)
             other = await post("other", 0)
             flooded = await asyncio.gather(*flood)
         statuses = sorted(r.status for r in flooded)
@@ -201,7 +202,7 @@ async def test_an_abandoned_forward_logs_one_info_line_and_no_unretrieved_future
         with slow_layers(service, 0.5):
             await client.post("/v1/systemone", json=ask(), headers={DEADLINE_HEADER: "0.3"})
             await until(lambda: abandoned(service) == 1)
-            await until(lambda: service.scheduler.depth == 0)
+            await until(lambda: service.model.scheduler.depth == 0)
         gc.collect()
         await asyncio.sleep(0.05)
     stopped = [r for r in caplog.records if "nobody waits for" in r.getMessage()]
@@ -213,7 +214,7 @@ async def test_health_turns_503_when_no_layer_finishes(worker_settings):
     async with worker_client(worker_settings(stall_s=0.5)) as (client, service):
         with slow_layers(service, 1.5):
             pending = asyncio.ensure_future(client.post("/v1/systemone", json=ask()))
-            await until(lambda: service.scheduler.running)
+            await until(lambda: service.model.scheduler.running)
             await asyncio.sleep(0.8)
             health = await client.get("/health")
             body = await health.json()
@@ -257,9 +258,9 @@ async def test_a_queued_request_whose_caller_left_frees_its_place_at_once(worker
     async with worker_client(worker_settings(max_queue=2, batching=False)) as (client, service):
         with slow_layers(service, 0.5):
             running = asyncio.ensure_future(client.post("/v1/systemone", json=ask(0)))
-            await until(lambda: service.scheduler.running)
+            await until(lambda: service.model.scheduler.running)
             await leave_after(client, ask(1), 0.3)  # queued behind the first, then gone
-            await until(lambda: service.scheduler.depth == 1, timeout=0.5)
+            await until(lambda: service.model.scheduler.depth == 1, timeout=0.5)
             third = await client.post("/v1/systemone", json=ask(2))
             assert third.status == 200
             assert (await running).status == 200
@@ -343,8 +344,7 @@ async def test_an_interactive_caller_joining_queued_bulk_work_takes_it_out_of_th
     """A request submitted now is dispatched now (scheduling/scheduler.py `_dispatch`): with a batch on the model
     thread, the interactive caller joining bulk work gets it into the batch formed behind the running one, ahead of
     the bulk lane."""
-    from .test_scheduler_dispatch import GatedEngine
-    from .test_scheduler_dispatch import item as gated_item
+    from .test_scheduler_dispatch import GatedEngine, item as gated_item
 
     engine = GatedEngine()
     s = Scheduler(
@@ -376,13 +376,13 @@ async def test_an_interactive_caller_joining_queued_bulk_work_takes_it_out_of_th
 async def test_the_priority_header_marks_the_caller_bulk_and_refuses_other_values(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
         seen = []
-        original = service.scheduler.submit
+        original = service.model.scheduler.submit
 
         async def spy(item, timeout_s, caller):
             seen.append(caller)
             return await original(item, timeout_s, caller)
 
-        service.scheduler.submit = spy
+        service.model.scheduler.submit = spy
         for value, bulk in (("bulk", True), (" Bulk ", True), ("interactive", False), (None, False)):
             headers = {} if value is None else {PRIORITY_HEADER: value}
             response = await client.post("/v1/systemone", json=ask(len(seen)), headers=headers)
@@ -404,12 +404,12 @@ async def test_through_the_worker_an_interactive_request_overtakes_a_bulk_backlo
             assert response.status == 200
             answered.append("bulk" if bulk else "interactive")
 
-        layers = len(layer_stack(service.loaded.model))
+        layers = len(layer_stack(service.model.loaded.model))
         with slow_layers(service, 0.2 / layers):  # each batch about 0.2 s
             backlog = [asyncio.ensure_future(post(i, bulk=True)) for i in range(16)]
-            await until(lambda: service.scheduler.running and service.scheduler.depth == 16)
+            await until(lambda: service.model.scheduler.running and service.model.scheduler.depth == 16)
             interactive = asyncio.ensure_future(post(100, bulk=False))
-            scheduler = service.scheduler
+            scheduler = service.model.scheduler
             await until(  # queued behind the backlog: waiting, or in the batch formed behind the running one
                 lambda: any(not job.bulk for job in [*scheduler._pending, *(scheduler._queued or Batch([])).jobs])
             )

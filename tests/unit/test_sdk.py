@@ -216,7 +216,7 @@ async def test_sdk_image_question_over_multipart(tmp_path):
             again = await client.system_one(state=["A drawing:", Image(image_bytes)], questions=qs)
             assert set(first.choices["shape"].probabilities) == {"a square", "a circle"}
             assert again.nouls["striped"].noul == pytest.approx(first.nouls["striped"].noul, abs=1e-5)
-            assert service.assets.stats().hits >= 1  # the second request's image came from L2
+            assert service.model.assets.stats().hits >= 1  # the second request's image came from L2
             with pytest.raises(TypeSafeUnprocessableEntityError) as info:
                 await client.system_one(state=Image(base64.b64decode(png_uri(6).split(",", 1)[1])), questions=qs)
             assert info.value.status == 422 and "preencoder" in str(info.value)

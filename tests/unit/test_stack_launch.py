@@ -21,8 +21,7 @@ import pytest
 import yaml
 
 from tests.fakes.net import free_port
-from tools import local_stack as ls
-from tools import stack_run
+from tools import local_stack as ls, stack_run
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}  # `docker info` fails: the local path
@@ -34,7 +33,9 @@ SERVER = textwrap.dedent("""
     class H(BaseHTTPRequestHandler):
         def do_GET(self):
             failed = os.environ.get("T_FAIL")
-            body = {"status": "unavailable", "detail": {"state": "unavailable", "error": failed}} if failed else {"status": "ok"}
+            body = {"status": "ok"}
+            if failed:
+                body = {"status": "unavailable", "detail": {"state": "unavailable", "error": failed}}
             self.send_response(503 if failed else 200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

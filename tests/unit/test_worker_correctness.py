@@ -44,17 +44,19 @@ async def test_served_probabilities_equal_plain_forward(worker_settings, kind):
 async def test_tied_embeddings_model(worker_settings, tiny_tied_dir):
     body = REQUESTS["choice"]
     async with worker_client(worker_settings(model_path=tiny_tied_dir)) as (client, service):
-        assert service.loaded.model.config.tie_word_embeddings
+        assert service.model.loaded.model.config.tie_word_embeddings
         answer = await (await client.post("/v1/systemone", json=body)).json()
         assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
 
 
 async def test_decision_head_rows_are_fp32_copies_under_bf16(worker_settings):
     async with worker_client(worker_settings(dtype="bfloat16")) as (client, service):
-        assert service.loaded.model.dtype == torch.bfloat16
-        weight, _ = service.engine.head.rows(tuple(service.builder.letter_ids[:2]))
+        assert service.model.loaded.model.dtype == torch.bfloat16
+        weight, _ = service.model.engine.head.rows(tuple(service.model.builder.letter_ids[:2]))
         assert weight.dtype == torch.float32
-        expected = service.loaded.model.get_output_embeddings().weight[service.builder.letter_ids[:2]].float()
+        expected = (
+            service.model.loaded.model.get_output_embeddings().weight[service.model.builder.letter_ids[:2]].float()
+        )
         assert torch.equal(weight, expected)
         response = await client.post("/v1/systemone", json=REQUESTS["choice"])
         assert response.status == 200
@@ -90,8 +92,8 @@ async def test_batched_equals_one_by_one(worker_settings, l3):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=250.0)) as (client, service):
         sizes = []
-        original = service.engine.run
-        service.engine.run = lambda items, groups: sizes.append(len(items)) or original(items, groups)
+        original = service.model.engine.run
+        service.model.engine.run = lambda items, groups: sizes.append(len(items)) or original(items, groups)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         batched = [await r.json() for r in responses]
     assert max(sizes) > 1, f"concurrent same-prefix requests were not batched: {sizes}"
@@ -105,8 +107,8 @@ async def test_set_rows_branch_from_one_prefix(worker_settings):
     body = REQUESTS["set"]
     async with worker_client(worker_settings(cache=CACHE_OFF, batching=True)) as (client, service):
         calls = []
-        original = service.engine.compute_prefix
-        service.engine.compute_prefix = lambda item: calls.append(item) or original(item)
+        original = service.model.engine.compute_prefix
+        service.model.engine.compute_prefix = lambda item: calls.append(item) or original(item)
         answer = await (await client.post("/v1/systemone", json=body)).json()
         assert len(calls) == 1
         assert_close(served_row_probs(body, answer), reference_row_probs(service, body))
@@ -116,8 +118,8 @@ async def test_prompt_carries_state_question_and_options(worker_settings):
     from jev_common.schema import DecisionRequest
 
     async with worker_client(worker_settings()) as (_, service):
-        prepared = prepare_legacy(service.builder, DecisionRequest.model_validate(REQUESTS["choice"]))
-        tokenizer = service.loaded.tokenizer
+        prepared = prepare_legacy(service.model.builder, DecisionRequest.model_validate(REQUESTS["choice"]))
+        tokenizer = service.model.loaded.tokenizer
         prefix = tokenizer.decode(prepared.prefix_ids)
         row = tokenizer.decode(prepared.rows[0])
         assert REQUESTS["choice"]["state"]["text"] in prefix and "Is the water boiling?" not in prefix
@@ -133,13 +135,13 @@ async def test_exported_bf16_checkpoint_uses_the_unrounded_fp32_head_rows(worker
     from tools.export_checkpoint import export_checkpoint
 
     async with worker_client(worker_settings()) as (_, service):
-        label_ids = list(service.builder.letter_ids[:4]) + list(service.builder.yes_no_ids)
+        label_ids = list(service.model.builder.letter_ids[:4]) + list(service.model.builder.yes_no_ids)
     exported = tmp_path / "exported"
     export_checkpoint(tiny_text_dir, exported, dtype="bfloat16", label_ids=label_ids, log=lambda *_: None)
     fp32_rows = AutoModelForCausalLM.from_pretrained(tiny_text_dir).lm_head.weight[label_ids].float()
     async with worker_client(worker_settings(model_path=str(exported), dtype="bfloat16")) as (client, service):
-        rows, _ = service.engine.head.rows(tuple(label_ids))
-        rounded = service.loaded.model.get_output_embeddings().weight[label_ids].float()
+        rows, _ = service.model.engine.head.rows(tuple(label_ids))
+        rounded = service.model.loaded.model.get_output_embeddings().weight[label_ids].float()
         assert torch.equal(rows, fp32_rows)
         assert not torch.equal(rounded, fp32_rows)  # the backbone's own rows were rounded
         assert (await client.post("/v1/systemone", json=REQUESTS["choice"])).status == 200
@@ -158,15 +160,18 @@ async def test_concurrent_requests_with_different_prefixes_share_forwards(worker
     async with worker_client(worker_settings(batching=False, cache=CACHE_OFF)) as (client, _):
         single = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     async with worker_client(worker_settings(batching=True, cache=cache, max_wait_ms=250.0)) as (client, service):
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
         assert prefixes_in_one_forward(forwards) > 1, "different-prefix requests were not batched into one forward"
-        assert service.engine.forwards.packing and any(  # whole sequences packed: a block-diagonal mask, no padding
-            kw.get("attention_mask") is not None
-            and kw["attention_mask"].dim() == 4
-            and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1]
-            for kw in forwards
+        assert (
+            service.model.engine.forwards.packing
+            and any(  # whole sequences packed: a block-diagonal mask, no padding
+                kw.get("attention_mask") is not None
+                and kw["attention_mask"].dim() == 4
+                and kw["attention_mask"].shape[-1] == kw["input_ids"].shape[1]
+                for kw in forwards
+            )
         )
         again = [await (await client.post("/v1/systemone", json=b)).json() for b in bodies]
     for body, a, b, c in zip(bodies, single, batched, again):
@@ -188,7 +193,7 @@ async def test_cached_prefixes_of_different_lengths_share_one_masked_forward(wor
     async with worker_client(worker_settings(batching=True, max_wait_ms=250.0)) as (client, service):
         for body in bodies:  # warm L3 for every state
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " (warm-up)"))
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         responses = await post_as_one_batch(client, service, bodies, PILOT)
         batched = [await r.json() for r in responses]
     assert all("l3=hit" in r.headers["x-jev-cache"] for r in responses)
@@ -213,9 +218,9 @@ async def test_hybrid_conv_attention_model_caches_prefix_snapshots(worker_settin
         uncached = await (await client.post("/v1/systemone", json=body)).json()
         assert_close(served_row_probs(body, uncached), reference_row_probs(service, body))
     async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
-        assert service.engine.forwards.prefix_mode == "snapshot"  # learnt from the warmup's forward
+        assert service.model.engine.forwards.prefix_mode == "snapshot"  # learnt from the warmup's forward
         first = await client.post("/v1/systemone", json=body)
-        assert service.engine.kv_branching is True  # the once-per-model snapshot check passed
+        assert service.model.engine.kv_branching is True  # the once-per-model snapshot check passed
         second = await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Again."))
         third = await client.post("/v1/systemone", json=body)
         assert "l3=miss" in first.headers["x-jev-cache"] and "l3=hit" in second.headers["x-jev-cache"]
@@ -230,10 +235,12 @@ async def test_snapshot_branching_that_disagrees_with_a_whole_forward_is_turned_
     from jev_worker.scheduling.batch import EngineItem
 
     async with worker_client(worker_settings(model_path=tiny_hybrid_dir)) as (client, service):
-        engine = service.engine
+        engine = service.model.engine
         engine.kv_branching = None
         engine.forwards.branch_snapshot = lambda state, batch: engine.forwards.new_cache()  # forgets the prefix
-        item = EngineItem(prepared=prepare_legacy(service.builder, DecisionRequest.model_validate(REQUESTS["set"])))
+        item = EngineItem(
+            prepared=prepare_legacy(service.model.builder, DecisionRequest.model_validate(REQUESTS["set"]))
+        )
         assert engine.compute_prefix(item) is None and engine.kv_branching is False
         response = await client.post("/v1/systemone", json=REQUESTS["set"])
         assert response.status == 200 and "l3=off" in response.headers["x-jev-cache"]
@@ -256,9 +263,9 @@ async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings)
     }
     async with worker_client(worker_settings()) as (client, service):
         assert (
-            service.engine.forwards.packing and "rows" in service.engine.forwards.packing_verified
+            service.model.engine.forwards.packing and "rows" in service.model.engine.forwards.packing_verified
         )  # the warmup checked it
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         packed = await (await client.post("/v1/systemone", json=body)).json()
         rows = [kw for kw in forwards if kw.get("attention_mask") is not None and kw["attention_mask"].dim() == 4]
         assert rows and rows[-1]["input_ids"].shape[0] == 1
@@ -266,10 +273,10 @@ async def test_rows_after_one_prefix_run_packed_without_padding(worker_settings)
         from jev_worker.questions.plan import question_rows
 
         request = SystemOneRequest.model_validate(body)
-        specs, _ = question_rows(request, service.builder)
-        prepared = service.builder.prepare(request.state, specs)
+        specs, _ = question_rows(request, service.model.builder)
+        prepared = service.model.builder.prepare(request.state, specs)
         assert rows[-1]["input_ids"].shape[1] == sum(len(r) for r in prepared.rows)  # real tokens only
-        service.engine.forwards.packing = False
+        service.model.engine.forwards.packing = False
         other = dict(body, state=body["state"] + " ")  # a new prefix, so the padded path computes it all
         padded = await (await client.post("/v1/systemone", json=other)).json()
         again_packed_off = await (await client.post("/v1/systemone", json=body)).json()

@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jev_common.schema import CacheStats, DecisionResponse, ErrorEnvelope
 from jev_worker.app import create_app
-from jev_worker.request.legacy import prepare_legacy
 from jev_worker.settings import CacheSettings
 
 from .worker_helpers import REQUESTS, sample_value, slow_engine, worker_client
@@ -228,7 +227,7 @@ async def test_over_capacity_gets_429_and_worker_recovers(worker_settings):
 
 async def test_deadline_gives_504_and_worker_keeps_serving(worker_settings):
     async with worker_client(worker_settings()) as (client, service):
-        with slow_engine(service.engine, 0.5):
+        with slow_engine(service.model.engine, 0.5):
             response = await client.post("/v1/systemone", json=dict(GOOD, deadline_s=0.1))
             assert response.status == 504
             assert envelope(await response.json()).type == "deadline_exceeded"
@@ -309,6 +308,8 @@ async def test_resident_prefixes_are_registered_with_their_owner(worker_settings
     import os
     import uuid
 
+    from jev_common.index.routes import route_owners
+    from jev_common.route_key import state_route_key
     from jev_common.schema import DecisionRequest
 
     redis_url = os.environ.get("JEV_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -317,28 +318,33 @@ async def test_resident_prefixes_are_registered_with_their_owner(worker_settings
     async with worker_client(settings) as (client, service):
         body = dict(GOOD, state={"text": f"A state only this test uses: {worker_id}."})
         assert (await client.post("/v1/systemone", json=body)).status == 200
-        key = prepare_legacy(service.builder, DecisionRequest.model_validate(body)).prefix_key
+        request = DecisionRequest.model_validate(body)
+        key = state_route_key(request.state.text, ())  # the state's route key: its prefix entered L3
+        index = service.index_link.index
+
+        async def warm() -> list:
+            return await route_owners(index.connection, index.ns, key)
+
         owners = []
         for _ in range(50):  # registration is fire-and-forget on the event loop
-            owners = await service.index.where_is_prefix_warm(key)
+            owners = await warm()
             if owners:
                 break
             await asyncio.sleep(0.02)
         assert [(o.worker_id, o.url) for o in owners] == [(worker_id, "http://127.0.0.1:9999")]
         service.caches.l3.clear()  # eviction unregisters
         for _ in range(50):
-            if not await service.index.where_is_prefix_warm(key):
+            if not await warm():
                 break
             await asyncio.sleep(0.02)
-        assert await service.index.where_is_prefix_warm(key) == []
+        assert await warm() == []
 
 
 async def test_health_while_loading_says_how_far_along(worker_settings):
     """A loading worker's health names its stage (local_stack prints it), not just 'loading'."""
     import asyncio as _asyncio
 
-    from aiohttp.test_utils import TestClient as _Client
-    from aiohttp.test_utils import TestServer as _Server
+    from aiohttp.test_utils import TestClient as _Client, TestServer as _Server
 
     from jev_worker.app import create_app as _create
 
@@ -372,4 +378,4 @@ async def test_a_worker_told_there_is_no_index_is_healthy(worker_settings):
         async with worker_client(worker_settings(redis_url=url)) as (client, service):
             response = await client.get("/health")
             assert response.status == 200, await response.text()
-            assert service.index_link.index.url == ""
+            assert service.index_link.index.connection.url == ""

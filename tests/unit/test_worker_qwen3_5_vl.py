@@ -88,7 +88,7 @@ async def test_image_request_equals_end_to_end_forward(checkpoint, asset_dir, en
     uri = png_uri(SEEDS[0], (56, 56))
     body = _body(uri)
     async with worker_client(_settings(checkpoint, asset_dir, cache=CACHE_OFF)) as (client, service):
-        assert type(service.loaded.model).__name__ == "Qwen3_5ForConditionalGeneration"
+        assert type(service.model.loaded.model).__name__ == "Qwen3_5ForConditionalGeneration"
         assert service.identity == encoder.identity  # the preencoder and the worker agree
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
@@ -115,7 +115,7 @@ async def test_l3_snapshot_hit_equals_uncached(checkpoint, asset_dir, upstream):
         first = await client.post("/v1/systemone", json=first_q)
         assert first.status == 200, await first.text()
         assert first.headers["x-jev-cache"] == "l1=miss,l2=miss,l3=miss"
-        engine = service.engine
+        engine = service.model.engine
         assert engine.forwards.prefix_mode == "snapshot" and engine.kv_branching is True
         second = await client.post("/v1/systemone", json=second_q)  # same image and state, new question
         assert second.headers["x-jev-cache"] == "l1=miss,l2=hit,l3=hit"
@@ -147,7 +147,7 @@ async def test_rows_of_one_kind_branch_from_one_snapshot(checkpoint, asset_dir, 
         "assets": {"<image:a>": asset},
     }
     async with worker_client(_settings(checkpoint, asset_dir)) as (client, service):
-        engine = service.engine
+        engine = service.model.engine
         forwards = record_forwards(engine)
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()

@@ -55,7 +55,7 @@ async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_t
     layer_s, deadline_s = 0.3, 0.6
     async with worker_client(worker_settings(model_path=deep_tiny_dir, deadline_s=deadline_s)) as (client, service):
         starts: list[float] = []
-        blocks = list(layer_stack(service.loaded.model))
+        blocks = list(layer_stack(service.model.loaded.model))
         assert len(blocks) == LAYERS
         for block in blocks:
 
@@ -68,7 +68,7 @@ async def test_an_expired_forward_stops_within_one_layer(worker_settings, deep_t
         sent = time.monotonic()
         response = await client.post("/v1/systemone", json=envelope("Which way does the compass needle point?"))
         assert response.status == 504 and (await response.json())["detail"]["error_type"] == "deadline_exceeded"
-        await asyncio.wait_for(service.scheduler.idle(), 5)
+        await asyncio.wait_for(service.model.scheduler.idle(), 5)
         # unstopped, the forward would run all LAYERS layers (1.8 s); it stops before the first layer that would
         # start after the deadline, so at most the layer running at the deadline finishes
         assert starts and len(starts) < LAYERS

@@ -88,12 +88,12 @@ def _reference(service, body: dict) -> list[list[float]]:
     """The model's own end-to-end forward on the raw image (its vision tower, its M-RoPE) for the
     served prompt ids: softmax over the label logits at the last position of every row."""
     request = DecisionRequest.model_validate(body)
-    model, processor = service.loaded.model, service.loaded.processor
+    model, processor = service.model.loaded.model, service.model.loaded.processor
     image = pattern_image(next(s for s in SEEDS + (0,) if png_uri(s) == body["state"]["image"]))
     pixels = processor.image_processor(images=[image], return_tensors="pt")
     n_tokens = int(pixels["image_grid_thw"].prod()) // 4
     placeholder = "<|vision_start|>" + "<|image_pad|>" * n_tokens + "<|vision_end|>"
-    prepared = prepare_legacy(service.builder, request, [placeholder], (asset_key(body["state"]["image"]),))
+    prepared = prepare_legacy(service.model.builder, request, [placeholder], (asset_key(body["state"]["image"]),))
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):
         ids = torch.tensor([prepared.prefix_ids + row])
@@ -165,7 +165,7 @@ async def test_cache_off_rereads_assets_and_gives_the_same_answer(vl_recipe, ass
             answer = await response.json()
             assert answer["usage"]["cached_tokens"] == 0
             assert_close(served_row_probs(body, answer), reference)
-            assert service.assets.counters()["disk_reads"] == expected_reads
+            assert service.model.assets.counters()["disk_reads"] == expected_reads
 
 
 async def test_missing_asset_and_text_only_requests(vl_recipe, asset_dir):
@@ -207,7 +207,7 @@ async def test_concurrent_image_requests_batch_across_cached_prefixes(vl_recipe,
     async with worker_client(_settings(vl_recipe, asset_dir, max_wait_ms=250.0)) as (client, service):
         for body in bodies:
             await client.post("/v1/systemone", json=dict(body, question=body["question"] + " Look again."))
-        forwards = record_forwards(service.engine)
+        forwards = record_forwards(service.model.engine)
         pilot = {"kind": "choice", "state": {"text": "A pilot request."}, "question": "q?", "options": ["a", "b"]}
         responses = await post_as_one_batch(client, service, bodies, pilot)
         batched = [await r.json() for r in responses]
@@ -240,7 +240,7 @@ async def test_envelope_images_are_placed_where_the_state_names_them(vl_recipe, 
             },
         )
         assert object_state.status == 200, await object_state.text()
-        assert service.assets.stats().hits >= 1  # the second request found the same asset in L2
+        assert service.model.assets.stats().hits >= 1  # the second request found the same asset in L2
         unused = await client.post(
             "/v1/systemone",
             json={"model": "jev-latest", "state": "A drawing.", "questions": question, "assets": {ref: asset}},
@@ -286,14 +286,14 @@ async def test_several_images_in_one_state_equal_the_models_own_forward(vl_recip
         response = await client.post("/v1/systemone", json=body)
         assert response.status == 200, await response.text()
         answers = (await response.json())["answers"]
-        model, processor = service.loaded.model, service.loaded.processor
+        model, processor = service.model.loaded.model, service.model.loaded.processor
         pixels = processor.image_processor(images=[pattern_image(s) for s in SEEDS], return_tensors="pt")
         counts = [int(g.prod()) // 4 for g in pixels["image_grid_thw"]]
         state = '["Before:", "P0", "After:", "P1"]'
         for i, n in enumerate(counts):
             state = state.replace(f"P{i}", "<|vision_start|>" + "<|image_pad|>" * n + "<|vision_end|>")
-        rows, _ = question_rows(SystemOneRequest.model_validate(body), service.builder)
-        prepared = service.builder.prepare(state, rows)
+        rows, _ = question_rows(SystemOneRequest.model_validate(body), service.model.builder)
+        prepared = service.model.builder.prepare(state, rows)
         for qid, row_index in (("same", 0), ("which", 1)):
             ids = torch.tensor([prepared.full_ids(row_index)])
             with torch.inference_mode():

@@ -53,9 +53,9 @@ async def worker_client(settings):
 def reference_row_probs(service, body: dict) -> list[list[float]]:
     """softmax(model(**inputs).logits[0, -1, label_ids]) in FP32 for every row of the prompt."""
     request = DecisionRequest.model_validate(body)
-    rows, _ = legacy_rows(request, service.builder)
-    prepared = service.builder.prepare(legacy_state_text(request, []), rows)
-    model = service.loaded.model
+    rows, _ = legacy_rows(request, service.model.builder)
+    prepared = service.model.builder.prepare(legacy_state_text(request, []), rows)
+    model = service.model.loaded.model
     out = []
     for row, labels in zip(prepared.rows, prepared.row_labels):
         ids = torch.tensor([prepared.prefix_ids + row])
@@ -104,9 +104,9 @@ async def post_as_one_batch(client, service, bodies: list[dict], pilot: dict) ->
     request (another state) holds the model thread for a second while they queue behind it."""
     import asyncio
 
-    with slow_engine(service.engine, 1.0):
+    with slow_engine(service.model.engine, 1.0):
         first = asyncio.ensure_future(client.post("/v1/systemone", json=pilot))
-        while not service.scheduler.running:  # until the pilot is on the model thread
+        while not service.model.scheduler.running:  # until the pilot is on the model thread
             await asyncio.sleep(0.01)
         responses = await asyncio.gather(*(client.post("/v1/systemone", json=b) for b in bodies))
         await first

@@ -19,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO
 
@@ -243,7 +244,8 @@ class BatchRun:
             headers["Authorization"] = f"Bearer {self.options.api_key}"
         attempt = 0
         while True:
-            status, reply_headers, body, problem = 0, {}, None, ""
+            status, body, problem = 0, None, ""
+            reply_headers: Mapping[str, str] = {}
             try:
                 async with session.post(self.url, data=data, headers=headers) as response:
                     status, reply_headers = response.status, response.headers

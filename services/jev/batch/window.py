@@ -34,12 +34,13 @@ class StateWindow:
 
     def pop(self) -> tuple[int, Line]:
         """The next line to send: the current group's next, else the oldest group's first."""
-        if self._current not in self._groups:
-            self._current = next(iter(self._groups))
-        group = self._groups[self._current]
+        current = self._current
+        if current is None or current not in self._groups:
+            current = self._current = next(iter(self._groups))
+        group = self._groups[current]
         item = group.popleft()
         if not group:  # done: the next pop takes the oldest group, even if more of this state is read meanwhile
-            del self._groups[self._current]
+            del self._groups[current]
             self._current = None
         self._size -= 1
         return item

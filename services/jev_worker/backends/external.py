@@ -59,7 +59,7 @@ class ExternalHTTP(ExternalBackend):
 
     async def post(self, path: str, body: dict, timeout_s: float) -> dict:
         """The server's JSON answer to `body`, or ExternalServerFailed / ExternalServerTimeout (502 / 504)."""
-        url = self.endpoint + path
+        url = f"{self.endpoint}{path}"
         try:
             async with self._client().post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 text = await response.text()
@@ -80,7 +80,7 @@ class ExternalHTTP(ExternalBackend):
 
     async def health(self, path: str = "/health") -> tuple[bool, object]:
         """(reachable with 200, its JSON body or the reason it is not), within HEALTH_TIMEOUT_S."""
-        url = self.endpoint + path
+        url = f"{self.endpoint}{path}"
         try:
             async with self._client().get(url, timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as response:
                 if response.status != 200:

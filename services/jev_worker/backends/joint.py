@@ -21,7 +21,7 @@ class CausalJoint(CausalLM):
         "jointly), so each request runs whole and alone; no prefix state is reused (L3 off)"
     )
 
-    def adapter(self, vision) -> SequenceAdapter:
+    def adapter(self, vision) -> SequenceAdapter | VisionSequenceAdapter:
         return VisionSequenceAdapter(vision) if vision is not None else SequenceAdapter()
 
     def l3_bytes(self, configured: int) -> int:

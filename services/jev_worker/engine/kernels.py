@@ -52,7 +52,7 @@ def use_on(device) -> list[str]:
                 )
             continue
         if importlib.util.find_spec(module) is not None:
-            sys.modules[module] = None  # `import` now raises ImportError
+            sys.modules[module] = None  # type: ignore[assignment]  # `import` now raises ImportError
             hidden.append(module)
     return hidden
 

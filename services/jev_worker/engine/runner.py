@@ -261,10 +261,10 @@ class ModelRunner(Engine):
                     log.info("L3 reuse not measured: prefix states are cache snapshots")
                     return None
                 state = states[0]
-                points["recompute"].append(
-                    (length, self._best_time(lambda: self.forwards.whole([(prefix, row)], False), repeats))
-                )
-                points["reuse"].append((length, self._best_time(lambda: self.forwards.after([(state, row)]), repeats)))
+                recompute = self._best_time(lambda prefix=prefix: self.forwards.whole([(prefix, row)], False), repeats)
+                reuse = self._best_time(lambda state=state: self.forwards.after([(state, row)]), repeats)
+                points["recompute"].append((length, recompute))
+                points["reuse"].append((length, reuse))
         return ReuseCosts(LinearCost.through(*points["recompute"]), LinearCost.through(*points["reuse"]))
 
     def _best_time(self, work, repeats: int) -> float:

@@ -12,11 +12,12 @@ import importlib.util
 import logging
 import os
 import re
-from dataclasses import dataclass
 
 import torch
 
 from jev_common.recipe import Recipe
+
+from ..datatypes import LoadedModel as LoadedModel  # declared below the protocols
 
 log = logging.getLogger("jev.worker.loader")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -66,16 +67,6 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     if requested == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
-
-
-@dataclass
-class LoadedModel:
-    model: torch.nn.Module
-    tokenizer: object
-    processor: object | None
-    device: torch.device
-    dtype: torch.dtype
-    folder: str
 
 
 def placed(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> torch.nn.Module:

@@ -21,8 +21,9 @@ import re
 import torch
 
 from jev_common.assets import ImageAsset, asset_key, asset_state, invalid, not_prepared, read_asset
-from jev_common.cache_index import IndexUnavailable
 from jev_common.errors import validation_error
+from jev_common.index import IndexUnavailable
+from jev_common.index.assets import AssetIndex
 from jev_common.schema import CacheLevelStats
 
 from ..scheduling.caches import BudgetLRU
@@ -131,7 +132,13 @@ class AssetStore:
     every request rereads its asset). Lookup: L2, then the index's path, then `<asset_dir>/<key>`."""
 
     def __init__(
-        self, asset_dir: str, index, identity: str, l2: BudgetLRU | int, *, processor_identity: str | None = None
+        self,
+        asset_dir: str,
+        index: AssetIndex | None,
+        identity: str,
+        l2: BudgetLRU | int,
+        *,
+        processor_identity: str | None = None,
     ):
         """`l2`: the worker's L2 (caches.WorkerCaches), or a byte budget for one of its own."""
         self.asset_dir = asset_dir
@@ -180,7 +187,7 @@ class AssetStore:
         if self.index is None:
             return None
         try:
-            entry = await self.index.lookup_asset(key)
+            entry = await self.index.lookup(key)
         except IndexUnavailable:
             self.index_unavailable += 1
             return None
@@ -199,7 +206,7 @@ class AssetStore:
             self.stale_removed += 1  # the entry names a file that is gone: drop it, answer "not prepared"
             log.info("cache index entry for %s points at a missing asset %s: removed", key, path)
             try:
-                await self.index.remove_asset(key)
+                await self.index.remove(key)
             except IndexUnavailable:
                 self.index_unavailable += 1
             raise not_prepared(key, "the cache index named a file that no longer exists")

@@ -65,11 +65,12 @@ class PromptBounds:
     def check_chars(self, state_text: str, questions: dict, where: str) -> None:
         """The state and the longest question (its text, as sent) against `chars`; a family that cuts its
         input to fit, as its upstream does, is left to do so (the schema's cap still bounds the request)."""
-        if self.tokens is None or self.cuts_state:
+        chars = self.chars
+        if chars is None or self.cuts_state:
             return
         longest = max((question_chars(q) for q in questions.values()), default=0)
         total = len(state_text) + longest
-        if total > self.chars:
+        if total > chars:
             part = (
                 f"a question has {longest:,} characters"
                 if longest > len(state_text)
@@ -77,7 +78,7 @@ class PromptBounds:
             )
             raise PromptTooLong(
                 f"prompt too long: {part}, {total:,} with the longest question; this model reads at "
-                f"most {self.tokens:,} tokens ({self.source}), so at most {self.chars:,} characters "
+                f"most {self.tokens:,} tokens ({self.source}), so at most {chars:,} characters "
                 "are read before counting tokens",
                 (where,),
             )

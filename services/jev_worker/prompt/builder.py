@@ -13,56 +13,17 @@ from __future__ import annotations
 import hashlib
 import string
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import cached_property
 
 from jev_common.checkpoint_files import ServingError
 from jev_common.control_tokens import ControlTokens
 from jev_common.errors import TooManyOptions
 from jev_common.recipe import PromptSpec, Recipe
 
+from ..datatypes import (
+    PreparedRequest as PreparedRequest,
+    RowSpec as RowSpec,  # declared below the protocols
+)
 from ..protocols import PromptBuilder
-
-
-@dataclass(frozen=True)
-class RowSpec:
-    """One forward row: the text after the state block, and the label tokens read at its end; `after`
-    follows the template's tail (text the model's own answer turn starts with, e.g. option blocks)."""
-
-    content: str
-    labels: tuple[int, ...]
-    after: str = ""
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    prefix_ids: tuple[int, ...]
-    rows: tuple[tuple[int, ...], ...]
-    row_labels: tuple[tuple[int, ...], ...]
-    image_keys: tuple[str, ...]
-    prefix_key: str
-    plan: object = None  # what turns the rows' logits into answers (the caller's, opaque here)
-    boundary_mismatch: bool = field(default=False, compare=False)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prefix_ids) + sum(len(r) for r in self.rows)
-
-    @cached_property
-    def work_key(self) -> str:
-        """What computing it means: its prefix key (checkpoint, images, prefix ids), rows and their labels. Requests
-        with the same work key share one computation (the scheduler's single flight); a prepared request taken from
-        L1 computes it once."""
-        digest = hashlib.sha256(self.prefix_key.encode())
-        digest.update(repr((self.rows, self.row_labels)).encode())
-        return digest.hexdigest()
-
-    @property
-    def nbytes(self) -> int:
-        return 8 * self.prompt_tokens + 256
-
-    def full_ids(self, row: int) -> tuple[int, ...]:
-        return self.prefix_ids + self.rows[row]
 
 
 def family_prompt(recipe: Recipe, prompt: PromptSpec, family: str) -> Recipe:

@@ -19,7 +19,7 @@ A family with its own single-question contract (JEV-VL: families/jev_vl/) answer
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from jev_common.errors import validation_error
 from jev_common.schema import ChoiceQuestion, DecisionRequest, DecisionResponse, SetQuestion, SpanQuestion, State, Usage
@@ -37,7 +37,8 @@ FORM_KINDS = {"numeric": NumericLevels()}  # kinds the form asks beyond the Syst
 
 def as_question(request: DecisionRequest, noul_option: str):
     """The System One question (or numeric levels) that asks what the single-question request asks."""
-    names = dict.fromkeys(request.options)
+    options = request.options or []  # the form's validation requires options for every kind asked this way
+    names = dict.fromkeys(options)
     if request.kind == "noul" and noul_option in names:
         raise validation_error(
             f"option {noul_option!r} is what kind 'noul' adds for none of the options; name it otherwise", ("options",)
@@ -49,15 +50,15 @@ def as_question(request: DecisionRequest, noul_option: str):
             type="choice", instructions=request.question, criteria={**names, noul_option: None}
         )
     if request.kind == "span":
-        return SpanQuestion.model_construct(type="span", instructions=request.question, criteria=list(request.options))
+        return SpanQuestion.model_construct(type="span", instructions=request.question, criteria=list(options))
     if request.kind == "set":
         return SetQuestion.model_construct(type="set", instructions=request.question, criteria=names)
-    return NumericQuestion(instructions=request.question, options=tuple(request.options))
+    return NumericQuestion(instructions=request.question, options=tuple(options))
 
 
 def fields(request: DecisionRequest, answer) -> dict:
     """The form's response fields from the question's typed answer."""
-    options = list(request.options)
+    options = list(request.options or [])
     if request.kind == "set":
         yes = [answer.probabilities[o] for o in options]
         total = sum(yes)
@@ -89,9 +90,15 @@ def fields(request: DecisionRequest, answer) -> dict:
     return out
 
 
+def _state_text(request: DecisionRequest) -> str:
+    """The text of the form's `{text, image}` state (QuestionForm.job refuses the other forms)."""
+    state = request.state
+    return (state.text or "") if isinstance(state, State) else ""
+
+
 def l1_key(request: DecisionRequest, image_keys: tuple[str, ...]) -> str:
     """Identifies a request's prompt: everything but request_id and deadline."""
-    payload = request.model_dump_json(include={"kind", "question", "options"}) + "|" + (request.state.text or "")
+    payload = request.model_dump_json(include={"kind", "question", "options"}) + "|" + _state_text(request)
     return hashlib.sha256(("legacy|" + payload + "|" + ",".join(image_keys)).encode()).hexdigest()
 
 
@@ -151,15 +158,15 @@ def response(
 def legacy_rows(request: DecisionRequest, builder):
     """(rows, plan) of a single-question request."""
     question = as_question(request, builder.recipe.verbalizer.noul_option)
-    return rows_for({QID: question}, request.state.text or "", builder, {**QUESTION_KINDS, **FORM_KINDS})
+    return rows_for({QID: question}, _state_text(request), builder, {**QUESTION_KINDS, **FORM_KINDS})
 
 
-def legacy_state_text(request: DecisionRequest, image_placeholders: list[str]) -> str:
-    return "".join(p + "\n" for p in image_placeholders) + (request.state.text or "")
+def legacy_state_text(request: DecisionRequest, image_placeholders: Sequence[str]) -> str:
+    return "".join(p + "\n" for p in image_placeholders) + _state_text(request)
 
 
 def prepare_legacy(
-    builder, request: DecisionRequest, image_placeholders: list[str] = (), image_keys: tuple[str, ...] = ()
+    builder, request: DecisionRequest, image_placeholders: Sequence[str] = (), image_keys: tuple[str, ...] = ()
 ) -> PreparedRequest:
     rows, plan = legacy_rows(request, builder)
     return builder.prepare(legacy_state_text(request, list(image_placeholders)), rows, tuple(image_keys), plan)

@@ -15,54 +15,14 @@ for computed blocks the same way), inserts the states the runner computed for mi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
+from ..datatypes import (
+    Match as Match,
+    PrefixState as PrefixState,
+    layer_tensors as layer_tensors,  # declared below the protocols
+)
 from ..protocols import PrefixCache
 from .caches import BudgetLRU
 from .reuse import ReusePolicy
-
-
-def layer_tensors(layer):
-    """(owner, key, tensor) for every batch-major tensor a cache layer holds, directly or in a dict."""
-    for name, value in vars(layer).items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            yield vars(layer), name, value
-        elif isinstance(value, dict):
-            for key, tensor in value.items():
-                if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
-                    yield value, key, tensor
-
-
-@dataclass
-class PrefixState:
-    """The state of a prompt prefix (batch 1), plus what positions after it need."""
-
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
-    length: int
-    rope_delta: int = 0
-    snapshot: object | None = None
-
-    @property
-    def nbytes(self) -> int:
-        if self.snapshot is not None:
-            return sum(
-                t.numel() * t.element_size() for layer in self.snapshot.layers for _, _, t in layer_tensors(layer)
-            )
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv)
-
-
-@dataclass(frozen=True)
-class Match:
-    """A prefix key's lookup: the state to start from (a hit), or why there is none."""
-
-    state: PrefixState | None
-    outcome: str  # hit | miss (compute it and insert) | bypass (cached, but recomputing pays) | off
-
-    @property
-    def store(self) -> bool:
-        return self.outcome == "miss"
 
 
 class L3PrefixCache(PrefixCache):

@@ -357,8 +357,8 @@ class Scheduler:
     def _settle(self, job: Flight, result: EngineResult | None = None, error: Exception | None = None) -> None:
         if job.future.done():
             return
-        if error is not None:
-            job.future.set_exception(error)
+        if error is not None or result is None:
+            job.future.set_exception(error if error is not None else RuntimeError("a job settled without a result"))
             return
         job.future.set_result(result)
         if job.waiters:

@@ -10,6 +10,7 @@ prompt and code readout as SGLang ports it) and vllm-project/semantic-router
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -28,7 +29,7 @@ class CodeReadoutReference:
         self.backbone = AutoModel.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
         if text_model_hook is not None:
             text_model_hook(self.backbone.language_model)
-        self.config = json.load(open(f"{folder}/decision_config.json"))
+        self.config = json.loads(Path(folder, "decision_config.json").read_text())
         self.readout = load_file(f"{folder}/readout.safetensors")["weight"].float()
         self.messages, self.keys = messages, keys
 

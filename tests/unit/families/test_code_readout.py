@@ -7,6 +7,8 @@ read it; each family's own prompt is tested against upstream in test_pplx_decide
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -50,7 +52,7 @@ def reference(folder: str, system: str, content: str, n: int, *, noncausal: bool
     if noncausal:
         for layer in backbone.layers:
             layer.self_attn.is_causal = False
-    config = json.load(open(f"{folder}/decision_config.json"))
+    config = json.loads(Path(folder, "decision_config.json").read_text())
     weight = load_file(f"{folder}/readout.safetensors")["weight"].float()
     hidden = last_hidden(backbone, prompt_ids(tokenizer, system, content))
     return torch.softmax((hidden @ weight[:n].T) / config["temperature"], dim=-1).tolist()
@@ -63,7 +65,7 @@ def listing(names: list[str], codes: list[str]) -> str:
 def codes_of(folder: str) -> list[str]:
     import json
 
-    return json.load(open(f"{folder}/decision_config.json"))["codes"]
+    return json.loads(Path(folder, "decision_config.json").read_text())["codes"]
 
 
 async def test_causal_code_readout_answers_equal_the_plain_reference(worker_settings, tiny_recipe, causal_dir):

@@ -231,7 +231,7 @@ def test_the_written_out_contract_renders_cpu_json_literally():
 
 
 def prepared(service, state, questions: dict):
-    return prepared_request(service.builder, service.model.readout.kinds, state, questions)
+    return prepared_request(service.model.builder, service.model.readout.kinds, state, questions)
 
 
 async def test_decider_answers_equal_its_own_contract(worker_settings, decider_dir, reference):

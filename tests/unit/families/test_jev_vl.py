@@ -145,7 +145,7 @@ class Upstream:
         assert [t for _, t in dec[: hi - lo]] == self.head["verbalizer_ids"][lo:hi], (
             "first labels must be the trained A-P head"
         )
-        self.labels, self.label_ids = [l for l, _ in dec], [t for _, t in dec]
+        self.labels, self.label_ids = [label for label, _ in dec], [t for _, t in dec]
         self.rows = None
         if (folder / "label_head.safetensors").exists():
             tensors = load_file(str(folder / "label_head.safetensors"))
@@ -238,7 +238,7 @@ def jev_recipe(**options):
 def record_sequences(service) -> list[tuple[int, ...]]:
     """Every row's whole token sequence (prefix + row) the engine is given from now on."""
     seen: list[tuple[int, ...]] = []
-    engine = service.engine
+    engine = service.model.engine
     original = engine.run
 
     def run(items, groups):
@@ -266,7 +266,7 @@ def test_prompt_text_is_upstreams_golden_prompts(jev_dir):
     """The reference above, and the family's own contract, give system1-omni's golden prompts."""
     from jev_worker.families.jev_vl.contract import choice_lines, head_text, state_parts, tail_text
 
-    labels = [l for l, _ in single_token_labels(AutoTokenizer.from_pretrained(jev_dir), "x\n{}) y")]
+    labels = [label for label, _ in single_token_labels(AutoTokenizer.from_pretrained(jev_dir), "x\n{}) y")]
     golden = {  # tests/jev_vl/contract.rs
         (
             "noul",

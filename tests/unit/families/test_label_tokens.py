@@ -9,6 +9,7 @@ test_jemm.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def calibrated_dir(tmp_path_factory) -> str:
 def reference(folder: str, system: str, content: str, labels: list[str], type_: str) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    config = json.load(open(f"{folder}/decision_config.json"))
+    config = json.loads(Path(folder, "decision_config.json").read_text())
     ids = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt_ids(tokenizer, system, content)])).logits[0, -1, ids].float()
@@ -89,7 +90,7 @@ async def test_calibrated_label_tokens_equal_the_plain_reference(worker_settings
             "biases": {"noul": 0.35},
             "temperatures": {"choice": 1.164, "noul": 1.624, "score": 1.124},
         }
-        assert service.builder.max_options == 255  # decider-style: A..Z, then single-token two-letter codes
+        assert service.model.builder.max_options == 255  # decider-style: A..Z, then single-token two-letter codes
 
 
 async def test_uncalibrated_checkpoint_reports_no_calibration(worker_settings, tiny_recipe):

@@ -159,7 +159,7 @@ def test_the_written_out_contract_renders_the_readme_request():
 
 
 def prepared(service, state, questions: dict):
-    return prepared_request(service.builder, service.model.readout.kinds, state, questions)[1]
+    return prepared_request(service.model.builder, service.model.readout.kinds, state, questions)[1]
 
 
 MORE = {

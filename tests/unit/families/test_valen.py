@@ -166,7 +166,7 @@ async def test_valen_choice_answers_equal_the_plain_reference(worker_settings, t
         )
         assert_probs(body["answers"]["q"]["probabilities"], want, ["yes", "no"])
 
-        visual = service.loaded.model.model.visual
+        visual = service.model.loaded.model.model.visual
         payload = torch.load(valen_dir / "checkpoint.pt", weights_only=True)["weights"]
         assert torch.equal(visual.merger.linear_fc1.weight, payload["backbone.visual.merger.linear_fc1.weight"])
         assert torch.equal(visual.blocks[4].attn.qkv.weight, payload["backbone.visual.blocks.4.attn.qkv.weight"])

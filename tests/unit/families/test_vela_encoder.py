@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -24,6 +25,9 @@ from jev_worker.serving import build_serving, preflight
 
 from ..family_helpers import TOL, ask, assert_probs, copy_without, family_recipe, run_worker, served
 from .vela_upstream import BOS, EOS, MARKER_IDS, ToyTokenizer, text_of
+
+if TYPE_CHECKING:
+    from jev_worker.families.vela.marker_layout import SequenceReadout
 
 STATE = "Please reset the account of Jane Roe, phone 555-0100, before Friday."
 NO = "No. The statement or question is not satisfied."
@@ -310,7 +314,8 @@ def test_marker_head_reads_as_the_package_config_says(readout):
     expected values are the formula of vllm-project/semantic-router src/model-runtime/tests/test_vela2_heads.py @
     72df0090e154b5eb4b0afd997eadb8677af8ccb6 (`test_marker_head_scores_options_and_words`): option
     normalize(w_o(norm(h[O])) + w_q(norm(h[Q]))) . normalize(w_p(norm(mean h[pool]))) / exp(log_tau) for cosine,
-    cls_mlp(h[O]) for mlp, their sum for both; words normalize(w_t(norm)) @ normalize(w_e(norm)).T / exp(log_tau_span)."""
+    cls_mlp(h[O]) for mlp, their sum for both; words
+    normalize(w_t(norm)) @ normalize(w_e(norm)).T / exp(log_tau_span)."""
     from jev_worker.families.vela.marker_head import VelaMarkerHead, tensor_names
     from jev_worker.families.vela.marker_layout import SequenceReadout
 

@@ -72,7 +72,8 @@ class ClmCosine(ExternalReadout):
         }
 
     def answers(self, request: SystemOneRequest, raw: object) -> tuple[dict, SystemOneUsage]:
-        """This API's answers and usage from CLM's response (ExternalServerFailed, a 502, when it is not what was asked)."""
+        """This API's answers and usage from CLM's response (ExternalServerFailed, a 502, when it is not what was
+        asked)."""
         raw_answers = raw.get("answers") if isinstance(raw, dict) else None
         if not isinstance(raw_answers, dict) or set(raw_answers) != set(request.questions):
             raise _bad("did not return exactly one answer per question")

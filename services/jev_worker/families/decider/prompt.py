@@ -3,7 +3,8 @@
 After Mapika/decider 50d0be0 (`systemone.py`, `prompt.py`, `prompt_fast.py`) as its native port serves it
 (ThinkFlowLab/system1-omni `src/models/decider/native/src/processing.rs`, `contract.rs`). Every row is
 
-    encode("Context:\\n" + STATE)[:32768]  +  encode("\\n\\nQuestion: " + TEXT + "\\nOptions:" + "\\n(A) opt" ... + "\\nAnswer: (")
+    encode("Context:\\n" + STATE)[:32768]
+      +  encode("\\n\\nQuestion: " + TEXT + "\\nOptions:" + "\\n(A) opt" ... + "\\nAnswer: (")
 
 each `encode` the tokenizer without special tokens. The first segment is the state prefix every question shares
 (what L3 caches); the question piece is its row, read at its last token (`" ("`) over the bare labels `A`, `B`, ...
