@@ -7,6 +7,7 @@ append a worker's exposition to its own without clashing families.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable
@@ -104,6 +105,28 @@ class IndexGauges:
         yield errors
 
 
+class AsyncioTasks:
+    """`jev_<service>_asyncio_tasks`: the tasks alive on the service's event loop at the scrape (read on that loop, as
+    /metrics is served there): tasks that pile up are work or connections never let go of."""
+
+    HELP = "Tasks alive on the event loop (not done), read at the scrape"
+
+    def __init__(self, service: str):
+        self.name = f"jev_{service}_asyncio_tasks"
+
+    def describe(self):
+        return [GaugeMetricFamily(self.name, self.HELP)]
+
+    def collect(self):
+        try:
+            tasks = asyncio.all_tasks(asyncio.get_running_loop())
+        except RuntimeError:  # collected off the loop (a test's registry read): nothing to count
+            return
+        family = GaugeMetricFamily(self.name, self.HELP)
+        family.add_metric([], len(tasks))
+        yield family
+
+
 class HttpMetrics:
     def __init__(self, service: str, registry: CollectorRegistry | None = None, labels: dict[str, str] | None = None):
         self.registry = registry or CollectorRegistry()
@@ -120,6 +143,7 @@ class HttpMetrics:
         )
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
         self._counted: dict[tuple[str, str], object] = {}  # (route, status) -> its counter child
+        self.registry.register(AsyncioTasks(service))
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
