@@ -14,7 +14,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
 
 Kind = Literal["choice", "noul", "score", "span", "set"]
 KINDS: tuple[str, ...] = ("choice", "noul", "score", "span", "set")
@@ -68,6 +68,12 @@ StateForm = Annotated[
 NEEDS_OPTIONS = ("choice", "span", "set")  # the kinds whose options are the question
 
 
+def _state_form_json_schema(schema: dict) -> None:
+    """The JSON Schema of a single-question `state` as it is read: a string too (its text), and any of the forms
+    (`{text, image}` is also a JSON object, so the generated oneOf would refuse it)."""
+    schema["anyOf"] = [{"type": "string"}, *schema.pop("oneOf", schema.pop("anyOf", []))]
+
+
 class DecisionRequest(_Strict):
     kind: Kind
     model: str | None = Field(
@@ -76,7 +82,8 @@ class DecisionRequest(_Strict):
     )
     state: StateForm = Field(
         description="text, {text, image}, or the flagship contract's forms: a list of text and image "
-        'parts ({"image": data URI}) in prompt order, or a JSON object'
+        'parts ({"image": data URI}) in prompt order, or a JSON object',
+        json_schema_extra=_state_form_json_schema,
     )
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     options: list[str] | None = Field(
@@ -648,3 +655,52 @@ def score_confidence(probabilities: list[float]) -> float:
     spread = sum(p * abs(i - mode) for i, p in enumerate(probabilities))
     uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
     return min(1.0, max(0.0, 1 - spread / uniform))
+
+
+# ===== POST /v1/preencode (the preencoder, behind the frontend) ====================================
+
+
+class PreencodeLine(BaseModel):
+    """One image to prepare: `{"image": data URI}`, a single-question request with `state.image`, or a System One
+    request with one inline asset (jev_preencoder.encode.manifest_image)."""
+
+    model_config = ConfigDict(extra="allow")
+    image: str | None = Field(default=None, description="data:image/png;base64,...")
+
+
+class PreencodeLines(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    lines: list[PreencodeLine | str]
+
+
+class PreencodeManifest(RootModel[list[PreencodeLine | str] | PreencodeLines | PreencodeLine]):
+    """A JSON array of lines, `{lines: [...]}` or one line (JSON Lines: application/x-ndjson)."""
+
+
+class PreencodeResult(BaseModel):
+    """One line's outcome (jev_preencoder.encode.LineResult)."""
+
+    line: int
+    status: Literal["done", "skipped", "failed"]
+    key: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    grid: list[int] | None = None
+    n_tokens: int | None = None
+    redone: bool = False
+    indexed: bool | None = None
+
+
+class PreencodeSummary(BaseModel):
+    done: int = Field(ge=0)
+    skipped: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    redone: int = Field(ge=0)
+    index_errors: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+
+class PreencodeResponse(BaseModel):
+    results: list[PreencodeResult]
+    summary: PreencodeSummary
+    identity: str
