@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web, web_protocol, web_server
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
@@ -92,6 +94,10 @@ async def error_middleware(request: web.Request, handler):
     """Every failure leaves in the API's error shape; never a stack trace."""
     try:
         return await handler(request)
+    except UndecodableBody as exc:
+        response = api_error_response(exc)
+        response.force_close()  # the rest of a broken stream cannot be read (aiohttp would, to reuse the connection)
+        return response
     except (DomainError, ApiError) as exc:
         return api_error_response(exc)
     except web.HTTPException as exc:
@@ -362,6 +368,15 @@ class JsonErrorRequestHandler(web_protocol.RequestHandler):
         )
         response.force_close()
         return response
+
+    def log_exception(self, *args, **kwargs) -> None:
+        """After the answer, aiohttp reads the rest of a body to reuse the connection; a body that did not decode was
+        refused already (400 invalid_encoding, the connection closed), and meeting its error again is no failure."""
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, RequestPayloadError) and isinstance(exc.__cause__, ContentEncodingError):
+            self.log_debug("the rest of a body that did not decode was not read (%s)", exc)
+            return
+        super().log_exception(*args, **kwargs)
 
 
 def install_json_protocol_errors() -> None:
