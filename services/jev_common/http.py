@@ -8,12 +8,11 @@ import json
 import logging
 import os
 import signal
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web, web_protocol, web_server
-from aiohttp.http_exceptions import ContentEncodingError
-from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from .errors import (
@@ -94,10 +93,6 @@ async def error_middleware(request: web.Request, handler):
     """Every failure leaves in the API's error shape; never a stack trace."""
     try:
         return await handler(request)
-    except UndecodableBody as exc:
-        response = api_error_response(exc)
-        response.force_close()  # the rest of a broken stream cannot be read (aiohttp would, to reuse the connection)
-        return response
     except (DomainError, ApiError) as exc:
         return api_error_response(exc)
     except web.HTTPException as exc:
@@ -197,19 +192,70 @@ def stream_body(request: web.Request, max_bytes: int) -> AsyncIterator[bytes]:
 
 
 async def _chunks(request: web.Request, max_bytes: int, encoding: str) -> AsyncIterator[bytes]:
-    seen = 0
+    """The body's chunks, decoded here (aiohttp's own decoding is off, JsonErrorRequestHandler: a compressed stream
+    that ended early left it waiting for the rest, and the request hung). Both what arrives and what it expands to
+    are held to `max_bytes`."""
+    decoder = BodyDecoder(encoding) if encoding else None
+    seen = received = 0
     try:
-        async for chunk in request.content.iter_chunked(1 << 16):
+        async for raw in request.content.iter_chunked(1 << 16):
+            received += len(raw)
+            if received > max_bytes:
+                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
+            chunk = decoder.feed(raw, max_bytes - seen) if decoder else raw
             seen += len(chunk)
             if seen > max_bytes:
-                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
-            yield chunk
+                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes once decoded")
+            if chunk:
+                yield chunk
+        if decoder:
+            decoder.finish()
     except DomainError:
         raise
     except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
         if encoding:
             raise UndecodableBody(f"body could not be decoded as {encoding}: {exc}") from None
         raise
+
+
+class BodyDecoder:
+    """One body's Content-Encoding (gzip, deflate with or without its zlib header, zstd; concatenated members too)
+    undone as it streams in; `finish()` refuses a stream that ended before its compressed data did."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.member = None  # the current member's decompressor, made on its first byte
+        self.started = False
+
+    def _new_member(self, first: bytes):
+        if self.encoding == "zstd":
+            from backports.zstd import ZstdDecompressor
+
+            return ZstdDecompressor()
+        if self.encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        # deflate: a zlib stream, or a raw one (what some clients send): a zlib header's method nibble is 8
+        return zlib.decompressobj(zlib.MAX_WBITS if first[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """What `data` decodes to; past `room` bytes of output it stops (the caller refuses the body then)."""
+        out = bytearray()
+        while data:
+            if self.member is None:
+                self.member, self.started = self._new_member(data), True
+            out += self.member.decompress(data, max(1, room - len(out) + 1))
+            if len(out) > room:
+                return bytes(out)
+            if not self.member.eof:
+                return bytes(out)  # all of `data` taken in (the output was not cut short: it fits in room)
+            data, self.member = self.member.unused_data, None  # the next member, if any
+        return bytes(out)
+
+    def finish(self) -> None:
+        if not self.started:
+            raise UndecodableBody(f"an empty body is not {self.encoding} data")
+        if self.member is not None:
+            raise UndecodableBody(f"body ends before its {self.encoding} stream does")
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
@@ -348,7 +394,12 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
 # ----- malformed HTTP ---------------------------------------------------------------------------
 class JsonErrorRequestHandler(web_protocol.RequestHandler):
     """aiohttp answers framing and header errors (bad request line, oversized headers, broken chunked
-    encoding) in text/plain; answer them in the API's JSON error shape instead."""
+    encoding) in text/plain; answer them in the API's JSON error shape instead. Bodies reach the services as sent:
+    stream_body decodes their Content-Encoding (aiohttp's decoding hung on a stream that ended early)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["auto_decompress"] = False
+        super().__init__(*args, **kwargs)
 
     def handle_error(
         self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -368,15 +419,6 @@ class JsonErrorRequestHandler(web_protocol.RequestHandler):
         )
         response.force_close()
         return response
-
-    def log_exception(self, *args, **kwargs) -> None:
-        """After the answer, aiohttp reads the rest of a body to reuse the connection; a body that did not decode was
-        refused already (400 invalid_encoding, the connection closed), and meeting its error again is no failure."""
-        exc = kwargs.get("exc_info")
-        if isinstance(exc, RequestPayloadError) and isinstance(exc.__cause__, ContentEncodingError):
-            self.log_debug("the rest of a body that did not decode was not read (%s)", exc)
-            return
-        super().log_exception(*args, **kwargs)
 
 
 def install_json_protocol_errors() -> None:
