@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -212,6 +213,8 @@ async def _chunks(request: web.Request, max_bytes: int, encoding: str) -> AsyncI
             decoder.finish()
     except DomainError:
         raise
+    except ConnectionResetError:  # the caller left before its body arrived: nobody to answer, as if cancelled
+        raise asyncio.CancelledError from None
     except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
         if encoding:
             raise UndecodableBody(f"body could not be decoded as {encoding}: {exc}") from None
@@ -285,11 +288,38 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
+LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(value: object) -> bool:
+    """Whether any string (keys included) of a decoded JSON value holds a UTF-16 surrogate that no pair made a
+    character of (`"\\ud800"` alone): valid JSON text, but no Unicode, which nothing after the parser can encode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def decode_json(raw: bytes) -> object:
     """JSON of any shape; malformed, undecodable, too deep or absurd numbers are a 422 like FastAPI's, and so
-    is an object that names a key twice (DuplicateKey)."""
+    is an object that names a key twice (DuplicateKey) and a string with a lone surrogate escape."""
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        if LONE_SURROGATE_ESCAPE.search(raw) and _lone_surrogate(value):
+            raise validation_error(
+                "JSON string holds a lone UTF-16 surrogate (\\ud800-\\udfff): no character", (0,), "string_unicode"
+            )
+        return value
     except json.JSONDecodeError as exc:
         raise validation_error(f"JSON decode error: {exc.msg}", (exc.pos,), "json_invalid") from None
     except UnicodeDecodeError:

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+CLIENT_CLOSED = 499  # the status counted for a request whose caller left before its answer (nginx's convention)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -157,6 +158,9 @@ class HttpMetrics:
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # the caller left before its answer: no answer was sent, nothing failed here
             raise
         finally:
             self.in_flight.dec()

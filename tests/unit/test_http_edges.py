@@ -206,3 +206,50 @@ async def test_compressed_bodies_still_answer_and_stay_within_the_cap(servers, e
     bomb = compressed(encoding, b" " * (64 << 20))  # 64 MiB of spaces, past every body cap once decoded
     status, _, answer = await exchange(servers["frontend"], encoded_post(encoding, bomb))
     assert status == 413 and json.loads(answer)["detail"]["error_type"] == "body_too_large", answer
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\udfff", b"\\ude00\\ud83d", b"\\ud83d"])
+async def test_a_lone_surrogate_escape_is_a_422(servers, escape):
+    """Found by the soak benchmark's hostile mix: `"\\ud800"` is valid JSON text but no character; the worker's L1 key
+    (pydantic's JSON dump) could not encode it and answered 500."""
+    raw = BODY.encode().replace(b'"x"', b'"odd ' + escape + b' text"')
+    for service, port in servers.items():
+        status, _, body = await exchange(port, post(raw))
+        detail = json.loads(body)["detail"]
+        assert status == 422 and detail[0]["type"] == "string_unicode", (service, body)
+
+
+async def test_a_surrogate_pair_is_a_character_and_answered(servers):
+    raw = BODY.encode().replace(b'"x"', b'"a smile \\ud83d\\ude00"')
+    for service, port in servers.items():
+        status, _, body = await exchange(port, post(raw))
+        assert status == 200, (service, body)
+
+
+async def test_a_caller_that_leaves_mid_body_is_no_server_error(servers, caplog):
+    """Found by the soak benchmark's disconnecting clients: a caller that closed its connection while its body was
+    read made the frontend log an 'unhandled error' and count a 500. It is the caller's leaving: nothing is logged as
+    an error and the request is counted 499."""
+    port = servers["frontend"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.close()
+    await asyncio.sleep(0.5)
+    assert not [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    status, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    text = metrics.decode()
+    assert 'route="/v1/systemone",status="499"' in text and 'status="500"' not in text, text[:2000]
+
+
+def post(raw: bytes) -> bytes:
+    return (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (
+            len(raw),
+            raw,
+        )
+    )
