@@ -243,6 +243,7 @@ def _systemone(ref) -> dict:
                         "required": [MULTIPART_REQUEST_PART],
                         "properties": {MULTIPART_REQUEST_PART: ref(SystemOneRequest)},
                         "additionalProperties": {"type": "string", "format": "binary"},
+                        "propertyNames": {"minLength": 1},  # a part without a name is refused (400)
                         "maxProperties": MAX_MULTIPART_PARTS,
                     },
                     "encoding": {MULTIPART_REQUEST_PART: {"contentType": "application/json"}},

@@ -340,9 +340,29 @@ class NoulCriteria(BaseModel):
     false: Content | None = None
 
 
+_GIVEN = {"type": ["string", "object", "array"]}  # a Content that is there (not null)
+NAMES_SCHEMA = {"propertyNames": {"minLength": 1, "maxLength": MAX_NAME_CHARS}}  # what _names_valid checks of keys
+
+
 class NoulQuestion(_Question):
     """A yes/no question; its answer is P(yes)."""
 
+    # what _asks_something checks, in the JSON schema too (so the description says it)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["instructions"], "properties": {"instructions": _GIVEN}},
+                {
+                    "required": ["criteria"],
+                    "properties": {
+                        "criteria": {
+                            "anyOf": [{"required": [side], "properties": {side: _GIVEN}} for side in ("true", "false")]
+                        }
+                    },
+                },
+            ]
+        }
+    )
     type: Literal["noul"]
     instructions: Content | None = None
     criteria: NoulCriteria | None = None
@@ -381,7 +401,7 @@ class ChoiceQuestion(_Question):
     instructions: Content | None = None
     # one option is valid API (some families' upstreams answer it: {"only": 1.0}); a family that needs two says
     # so with a 422 (its question type's `min_options`, jev_worker.questions.plan)
-    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS, json_schema_extra=NAMES_SCHEMA)
 
     @field_validator("criteria")
     @classmethod
@@ -409,7 +429,9 @@ class SpanQuestion(_Question):
 
     type: Literal["span"]
     instructions: Content | None = None
-    criteria: list[str] = Field(min_length=2, max_length=MAX_OPTIONS)
+    criteria: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] = Field(
+        min_length=2, max_length=MAX_OPTIONS
+    )
 
     @field_validator("criteria")
     @classmethod
@@ -425,7 +447,7 @@ class SetQuestion(_Question):
 
     type: Literal["set"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None] = Field(min_length=1, max_length=64)
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=64, json_schema_extra=NAMES_SCHEMA)
 
     @field_validator("criteria")
     @classmethod
