@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -195,19 +197,72 @@ def stream_body(request: web.Request, max_bytes: int) -> AsyncIterator[bytes]:
 
 
 async def _chunks(request: web.Request, max_bytes: int, encoding: str) -> AsyncIterator[bytes]:
-    seen = 0
+    """The body's chunks, decoded here (aiohttp's own decoding is off, JsonErrorRequestHandler: a compressed stream
+    that ended early left it waiting for the rest, and the request hung). Both what arrives and what it expands to
+    are held to `max_bytes`."""
+    decoder = BodyDecoder(encoding) if encoding else None
+    seen = received = 0
     try:
-        async for chunk in request.content.iter_chunked(1 << 16):
+        async for raw in request.content.iter_chunked(1 << 16):
+            received += len(raw)
+            if received > max_bytes:
+                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
+            chunk = decoder.feed(raw, max_bytes - seen) if decoder else raw
             seen += len(chunk)
             if seen > max_bytes:
-                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes")
-            yield chunk
+                raise BodyTooLarge(f"body exceeds the limit of {max_bytes} bytes once decoded")
+            if chunk:
+                yield chunk
+        if decoder:
+            decoder.finish()
     except DomainError:
         raise
+    except ConnectionResetError:  # the caller left before its body arrived: nobody to answer, as if cancelled
+        raise asyncio.CancelledError from None
     except Exception as exc:  # noqa: BLE001 - a broken compressed stream is the client's fault
         if encoding:
             raise UndecodableBody(f"body could not be decoded as {encoding}: {exc}") from None
         raise
+
+
+class BodyDecoder:
+    """One body's Content-Encoding (gzip, deflate with or without its zlib header, zstd; concatenated members too)
+    undone as it streams in; `finish()` refuses a stream that ended before its compressed data did."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.member: Any = None  # the current member's decompressor, made on its first byte
+        self.started = False
+
+    def _new_member(self, first: bytes) -> Any:
+        if self.encoding == "zstd":
+            from backports.zstd import ZstdDecompressor
+
+            return ZstdDecompressor()
+        if self.encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        # deflate: a zlib stream, or a raw one (what some clients send): a zlib header's method nibble is 8
+        return zlib.decompressobj(zlib.MAX_WBITS if first[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+
+    def feed(self, data: bytes, room: int) -> bytes:
+        """What `data` decodes to; past `room` bytes of output it stops (the caller refuses the body then)."""
+        out = bytearray()
+        while data:
+            if self.member is None:
+                self.member, self.started = self._new_member(data), True
+            out += self.member.decompress(data, max(1, room - len(out) + 1))
+            if len(out) > room:
+                return bytes(out)
+            if not self.member.eof:
+                return bytes(out)  # all of `data` taken in (the output was not cut short: it fits in room)
+            data, self.member = self.member.unused_data, None  # the next member, if any
+        return bytes(out)
+
+    def finish(self) -> None:
+        if not self.started:
+            raise UndecodableBody(f"an empty body is not {self.encoding} data")
+        if self.member is not None:
+            raise UndecodableBody(f"body ends before its {self.encoding} stream does")
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
@@ -237,11 +292,38 @@ def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
+LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(value: object) -> bool:
+    """Whether any string (keys included) of a decoded JSON value holds a UTF-16 surrogate that no pair made a
+    character of (`"\\ud800"` alone): valid JSON text, but no Unicode, which nothing after the parser can encode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def decode_json(raw: bytes) -> object:
     """JSON of any shape; malformed, undecodable, too deep or absurd numbers are a 422 like FastAPI's, and so
-    is an object that names a key twice (DuplicateKey)."""
+    is an object that names a key twice (DuplicateKey) and a string with a lone surrogate escape."""
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        value = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        if LONE_SURROGATE_ESCAPE.search(raw) and _lone_surrogate(value):
+            raise validation_error(
+                "JSON string holds a lone UTF-16 surrogate (\\ud800-\\udfff): no character", (0,), "string_unicode"
+            )
+        return value
     except json.JSONDecodeError as exc:
         raise validation_error(f"JSON decode error: {exc.msg}", (exc.pos,), "json_invalid") from None
     except UnicodeDecodeError:
@@ -347,7 +429,12 @@ def parse_multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
 # ----- malformed HTTP ---------------------------------------------------------------------------
 class JsonErrorRequestHandler(web_protocol.RequestHandler):
     """aiohttp answers framing and header errors (bad request line, oversized headers, broken chunked
-    encoding) in text/plain; answer them in the API's JSON error shape instead."""
+    encoding) in text/plain; answer them in the API's JSON error shape instead. Bodies reach the services as sent:
+    stream_body decodes their Content-Encoding (aiohttp's decoding hung on a stream that ended early)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["auto_decompress"] = False
+        super().__init__(*args, **kwargs)
 
     def handle_error(
         self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None

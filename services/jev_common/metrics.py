@@ -7,6 +7,7 @@ append a worker's exposition to its own without clashing families.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from prometheus_client.utils import floatToGoString
 if TYPE_CHECKING:
     from .index import IndexConnection
 
+CLIENT_CLOSED = 499  # the status counted for a request whose caller left before its answer (nginx's convention)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -109,6 +111,28 @@ class IndexGauges:
         yield errors
 
 
+class AsyncioTasks:
+    """`jev_<service>_asyncio_tasks`: the tasks alive on the service's event loop at the scrape (read on that loop, as
+    /metrics is served there): tasks that pile up are work or connections never let go of."""
+
+    HELP = "Tasks alive on the event loop (not done), read at the scrape"
+
+    def __init__(self, service: str) -> None:
+        self.name = f"jev_{service}_asyncio_tasks"
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(self.name, self.HELP)]
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            tasks = asyncio.all_tasks(asyncio.get_running_loop())
+        except RuntimeError:  # collected off the loop (a test's registry read): nothing to count
+            return
+        family = GaugeMetricFamily(self.name, self.HELP)
+        family.add_metric([], len(tasks))
+        yield family
+
+
 class HttpMetrics:
     def __init__(
         self, service: str, registry: CollectorRegistry | None = None, labels: dict[str, str] | None = None
@@ -127,6 +151,7 @@ class HttpMetrics:
         )
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
         self._counted: dict[tuple[str, int], Any] = {}  # (route, status) -> its counter child
+        self.registry.register(AsyncioTasks(service))
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -140,6 +165,9 @@ class HttpMetrics:
             return response
         except web.HTTPException as exc:
             status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED  # the caller left before its answer: no answer was sent, nothing failed here
             raise
         finally:
             self.in_flight.dec()

@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator, model_validator
+from pydantic.config import JsonDict
 
 Kind = Literal["choice", "noul", "score", "span", "set"]
 KINDS: tuple[str, ...] = ("choice", "noul", "score", "span", "set")
@@ -69,6 +70,12 @@ StateForm = Annotated[
 NEEDS_OPTIONS = ("choice", "span", "set")  # the kinds whose options are the question
 
 
+def _state_form_json_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of a single-question `state` as it is read: a string too (its text), and any of the forms
+    (`{text, image}` is also a JSON object, so the generated oneOf would refuse it)."""
+    schema["anyOf"] = [{"type": "string"}, *schema.pop("oneOf", schema.pop("anyOf", []))]
+
+
 class DecisionRequest(_Strict):
     kind: Kind
     model: str | None = Field(
@@ -77,7 +84,8 @@ class DecisionRequest(_Strict):
     )
     state: StateForm = Field(
         description="text, {text, image}, or the flagship contract's forms: a list of text and image "
-        'parts ({"image": data URI}) in prompt order, or a JSON object'
+        'parts ({"image": data URI}) in prompt order, or a JSON object',
+        json_schema_extra=_state_form_json_schema,
     )
     question: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
     options: list[str] | None = Field(
@@ -334,9 +342,32 @@ class NoulCriteria(BaseModel):
     false: Content | None = None
 
 
+_GIVEN: JsonDict = {"type": ["string", "object", "array"]}  # a Content that is there (not null)
+NAMES_SCHEMA: JsonDict = {
+    "propertyNames": {"minLength": 1, "maxLength": MAX_NAME_CHARS}
+}  # what _names_valid checks of keys
+
+
+# what NoulQuestion._asks_something checks, in the JSON schema too (so the description says it)
+_NOUL_ASKS_SOMETHING: JsonDict = {
+    "anyOf": [
+        {"required": ["instructions"], "properties": {"instructions": _GIVEN}},
+        {
+            "required": ["criteria"],
+            "properties": {
+                "criteria": {
+                    "anyOf": [{"required": [side], "properties": {side: _GIVEN}} for side in ("true", "false")]
+                }
+            },
+        },
+    ]
+}
+
+
 class NoulQuestion(_Question):
     """A yes/no question; its answer is P(yes)."""
 
+    model_config = ConfigDict(json_schema_extra=_NOUL_ASKS_SOMETHING)
     type: Literal["noul"]
     instructions: Content | None = None
     criteria: NoulCriteria | None = None
@@ -375,7 +406,7 @@ class ChoiceQuestion(_Question):
     instructions: Content | None = None
     # one option is valid API (some families' upstreams answer it: {"only": 1.0}); a family that needs two says
     # so with a 422 (its question type's `min_options`, jev_worker.questions.plan)
-    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS, json_schema_extra=NAMES_SCHEMA)
 
     @field_validator("criteria")
     @classmethod
@@ -403,7 +434,9 @@ class SpanQuestion(_Question):
 
     type: Literal["span"]
     instructions: Content | None = None
-    criteria: list[str] = Field(min_length=2, max_length=MAX_OPTIONS)
+    criteria: list[Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]] = Field(
+        min_length=2, max_length=MAX_OPTIONS
+    )
 
     @field_validator("criteria")
     @classmethod
@@ -419,7 +452,7 @@ class SetQuestion(_Question):
 
     type: Literal["set"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None] = Field(min_length=1, max_length=64)
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=64, json_schema_extra=NAMES_SCHEMA)
 
     @field_validator("criteria")
     @classmethod
@@ -649,3 +682,52 @@ def score_confidence(probabilities: list[float]) -> float:
     spread = sum(p * abs(i - mode) for i, p in enumerate(probabilities))
     uniform = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
     return min(1.0, max(0.0, 1 - spread / uniform))
+
+
+# ===== POST /v1/preencode (the preencoder, behind the frontend) ====================================
+
+
+class PreencodeLine(BaseModel):
+    """One image to prepare: `{"image": data URI}`, a single-question request with `state.image`, or a System One
+    request with one inline asset (jev_preencoder.encode.manifest_image)."""
+
+    model_config = ConfigDict(extra="allow")
+    image: str | None = Field(default=None, description="data:image/png;base64,...")
+
+
+class PreencodeLines(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    lines: list[PreencodeLine | str]
+
+
+class PreencodeManifest(RootModel[list[PreencodeLine | str] | PreencodeLines | PreencodeLine]):
+    """A JSON array of lines, `{lines: [...]}` or one line (JSON Lines: application/x-ndjson)."""
+
+
+class PreencodeResult(BaseModel):
+    """One line's outcome (jev_preencoder.encode.LineResult)."""
+
+    line: int
+    status: Literal["done", "skipped", "failed"]
+    key: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    grid: list[int] | None = None
+    n_tokens: int | None = None
+    redone: bool = False
+    indexed: bool | None = None
+
+
+class PreencodeSummary(BaseModel):
+    done: int = Field(ge=0)
+    skipped: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    redone: int = Field(ge=0)
+    index_errors: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+
+class PreencodeResponse(BaseModel):
+    results: list[PreencodeResult]
+    summary: PreencodeSummary
+    identity: str

@@ -34,6 +34,7 @@ from jev_common.index import IndexConnection
 from jev_common.index.workers import WorkerDirectory
 from jev_common.internal_auth import INTERNAL_TOKEN_HEADER
 from jev_common.metrics import HttpMetrics
+from jev_common.openapi import description as openapi_description
 from jev_common.route_key import envelope_image_keys, legacy_image_keys, state_route_key
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 from jev_common.state_text import render_state
@@ -51,7 +52,7 @@ from .proxy import (
     BackendMetrics,
     BackendUnreachable,
 )
-from .ratelimit import RateLimiter
+from .ratelimit import LIMITED_ROUTES, RateLimiter, documented_headers
 from .router import Router
 from .settings import Settings
 from .tracing import FrontendSpans
@@ -361,6 +362,17 @@ async def handle_metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def openapi_handler():
+    """`GET /openapi.json`: the public API's OpenAPI 3.1 description (jev_common.openapi), with this frontend's
+    rate-limit headers; rendered once."""
+    body = json.dumps(openapi_description(documented_headers(), LIMITED_ROUTES)).encode()
+
+    async def handle_openapi(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return handle_openapi
+
+
 async def handle_generation(request: web.Request) -> web.Response:
     raise RouteNotServed(
         f"{request.path} is not served: this stack serves only POST /v1/systemone decisions "
@@ -428,6 +440,7 @@ def create_app(settings: Settings, tracing: Tracing | None = None) -> web.Applic
     app.router.add_post("/v1/systemone", handle_systemone)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_post("/v1/preencode", handle_preencode)
+    app.router.add_get("/openapi.json", openapi_handler())
     for path in GENERATION_ROUTES:
         app.router.add_route("*", path, handle_generation)
     app.add_routes(Page(settings, pool, backend).routes())  # GET /: the playground and status view

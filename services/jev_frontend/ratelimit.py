@@ -25,6 +25,31 @@ from .limits import Limit, RateLimits
 log = logging.getLogger("jev_frontend.ratelimit")
 
 LIMITED_ROUTES = ("/v1/systemone", "/v1/preencode")
+# What every answer of a limited caller says, per dimension (`x-ratelimit-{field}-{dimension}`), and what a refusal
+# adds: the one table that limit_headers() and the OpenAPI description (jev_common.openapi) read.
+DIMENSIONS = {"requests": "requests", "tokens": "prompt tokens"}
+LIMIT_FIELDS = {
+    "limit": "the {what} per minute this caller may use",
+    "remaining": "the {what} left in this caller's bucket now (whole; 0 when it is spent or in debt)",
+    "reset": "seconds until this caller's {what} bucket is full again",
+}
+RETRY_AFTER_MS_HEADER = "retry-after-ms"  # on a 429 rate_limit_error beside Retry-After: the exact wait (typesafe-sdk)
+
+
+def limit_header(field: str, dimension: str) -> str:
+    return f"x-ratelimit-{field}-{dimension}"
+
+
+def documented_headers() -> dict[str, str]:
+    """Every header this module sets, by name, with what it says (every answer of a limited caller carries the limit
+    headers of the dimensions its limit sets; a refusal also carries retry-after-ms)."""
+    headers = {
+        limit_header(field, dimension): text.format(what=what) + f" (only while {what} are limited)"
+        for dimension, what in DIMENSIONS.items()
+        for field, text in LIMIT_FIELDS.items()
+    }
+    headers[RETRY_AFTER_MS_HEADER] = "milliseconds until a refused (429 rate_limit_error) request may be retried"
+    return headers
 
 
 class RateLimiter:
@@ -118,7 +143,7 @@ class RateLimiter:
         return RateLimited(
             f"rate limit reached: {per_minute} {what} per minute; retry in {ceil_seconds(wait_s)} s",
             retry_after=ceil_seconds(wait_s),
-            headers={**limit_headers(limit, levels), "retry-after-ms": str(max(1, round(wait_s * 1000)))},
+            headers={**limit_headers(limit, levels), RETRY_AFTER_MS_HEADER: str(max(1, round(wait_s * 1000)))},
         )
 
 
@@ -129,9 +154,9 @@ def limit_headers(limit: Limit, levels: Levels) -> dict[str, str]:
         ("tokens", limit.tokens, levels.tokens),
     ):
         if per_minute:
-            headers[f"x-ratelimit-limit-{name}"] = str(per_minute)
-            headers[f"x-ratelimit-remaining-{name}"] = str(max(0, int(level)))
-            headers[f"x-ratelimit-reset-{name}"] = f"{seconds_until(level, per_minute, per_minute):.3f}"
+            headers[limit_header("limit", name)] = str(per_minute)
+            headers[limit_header("remaining", name)] = str(max(0, int(level)))
+            headers[limit_header("reset", name)] = f"{seconds_until(level, per_minute, per_minute):.3f}"
     return headers
 
 

@@ -6,7 +6,9 @@ which share jev_common.http."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import zlib
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -145,3 +147,109 @@ def test_the_shared_decoder_refuses_duplicates_at_any_depth():
     assert decode_json(b'{"a": {"b": 1, "c": 2}}') == {"a": {"b": 1, "c": 2}}
     with pytest.raises(DuplicateKey, match="'b'"):
         decode_json(b'{"a": [{"b": 1, "b": 2}]}')
+
+
+def compressed(encoding: str, data: bytes) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(data)
+    if encoding == "deflate":
+        return zlib.compress(data)
+    from backports.zstd import compress
+
+    return compress(data)
+
+
+def encoded_post(encoding: str, body: bytes) -> bytes:
+    return (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: %s\r\nContent-Length: %d\r\n\r\n%s" % (encoding.encode(), len(body), body)
+    )
+
+
+ENCODINGS = ["gzip", "deflate", "zstd"]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_a_body_that_does_not_decode_is_a_400_logged_as_nothing_worse(servers, encoding, caplog):
+    """Found by the API fuzzing (benchmarks.fuzz_api): a body whose Content-Encoding it is not was answered 400, and
+    then aiohttp read on in the broken stream, logging an 'Unhandled exception' traceback per such request."""
+    for service, port in servers.items():
+        caplog.clear()
+        status, _, body = await exchange(port, encoded_post(encoding, BODY.encode()))
+        assert status == 400 and json.loads(body)["detail"]["error_type"] == "invalid_encoding", (service, body)
+        await asyncio.sleep(0.2)  # what the server does after the answer
+        unhandled = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+        assert not unhandled, (service, unhandled)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("cut", ["one byte", "truncated", "empty"])
+async def test_a_compressed_stream_that_ends_early_is_a_400_not_a_hang(servers, encoding, cut):
+    """Found by the API fuzzing: `Content-Encoding: deflate` with the one byte `\\x00` (or any compressed stream cut
+    short) left the request waiting for the rest of the stream forever: aiohttp's decoder raised past the handler,
+    which never saw the body end. (exchange() gives up after 10 s.)"""
+    whole = compressed(encoding, BODY.encode())
+    body = {"one byte": b"\x00", "truncated": whole[: len(whole) // 2], "empty": b""}[cut]
+    for service, port in servers.items():
+        status, _, answer = await exchange(port, encoded_post(encoding, body))
+        assert status == 400 and json.loads(answer)["detail"]["error_type"] == "invalid_encoding", (service, answer)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+async def test_compressed_bodies_still_answer_and_stay_within_the_cap(servers, encoding):
+    for service, port in servers.items():
+        status, _, answer = await exchange(port, encoded_post(encoding, compressed(encoding, BODY.encode())))
+        assert status == 200, (service, answer)
+        twice = compressed(encoding, BODY.encode()) + compressed(encoding, b" ")  # two members, one JSON text
+        status, _, answer = await exchange(port, encoded_post(encoding, twice))
+        assert status == 200, (service, answer)
+    bomb = compressed(encoding, b" " * (64 << 20))  # 64 MiB of spaces, past every body cap once decoded
+    status, _, answer = await exchange(servers["frontend"], encoded_post(encoding, bomb))
+    assert status == 413 and json.loads(answer)["detail"]["error_type"] == "body_too_large", answer
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\udfff", b"\\ude00\\ud83d", b"\\ud83d"])
+async def test_a_lone_surrogate_escape_is_a_422(servers, escape):
+    """Found by the soak benchmark's hostile mix: `"\\ud800"` is valid JSON text but no character; the worker's L1 key
+    (pydantic's JSON dump) could not encode it and answered 500."""
+    raw = BODY.encode().replace(b'"x"', b'"odd ' + escape + b' text"')
+    for service, port in servers.items():
+        status, _, body = await exchange(port, post(raw))
+        detail = json.loads(body)["detail"]
+        assert status == 422 and detail[0]["type"] == "string_unicode", (service, body)
+
+
+async def test_a_surrogate_pair_is_a_character_and_answered(servers):
+    raw = BODY.encode().replace(b'"x"', b'"a smile \\ud83d\\ude00"')
+    for service, port in servers.items():
+        status, _, body = await exchange(port, post(raw))
+        assert status == 200, (service, body)
+
+
+async def test_a_caller_that_leaves_mid_body_is_no_server_error(servers, caplog):
+    """Found by the soak benchmark's disconnecting clients: a caller that closed its connection while its body was
+    read made the frontend log an 'unhandled error' and count a 500. It is the caller's leaving: nothing is logged as
+    an error and the request is counted 499."""
+    port = servers["frontend"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    )
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.close()
+    await asyncio.sleep(0.5)
+    assert not [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    status, _, metrics = await exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    text = metrics.decode()
+    assert 'route="/v1/systemone",status="499"' in text and 'status="500"' not in text, text[:2000]
+
+
+def post(raw: bytes) -> bytes:
+    return (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+        % (
+            len(raw),
+            raw,
+        )
+    )
