@@ -88,7 +88,7 @@ class Project:
         )
         return done.stdout[-6000:]
 
-    def up(self, *args: str, wait_s: int = 300, timeout: float = 1800) -> None:
+    def up(self, *args: str, wait_s: int = 600, timeout: float = 1800) -> None:
         self.run("up", "-d", "--wait", "--wait-timeout", str(wait_s), *args, timeout=timeout)
 
     def down(self) -> subprocess.CompletedProcess:
