@@ -12,6 +12,7 @@ import signal
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web, web_protocol, web_server
 from pydantic import BaseModel, ValidationError
@@ -227,7 +228,7 @@ class BodyDecoder:
 
     def __init__(self, encoding: str):
         self.encoding = encoding
-        self.member = None  # the current member's decompressor, made on its first byte
+        self.member: Any = None  # the current member's decompressor (zlib's or zstd's), made on its first byte
         self.started = False
 
     def _new_member(self, first: bytes):

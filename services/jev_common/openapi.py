@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic.json_schema import models_json_schema
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from . import errors as E
 from .http import (
@@ -151,7 +152,7 @@ def description(headers: Mapping[str, str] | None = None, limited: tuple[str, ..
 def _component_schemas() -> tuple[dict[str, Any], dict[type, str]]:
     """The components' schemas (pydantic's, request models as validated, answers as serialized), and each
     model's name among them."""
-    models = [
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (SystemOneRequest, "validation"),
         (DecisionRequest, "validation"),
         (PreencodeManifest, "validation"),
