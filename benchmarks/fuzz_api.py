@@ -38,7 +38,7 @@ FRONTEND_TIMEOUT_S = 35.0
 GRACE_S = 5.0  # past a deadline, how late an answer may still come on a busy 2-core machine before it is a failure
 DOCUMENTED_5XX = (502, 503, 504)
 # the share of cases per operation (the decision route is where the parsing is)
-WEIGHTS = {("POST", "/v1/systemone"): 0.8, ("POST", "/v1/preencode"): 0.1, ("GET", "/v1/models"): 0.05}
+WEIGHTS = {("POST", "/v1/systemone"): 0.85, ("POST", "/v1/preencode"): 0.1, ("GET", "/v1/models"): 0.05}
 CHUNK = 50  # cases per hypothesis run (each its own seed)
 RATE_LIMIT = "default=1000000:0"  # on, so every answer carries the x-ratelimit-* headers the description names
 
@@ -109,6 +109,7 @@ class Fuzzer:
         self.random = random.Random(seed)
         self.seed = seed
         self.tally = Tally()
+        self.chunks = 0
 
     def run(self, cases: int) -> Tally:
         from schemathesis import GenerationMode
@@ -120,6 +121,12 @@ class Fuzzer:
                 self._run_operation(operation, mode, max(1, round(cases * weight / 2)))
         health = self.schema["/health"]["GET"]
         self._run_operation(health, GenerationMode.POSITIVE, 1)
+        # an operation without inputs (GET /v1/models, /health) has few distinct cases: the rest go to decisions
+        decisions = self.schema["/v1/systemone"]["POST"]
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            left = cases - self.tally.cases
+            if left > 0:
+                self._run_operation(decisions, mode, (left + 1) // 2 if mode == GenerationMode.POSITIVE else left)
         self.tally.seconds = time.perf_counter() - started
         return self.tally
 
@@ -132,13 +139,15 @@ class Fuzzer:
 
         strategy = operation.as_strategy(generation_mode=mode)
         target = self.tally.by_key[(operation.label, mode.value)] + examples
-        for attempt in range(examples // CHUNK + 10):
+        for _ in range(examples // CHUNK + 10):
             left = target - self.tally.by_key[(operation.label, mode.value)]
             if left <= 0:
                 return
             sent_before = self.tally.cases
 
-            @seed(self.seed * 1_000_003 + attempt)
+            self.chunks += 1
+
+            @seed(self.seed * 1_000_003 + self.chunks)  # every chunk its own seed: no case sent twice by design
             @settings(
                 max_examples=min(CHUNK, left),
                 database=None,
