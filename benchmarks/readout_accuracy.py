@@ -43,10 +43,11 @@ from benchmarks.cpu_speed import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
 EVERYDAY = REPO / "benchmarks" / "data" / "everyday-210.jsonl"
+SYSTEM = "You are a careful assistant. Read the state and answer the question."
 READOUTS = {  # name -> the family and options the embedded recipe is served with
     "label-tokens": {"family": "label-tokens", "options": {}},
-    "scores-raw": {"family": "option-scoring", "options": {"baseline": "none"}},
-    "scores-pmi": {"family": "option-scoring", "options": {"baseline": "content-free"}},
+    "scores-raw": {"family": "option-scoring", "options": {"baseline": "none", "system": SYSTEM}},
+    "scores-pmi": {"family": "option-scoring", "options": {"baseline": "content-free", "system": SYSTEM}},
 }
 BINS = 10
 
@@ -91,13 +92,19 @@ class Worker:
 
     def __init__(self, folder: Path, tiny_dir: Path | None):
         from tests.fakes.net import free_port
-        from tools.stack_run import spawn, wait_healthy
+        from tools.stack_run import spawn
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**worker_env(tiny_dir, self.port), "JEV_RECIPE": str(folder)}
         self.process = spawn("worker", [sys.executable, "-m", "jev_worker"], env, REPO, folder.parent / "worker.log")
-        wait_healthy(self.process, self.url + "/health", others=[], timeout_s=600, log=lambda line: None)
+        self.health: dict = {}
+
+    def wait(self) -> None:
+        """Until it is ready (the workers load side by side)."""
+        from tools.stack_run import wait_healthy
+
+        wait_healthy(self.process, self.url + "/health", others=[], timeout_s=900, log=lambda line: None)
         with urllib.request.urlopen(self.url + "/health", timeout=5) as answer:
             self.health = json.loads(answer.read())
 
@@ -233,12 +240,15 @@ def run(args) -> dict:
     try:
         for name in names:
             workers[name] = Worker(recipe_folder(name, READOUTS[name], args.tiny), tiny_dir)
+        for worker in workers.values():
+            worker.wait()
         result = {"cpu": cpu_description(), "args": vars(args), "sets": {}}
         for set_name in args.sets:
             items = SETS[set_name]()
             if args.cases:  # evenly spaced over the set (its domains come in runs)
                 items = items[:: max(1, len(items) // args.cases)][: args.cases]
             graded = {name: [] for name in names}
+            kept = {name: [] for name in names}  # every graded answer, for results.json
             uniform = []
             tv = {name: [] for name in names}
             for index, (case, gold) in enumerate(items):
@@ -249,6 +259,9 @@ def run(args) -> dict:
                 for name in order:
                     answers, _ = workers[name].answers(case["state"], questions)
                     graded[name] += [grade(questions[qid], answers[qid], g) for qid, g in gold.items()]
+                    kept[name] += [
+                        {"case": case["id"], "qid": qid, "gold": g, "answer": answers[qid]} for qid, g in gold.items()
+                    ]
                     flipped = reversed_choices(questions)
                     if flipped:
                         again, _ = workers[name].answers(case["state"], flipped)
@@ -277,6 +290,7 @@ def run(args) -> dict:
                         "tv_max": max(tv[name]) if tv[name] else None,
                         "tv_questions": len(tv[name]),
                         "timing": times[name],
+                        "answers": kept[name],
                     }
                     for name in names
                 },
