@@ -68,9 +68,6 @@ class BaselineEngine(Engine):
     def describe(self) -> dict:
         return {**self.inner.describe(), "calibration_baseline": self.cache.describe()}
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)  # the runner's own attributes (graphs, head, ...)
-
     def run(self, items: list[EngineItem], groups: list[PrefixGroup]) -> BatchOutput:
         missing = self._missing(items)
         extra_items = [EngineItem(prepared) for prepared in missing]
