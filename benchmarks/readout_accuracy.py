@@ -262,7 +262,9 @@ def run(args) -> dict:
                     kept[name] += [
                         {"case": case["id"], "qid": qid, "gold": g, "answer": answers[qid]} for qid, g in gold.items()
                     ]
-                    flipped = reversed_choices(questions)
+                    flipped = (
+                        reversed_choices(questions) if index < args.reversed_cases or not args.reversed_cases else {}
+                    )
                     if flipped:
                         again, _ = workers[name].answers(case["state"], flipped)
                         tv[name] += [
@@ -338,6 +340,7 @@ def main(argv=None) -> int:
     parser.add_argument("--readouts", default=",".join(READOUTS), type=lambda s: s.split(","))
     parser.add_argument("--cases", type=int, default=0, help="N cases of each set, evenly spaced (0: all)")
     parser.add_argument("--timing-requests", type=int, default=24)
+    parser.add_argument("--reversed-cases", type=int, default=0, help="ask the reversed order of N cases (0: all)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (a smoke run, no figures)")
     args = parser.parse_args(argv)
