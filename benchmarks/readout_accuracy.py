@@ -15,7 +15,7 @@ turn (the order rotated case by case), so a change in the machine's load falls o
 readout and set: accuracy (the most probable option or level, or noul's side of 0.5, is the gold answer) beside a
 uniform answerer's expected accuracy; the Brier score (sum over the options of (p - 1{gold})^2) and expected
 calibration error (10 equal-width bins of the top probability); the mean total-variation distance between the
-choice answers of the options as sent and reversed (every choice question asked again, its options reversed);
+choice answers of the options as sent and reversed (the request asked again, every choice's options reversed);
 and the time per answer (a request's latency over its questions) at concurrency 1 and 8, on the first
 `--timing-requests` cases with their states prefixed by a line the other passes never sent (no L1 or L3 hit on the
 state, as a new state would be), after the graded pass has asked every question once (the option scoring baseline
@@ -195,10 +195,12 @@ def summary(graded: list[dict]) -> dict:
 
 
 def reversed_choices(questions: dict) -> dict:
+    """The same questions with every choice's options in reverse order (empty when the request has no choice)."""
+    if not any(q["type"] == "choice" for q in questions.values()):
+        return {}
     return {
-        qid: {**q, "criteria": dict(reversed(list(q["criteria"].items())))}
+        qid: {**q, "criteria": dict(reversed(list(q["criteria"].items())))} if q["type"] == "choice" else q
         for qid, q in questions.items()
-        if q["type"] == "choice"
     }
 
 
@@ -270,6 +272,7 @@ def run(args) -> dict:
                         tv[name] += [
                             total_variation(answers[qid]["probabilities"], again[qid]["probabilities"])
                             for qid in flipped
+                            if flipped[qid]["type"] == "choice"
                         ]
             timed = [
                 (f"Case {i} of the timing pass.\n{case['state']}", case["questions"])

@@ -10,11 +10,11 @@ after a content-free state (engine/baseline_rows.py, computed once per question)
 `bias` on the yes side of a yes/no; probabilities are the softmax of the calibrated scores (Scaling, per type,
 fitted by tools/calibrate_option_scoring.py).
 
-- choice: a row per option, its name the answer; options with a description are listed (by name, so in one order
-  whatever order they were sent in) under the question in every row;
+- choice: a row per option, its name the answer, the rows in name order (so any reordering of the options runs the
+  same rows); options with a description are listed (by name too) under the question in every row;
 - noul: the answers "Yes" and "No" (ScoredLayout's texts), P(yes);
 - score: a row per level, the level's text the answer; score = sum(i * p_i) as the API defines it;
-- span: a row per candidate, its text the answer; located in the state as the label-token span is;
+- span: a row per candidate (in name order), its text the answer; located in the state as the label-token span is;
 - set: each statement its own yes/no pair of rows, P(yes) each.
 """
 
@@ -88,6 +88,20 @@ def softmax(scores: list[float]) -> list[float]:
     return [w / total for w in weights]
 
 
+def by_name(names: list[str]) -> list[int]:
+    """The options' indices in name order: the rows a choice or span asks, whatever order it was sent in, so any
+    reordering runs the very same batch (and gets bit-identical scores)."""
+    return sorted(range(len(names)), key=names.__getitem__)
+
+
+def as_sent(names: list[str], logits: list) -> list:
+    """Rows asked in name order (by_name), back in the order the options were sent."""
+    out = [None] * len(names)
+    for row, index in zip(logits, by_name(names)):
+        out[index] = row
+    return out
+
+
 class _Scored(QuestionKind):
     position_free = True
     coherence_note = POSITION_FREE_NOTE
@@ -113,10 +127,11 @@ class ScoredChoice(_Scored):
                     name if text is None else f"{name}: {text}" for name, text in sorted(options, key=lambda o: o[0])
                 )
             )
-        return [ScoredRow(content, (), answer=name) for name, _ in options]
+        return [ScoredRow(content, (), answer=options[i][0]) for i in by_name(list(question.criteria))]
 
     def answer(self, question: ChoiceQuestion, logits, ctx: BuildContext) -> ChoiceAnswer:
-        return choice_answer(list(question.criteria), self.scaling.probabilities(logits))
+        names = list(question.criteria)
+        return choice_answer(names, self.scaling.probabilities(as_sent(names, logits)))
 
 
 class ScoredNoul(_Scored):
@@ -161,10 +176,10 @@ class ScoredSpan(_Scored):
         content = ctx.question_line(question, where)
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
-        return [ScoredRow(content, (), answer=candidate) for candidate in question.criteria]
+        return [ScoredRow(content, (), answer=question.criteria[i]) for i in by_name(question.criteria)]
 
     def answer(self, question: SpanQuestion, logits, ctx: BuildContext) -> SpanAnswer:
-        probs = self.scaling.probabilities(logits)
+        probs = self.scaling.probabilities(as_sent(question.criteria, logits))
         best = max(range(len(probs)), key=probs.__getitem__)
         text = question.criteria[best]
         start = str(ctx.state).index(text)
