@@ -641,6 +641,7 @@ class ModelInfo(BaseModel):
     x_modality: Literal["text", "vision-language"] | None = None
     x_coherence: list[str] | None = None  # the request's x_coherence modes this model accepts
     x_coherence_types: dict[str, CoherenceEntry] | None = None  # per question type with an option order
+    x_readout: str | None = None  # how the answers are read from the model: the served readout's name
 
 
 class ModelList(BaseModel):

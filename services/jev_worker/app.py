@@ -53,9 +53,10 @@ def model_list(
     revision: str | None = None,
     code_version: str | None = None,
     coherence: tuple[list[str] | None, dict | None] = (None, None),
+    readout: str | None = None,
 ) -> ModelList:
-    """The served recipe under its own name, and as the API's default alias, with the checkpoint revision and the
-    code version that answer it."""
+    """The served recipe under its own name, and as the API's default alias, with the checkpoint revision, the
+    code version and the readout that answer it."""
     description = " ".join(recipe.description.split()) or recipe.name
     made_by = {
         "x_revision": revision,
@@ -63,6 +64,7 @@ def model_list(
         "x_modality": recipe.model.modality,
         "x_coherence": coherence[0],
         "x_coherence_types": coherence[1],
+        "x_readout": readout,
     }
     return ModelList(
         models=[
@@ -152,7 +154,7 @@ def create_app(
     async def models(_request: web.Request) -> web.Response:
         return web.json_response(
             text=model_list(
-                service.recipe, service.identity, service.code_version, service.coherence()
+                service.recipe, service.identity, service.code_version, service.coherence(), service.readout_name()
             ).model_dump_json(exclude_none=True)
         )
 

@@ -436,6 +436,10 @@ class WorkerService:
         kinds = self.serving.readout.kinds
         return coherence.offered(kinds), coherence.entries(kinds)
 
+    def readout_name(self) -> str | None:
+        """The readout that answers (GET /v1/models' x_readout; None until it is known)."""
+        return self.serving.readout.name if self.serving is not None else None
+
     def stalled(self) -> str | None:
         """Why the worker makes no progress (a batch with no layer done for JEV_STALL_S, a blocked loop), or None."""
         return self.watchdog.problem() if self.watchdog is not None else None

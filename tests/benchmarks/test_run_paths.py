@@ -221,3 +221,17 @@ def test_coherence_tiny():
     out = run("benchmarks.coherence", "--tiny", "--suite", "examples", "--domains", "all", "--accuracy-cases", "2")
     assert all(f"| {mode} | " in out for mode in ("uniform answerer", "off", "cyclic", "prior"))
     assert "requests outside the plan" not in out and "unlike the worker's" not in out
+
+
+def test_readout_accuracy_tiny(tmp_path):
+    """benchmarks.readout_accuracy's run path: a worker per readout on the tiny checkpoint, both labelled sets (two
+    cases each), the reversed-order pass, the timing passes at concurrency 1 and 8, the table and results.json."""
+    pytest.importorskip("jevbench")
+    out = run("benchmarks.readout_accuracy", "--tiny", "--cases", "2", "--timing-requests", "2", "--out", str(tmp_path))
+    for name in ("uniform answerer", "label-tokens", "scores-raw", "scores-pmi"):
+        assert out.count(f"| {name} | ") == 2, out
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert set(result["sets"]) == {"jevbench", "everyday"}
+    pmi = result["sets"]["everyday"]["readouts"]["scores-pmi"]
+    assert pmi["tv_max"] <= 1e-6  # option scoring is free of the options' order on any checkpoint
+    assert [t["concurrency"] for t in pmi["timing"]] == [1, 8]

@@ -192,6 +192,7 @@ async def test_a_decision_names_the_worker_the_checkpoint_and_the_code_that_answ
         models = (await (await client.get("/v1/models")).json())["models"]
         assert {(m["x_revision"], m["x_code_version"]) for m in models} == {(service.identity, source_version())}
         assert {m["x_modality"] for m in models} == {"text"}  # what the page offers for the state (no image upload)
+        assert {m["x_readout"] for m in models} == {"label-tokens"}  # which readout answers
     async with worker_client(worker_settings(code_version="git-abc123")) as (client, _):
         response = await client.post("/v1/systemone", json=GOOD)
         assert response.headers["x-jev-code-version"] == "git-abc123"

@@ -80,3 +80,13 @@ class VisionSequenceAdapter(VisionAdapter):
     reads = "sequence"
     reuses_prefix = False
     packs = False
+
+
+class RowScoreAdapter(TextAdapter):
+    """Rows whose every real position the head reads (a continuation's token log-probabilities, e.g. LFM2.5's
+    candidate values, option scoring's option texts), after the prefix state like any row. Packing is off (the packed
+    path reads last positions only); not graph-captured (the graph buckets read last positions)."""
+
+    reads = "row"
+    packs = False
+    graph_capturable = False

@@ -16,6 +16,7 @@ from ..protocols import Readout
 FAMILIES = {
     "label-tokens": "jev_worker.readouts.label_tokens:LabelTokens",
     "code-readout": "jev_worker.readouts.code_readout:CodeReadout",
+    "option-scoring": "jev_worker.readouts.option_scoring:OptionScoring",
     "clef": "jev_worker.families.clef.readout:ClefJointReadout",
     "clm": "jev_worker.families.clm.readout:ClmCosine",
     "cua-s1": "jev_worker.families.cua_s1.readout:CuaS1Labels",
