@@ -148,7 +148,7 @@ async def test_a_fitted_scaling_applies_only_to_the_checkpoint_and_layout_it_was
     async with served(settings) as (_front, _worker, service):
         readout = service.model.readout
         assert readout.scaling("noul").temperature == 1.0 and "not applied" in readout.scaling_unused
-        block.update(checkpoint=service.builder.identity, layout=readout.layout(service.builder))
+        block.update(checkpoint=service.model.builder.identity, layout=readout.layout(service.model.builder))
     (folder / "option_scoring.json").write_text(json.dumps({"option_scoring": block}))
     async with served(settings) as (_front, _worker, service):
         readout = service.model.readout
