@@ -35,6 +35,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -80,6 +81,7 @@ def recipe_folder(name: str, spec: dict, tiny: bool) -> Path:
     data["name"] = f"{base.name}-{name}"
     folder = Path(tempfile.mkdtemp(prefix="jev-readout-")) / "recipe"
     folder.mkdir()
+    assert base.folder is not None, "a recipe read from its folder"
     for extra in base.folder.iterdir():
         if extra.suffix == ".json":
             (folder / extra.name).write_bytes(extra.read_bytes())
@@ -249,10 +251,10 @@ def run(args) -> dict:
             items = SETS[set_name]()
             if args.cases:  # evenly spaced over the set (its domains come in runs)
                 items = items[:: max(1, len(items) // args.cases)][: args.cases]
-            graded = {name: [] for name in names}
-            kept = {name: [] for name in names}  # every graded answer, for results.json
+            graded: dict[str, list[Any]] = {name: [] for name in names}
+            kept: dict[str, list[Any]] = {name: [] for name in names}  # every graded answer, for results.json
             uniform = []
-            tv = {name: [] for name in names}
+            tv: dict[str, list[float]] = {name: [] for name in names}
             for index, (case, gold) in enumerate(items):
                 questions = case["questions"]
                 for qid in gold:

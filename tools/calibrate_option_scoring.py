@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SET = REPO / "tools" / "calibration_sets" / "scoring-v1.jsonl"
@@ -67,7 +68,8 @@ async def case_rows(service, case: dict) -> list[tuple[str, list[list[float]], i
     for q in plan.questions:
         if q.qid in case["gold"]:
             logits = [row.tolist() for row in result.row_logits[q.first_row : q.first_row + q.n_rows]]
-            out.append((q.question.type, logits, gold_index(case["questions"][q.qid], case["gold"][q.qid])))
+            question = case["questions"][q.qid]
+            out.append((question["type"], logits, gold_index(question, case["gold"][q.qid])))
     return out
 
 
@@ -93,6 +95,7 @@ def fit(samples, yes_no: bool, calibrated: bool) -> dict:
                 value = nll(samples, weight, temperature, bias)
                 if best is None or value < best[0]:
                     best = (value, weight, temperature, bias)
+    assert best is not None, "a grid of at least one point"
     value, weight, temperature, bias = best
     out = {"weight": weight, "temperature": temperature}
     if yes_no:
@@ -109,7 +112,9 @@ async def calibrate(settings, set_path: Path) -> dict:
     try:
         if service.state != "ok":
             raise SystemExit(f"the worker did not start: {service.error}")
-        readout = service.model.readout
+        model = service.model
+        assert model is not None  # started ok
+        readout: Any = model.readout  # an OptionScoringReadout (checked by name below)
         if readout.name != "option-scoring":
             raise SystemExit(f"recipe {settings.recipe.name} is served by {readout.name!r}, not option-scoring")
         started = time.perf_counter()
@@ -128,8 +133,8 @@ async def calibrate(settings, set_path: Path) -> dict:
                 "sha256": digest,
                 "questions": sum(len(s) for s in by_type.values()),
             },
-            "checkpoint": service.model.builder.identity,
-            "layout": readout.layout(service.model.builder),
+            "checkpoint": model.builder.identity,
+            "layout": readout.layout(model.builder),
         }
         return {"block": block, "fits": fits, "seconds": seconds}
     finally:

@@ -4,6 +4,8 @@ baseline rows run beside it and kept (engine/baseline_rows.py). Text checkpoints
 
 from __future__ import annotations
 
+from typing import Any
+
 from jev_common.checkpoint_files import ServingError
 
 from ..engine.adapters import RowScoreAdapter
@@ -26,5 +28,5 @@ class CausalScores(CausalLM):
     def adapter(self, vision) -> ForwardAdapter:
         return RowScoreAdapter()
 
-    def build(self, loaded, **kwargs) -> BaselineEngine:
-        return BaselineEngine(super().build(loaded, **kwargs), self.baselines)
+    def build(self, loaded: Any, *, head: Any, vision: Any = None, **kwargs: Any) -> BaselineEngine:  # type: ignore[override]
+        return BaselineEngine(super().build(loaded, head=head, vision=vision, **kwargs), self.baselines)

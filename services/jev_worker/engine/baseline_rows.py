@@ -57,10 +57,7 @@ class BaselineEngine(Engine):
     def __init__(self, inner: Engine, cache: BaselineCache):
         self.inner = inner
         self.cache = cache
-
-    @property
-    def reuses_prefix(self) -> bool:
-        return self.inner.reuses_prefix
+        self.reuses_prefix = inner.reuses_prefix
 
     def measure_reuse(self):
         return self.inner.measure_reuse()

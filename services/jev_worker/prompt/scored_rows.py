@@ -43,14 +43,16 @@ class ScoredRowsBuilder(ChatPromptBuilder):
         super().__init__(tokenizer, recipe, identity)
         self.content_free = content_free
 
-    def answer_ids(self, row: ScoredRow) -> tuple[int, ...]:
+    def answer_ids(self, row: RowSpec) -> tuple[int, ...]:
+        if not isinstance(row, ScoredRow):
+            raise TypeError(f"{type(self).__name__} scores ScoredRow rows (questions/scored.py), not {row!r}")
         ids = tuple(self.tokenizer.encode(row.answer, add_special_tokens=False))
         if not ids:
             raise UnreadableInput(f"an option's text {row.answer!r} has no tokens to score; give it a visible name")
         return ids
 
     def prepare(
-        self, state_text: str, rows: list[ScoredRow], image_keys: tuple[str, ...] = (), plan: object = None
+        self, state_text: str, rows: list[RowSpec], image_keys: tuple[str, ...] = (), plan: object = None
     ) -> ScoredRequest:
         answers = [self.answer_ids(row) for row in rows]
         main = self._scored(state_text, rows, answers, image_keys, plan)

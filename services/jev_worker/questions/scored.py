@@ -40,6 +40,7 @@ from jev_common.schema import (
     score_answer,
 )
 
+from ..datatypes import RowSpec
 from ..prompt.scored_rows import ScoredRow
 from ..protocols import QuestionKind
 from .base import BuildContext
@@ -110,7 +111,7 @@ class _Scored(QuestionKind):
         self.scaling = scaling
         self.layout = layout
 
-    def yes_no_rows(self, content: str) -> list[ScoredRow]:
+    def yes_no_rows(self, content: str) -> list[RowSpec]:
         return [ScoredRow(content, (), answer=text) for text in (self.layout.yes, self.layout.no)]
 
 
@@ -118,7 +119,7 @@ class ScoredChoice(_Scored):
     type = "choice"
     min_options = 1
 
-    def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[ScoredRow]:
+    def rows(self, question: ChoiceQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         content = ctx.question_line(question, where)
         options = ctx.criteria(question, where)
         if any(text is not None for _, text in options):
@@ -137,7 +138,7 @@ class ScoredChoice(_Scored):
 class ScoredNoul(_Scored):
     type = "noul"
 
-    def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[ScoredRow]:
+    def rows(self, question: NoulQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         prompt = ctx.prompt
         content = ctx.question_line(question, where)
         if question.criteria is not None:
@@ -158,7 +159,7 @@ class ScoredNoul(_Scored):
 class ScoredScore(_Scored):
     type = "score"
 
-    def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[ScoredRow]:
+    def rows(self, question: ScoreQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         content = ctx.question_line(question, where)
         return [
             ScoredRow(content, (), answer=ctx.user_text(level, f"{where}.criteria[{i}]"))
@@ -172,7 +173,7 @@ class ScoredScore(_Scored):
 class ScoredSpan(_Scored):
     type = "span"
 
-    def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[ScoredRow]:
+    def rows(self, question: SpanQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         content = ctx.question_line(question, where)
         for candidate in question.criteria:
             ctx.builder.check_user_text(candidate, f"{where}.criteria")
@@ -193,7 +194,7 @@ class ScoredSpan(_Scored):
 class ScoredSet(_Scored):
     type = "set"
 
-    def rows(self, question: SetQuestion, ctx: BuildContext, where: str) -> list[ScoredRow]:
+    def rows(self, question: SetQuestion, ctx: BuildContext, where: str) -> list[RowSpec]:
         head = ctx.question_line(question, where)
         rows = []
         for name, text in ctx.criteria(question, where):

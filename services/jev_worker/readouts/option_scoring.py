@@ -119,6 +119,7 @@ class OptionScoring(StandardReadout):
         block = read_json(path)
         block = block.get("option_scoring") if isinstance(block, dict) else None
         scalings = parse_scalings(block, source)
+        assert isinstance(block, dict)  # parse_scalings refuses anything else
         if block.get("checkpoint") != builder.identity:
             self.scaling_unused = (
                 f"{source}: not applied, fitted on {block.get('checkpoint')!r}, this worker serves {builder.identity!r}"
