@@ -30,7 +30,7 @@ from benchmarks.stack import Stack
 from jev_common.timeline import Timeline
 from jev_common.tracing import Tracing
 from jev_frontend.tracing import FrontendSpans
-from jev_worker.tracing import WorkerSpans
+from jev_worker.telemetry.tracing import WorkerSpans
 
 MODEL = "smollm2-135m-cpu"
 

@@ -6,7 +6,7 @@ own engine.
 Loads the model as `python -m jev_worker` does (the same settings, JEV_* variables included), asks every question of
 the calibration set under x_coherence `cyclic` (every cyclic shift of its options: the set holds 2..8 options per
 question), reads each shift's label logits as the worker reads them (its readout's calibration applied) and computes
-PriDe's prior per option count (jev_worker/questions/position_prior.py, Eq. 4-5). Writes `{"position_prior": {...}}`
+PriDe's prior per option count (jev_worker/values/position_prior.py, Eq. 4-5). Writes `{"position_prior": {...}}`
 to `--out`, merged into the file when it already holds a JSON object (a checkpoint's decision_config.json keeps
 its other fields); by default the file the recipe names (`serving.options.position_prior_file`, beside its
 recipe.yaml). The block records the set's sha256, the checkpoint's identity and the layout digest, which the worker
@@ -77,8 +77,8 @@ async def shift_log_probs(service, question: dict) -> list[list[float]]:
 
 async def calibrate(settings, set_path: Path) -> dict:
     """{"prior": PositionPrior, "seconds", "rows"}: the set asked of a worker on `settings`, in this process."""
-    from jev_worker.questions.position_prior import PositionPrior, estimate, layout_digest
     from jev_worker.service import WorkerService
+    from jev_worker.values.position_prior import PositionPrior, estimate, layout_digest
 
     questions, digest = read_set(set_path)
     service = WorkerService(settings)

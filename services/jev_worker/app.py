@@ -35,7 +35,7 @@ from jev_common.tracing import Tracing
 from .scheduling.scheduler import Caller
 from .service import WorkerService
 from .settings import WorkerSettings
-from .tracing import WorkerSpans
+from .telemetry.tracing import WorkerSpans
 
 SERVICE = web.AppKey("service", WorkerService)
 
@@ -112,7 +112,8 @@ def create_app(
 
     async def live(_request: web.Request) -> web.Response:
         """Liveness (a Kubernetes livenessProbe): 200 while the worker makes progress, loading and draining
-        included; 503 only when it is stalled (watchdog.py), which a restart may cure. Readiness is /health."""
+        included; 503 only when it is stalled (telemetry/watchdog.py), which a restart may cure. Readiness is
+        /health."""
         stalled = service.stalled()
         if stalled:
             return api_error_response(Stalled(f"worker is stalled: {stalled}"))

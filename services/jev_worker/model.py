@@ -29,7 +29,6 @@ from .engine.runner import ModelRunner
 from .engine.simulated import SHAPES
 from .loading.load_progress import MEASURE_REUSE, LoadProgress
 from .loading.loader import LoadedModel, pick_device
-from .metrics import WorkerMetrics
 from .prompt.bounds import PromptBounds
 from .protocols import Engine, PromptBuilder, Readout
 from .scheduling.abandon import LayerChecks
@@ -39,6 +38,7 @@ from .scheduling.reuse import ReuseCosts, ReusePolicy
 from .scheduling.scheduler import Scheduler
 from .serving import Serving, build_serving
 from .settings import WorkerSettings
+from .telemetry.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from .loading.vision import AssetStore

@@ -37,11 +37,11 @@ if TYPE_CHECKING:
     from jev_common.schema import SystemOneUsage
 
     from .loading.vision import AssetStore
-    from .metrics import WorkerMetrics
     from .prompt.bounds import PromptBounds
     from .prompt.builder import PreparedRequest
     from .protocols import PromptBuilder, Readout
     from .registration import IndexLink
+    from .telemetry.metrics import WorkerMetrics
 
 log = logging.getLogger("jev.worker.pipeline")
 

@@ -23,7 +23,7 @@ from jev_common.control_tokens import ControlTokens
 from jev_common.recipe import PromptSpec
 from jev_common.state_text import render_state
 
-from .datatypes import (
+from .values.datatypes import (
     BatchOutput,
     Calibration,
     EngineItem,

@@ -38,7 +38,6 @@ from jev_common.version import source_version
 from jev_common.vl import checkpoint_identity
 
 from .loading.load_progress import LoadProgress
-from .metrics import WorkerMetrics
 from .pipeline import Decision, ExternalPipeline, Images, Job, LocalPipeline, Pipeline
 from .protocols import ExternalBackend
 from .questions import coherence
@@ -48,7 +47,8 @@ from .scheduling.caches import WorkerCaches
 from .scheduling.scheduler import Caller
 from .serving import Serving, build_serving, serves_externally
 from .settings import WorkerSettings
-from .watchdog import Watchdog
+from .telemetry.metrics import WorkerMetrics
+from .telemetry.watchdog import Watchdog
 
 if TYPE_CHECKING:  # model.py imports torch: loaded only by a worker that runs the network
     from .model import LocalModel

@@ -9,8 +9,8 @@ import json
 from collections import Counter
 
 from jev_common.recipe import load_recipe
-from jev_worker.questions.position_prior import PositionPrior, layout_digest
 from jev_worker.readouts.calibration import Calibration
+from jev_worker.values.position_prior import PositionPrior, layout_digest
 from tools.calibrate_prior import DEFAULT_SET, default_out, read_set, write
 
 

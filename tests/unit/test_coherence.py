@@ -223,7 +223,7 @@ def test_the_prior_is_pride_s_formula_on_a_hand_computed_case():
 
     import torch
 
-    from jev_worker.questions.position_prior import PositionPrior, estimate, question_prior
+    from jev_worker.values.position_prior import PositionPrior, estimate, question_prior
 
     logs = lambda *rows: [[math.log(p) for p in row] for row in rows]  # noqa: E731
     q1, q2 = logs((0.8, 0.2), (0.6, 0.4)), logs((0.5, 0.5), (0.7, 0.3))

@@ -18,7 +18,7 @@ from jev_common.errors import Overloaded
 from jev_common.http import DEADLINE_HEADER, PRIORITY_HEADER, RETRY_COUNT_HEADER, SDK_HEADER
 from jev_worker.scheduling.abandon import layer_stack
 from jev_worker.scheduling.scheduler import Batch, Caller, Scheduler, flight_key
-from jev_worker.watchdog import Watchdog
+from jev_worker.telemetry.watchdog import Watchdog
 
 from .test_prefix_scheduling import NoEngine, item
 from .worker_helpers import worker_client

@@ -19,7 +19,7 @@ from jev_common.timeline import Timeline
 from jev_common.tracing import Tracing, tracing_wanted
 from jev_preencoder.service import build_app
 from jev_preencoder.settings import PreencoderSettings
-from jev_worker.tracing import WorkerSpans
+from jev_worker.telemetry.tracing import WorkerSpans
 
 from .vl_helpers import png_uri, request_line, tiny_encoder, tiny_vl_checkpoint
 

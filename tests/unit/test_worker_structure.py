@@ -91,11 +91,12 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 def test_protocols_import_nothing_of_the_worker():
-    """protocols.py imports only the plain values it names (datatypes.py), which import no implementation."""
+    """protocols.py imports only the plain values it names (values/), which import nothing else of the worker."""
     graph = import_graph(WORKER)
-    assert graph["jev_worker.protocols"] == {"jev_worker.datatypes"}, graph["jev_worker.protocols"]
-    assert graph["jev_worker.datatypes"] <= {"jev_worker.questions", "jev_worker.questions.position_prior"}
-    assert graph["jev_worker.questions.position_prior"] == set()
+    assert graph["jev_worker.protocols"] == {"jev_worker.values.datatypes"}, graph["jev_worker.protocols"]
+    values = {m for m in graph if m.startswith("jev_worker.values")}
+    assert all(graph[m] <= values for m in values), {m: graph[m] - values for m in values}
+    assert graph["jev_worker.values.position_prior"] == set()
 
 
 def test_no_override_detection_and_a_small_runner():
@@ -141,3 +142,49 @@ def test_the_runner_names_no_prefix_cache_outcome():
     names = {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
     names |= {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)}
     assert not names & {"match", "store", "bypass", "outcome", "Match"}, names & {"match", "store", "bypass", "outcome"}
+
+
+def room(module: str) -> str:
+    """A module's room: its folder under jev_worker (jev_worker.scheduling.batch -> scheduling), or the module itself
+    at the top level, where each file is a room of its own (app, service, model, ...)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(room(t) for t in targets if room(t) != room(module))
+    for targets in list(rooms.values()):
+        for target in targets:
+            rooms.setdefault(target, set())
+    return rooms
+
+
+def test_no_import_loop_between_the_worker_folders():
+    """The folders are the layers: no folder reaches another that reaches back, at any remove (issue 44)."""
+    rooms = folder_graph(import_graph(WORKER))
+    assert {"scheduling", "engine", "loading", "request", "prompt", "telemetry"} <= set(rooms)
+    found = cycles(rooms)
+    assert not found, "import loops between the worker's rooms:\n" + "\n".join(
+        f"{component}: " + "; ".join(f"{r} -> {sorted(rooms[r] & set(component))}" for r in component)
+        for component in found
+    )
+
+
+def test_the_folder_check_sees_a_loop_the_module_check_does_not():
+    """Two folders whose modules import each other's other modules: no module cycle, a loop of folders."""
+    graph = {
+        "jev_worker.a.x": {"jev_worker.b.y"},
+        "jev_worker.b.z": {"jev_worker.a.w"},
+        "jev_worker.a.w": set(),
+        "jev_worker.b.y": set(),
+    }
+    assert cycles(graph) == []
+    assert cycles(folder_graph(graph)) == [["a", "b"]]
+
+
+def test_the_top_level_stays_small():
+    """At most 12 files at services/jev_worker's top level, __init__ and __main__ included (issue 44)."""
+    top = sorted(p.name for p in WORKER.glob("*.py"))
+    assert len(top) <= 12, top

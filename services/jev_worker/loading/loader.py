@@ -17,7 +17,7 @@ import torch
 
 from jev_common.recipe import Recipe
 
-from ..datatypes import LoadedModel as LoadedModel  # declared below the protocols
+from ..values.datatypes import LoadedModel as LoadedModel  # declared below the protocols
 
 log = logging.getLogger("jev.worker.loader")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")

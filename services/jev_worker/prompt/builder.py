@@ -19,11 +19,11 @@ from jev_common.control_tokens import ControlTokens
 from jev_common.errors import TooManyOptions
 from jev_common.recipe import PromptSpec, Recipe
 
-from ..datatypes import (
+from ..protocols import PromptBuilder
+from ..values.datatypes import (
     PreparedRequest as PreparedRequest,
     RowSpec as RowSpec,  # declared below the protocols
 )
-from ..protocols import PromptBuilder
 
 
 def family_prompt(recipe: Recipe, prompt: PromptSpec, family: str) -> Recipe:

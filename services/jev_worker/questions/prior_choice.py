@@ -1,5 +1,5 @@
 """choice under coherence `prior` (the request's x_coherence): one row, as `off`, its label logits debiased by the
-served recipe's position prior (questions/position_prior.py: PriDe, Zheng et al., ICLR 2024) before the softmax.
+served recipe's position prior (values/position_prior.py: PriDe, Zheng et al., ICLR 2024) before the softmax.
 
 Wraps the readout's own choice type (questions/choice.py), whose cyclic rows the prior was estimated from; every
 other mode is the wrapped type's. A choice whose option count the prior does not cover is refused before any
@@ -8,7 +8,7 @@ forward (a 422 naming the counts it covers), never answered biased."""
 from __future__ import annotations
 
 from ..protocols import QuestionKind
-from .position_prior import PositionPrior
+from ..values.position_prior import PositionPrior
 
 
 class PriorChoice(QuestionKind):

@@ -40,9 +40,9 @@ from jev_common.schema import (
     score_answer,
 )
 
-from ..datatypes import RowSpec
 from ..prompt.scored_rows import ScoredRow
 from ..protocols import QuestionKind
+from ..values.datatypes import RowSpec
 from .base import BuildContext
 
 POSITION_FREE_NOTE = "option scoring: each option is its own row, scored by its text, so no order to correct"

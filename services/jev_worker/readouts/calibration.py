@@ -3,7 +3,7 @@
 Read from a JSON file of the checkpoint (`decision_config.json` by default; Open-Jev's `calibration.json`):
 `temperature` (every type), `temperatures` or `temperature_by_type` {type: T} (wins for its type; the name
 StartLux's and Decider's releases use), `biases` {type: b} and `position_prior` (PriDe's prior over option positions,
-questions/position_prior.py: the request's x_coherence `prior`).
+values/position_prior.py: the request's x_coherence `prior`).
 For a type, FP32 logits become `(logits + b * e0) / T`: the bias moves the first label's logit (noul's
 Yes: its log-odds) before the temperature. `set` falls back to noul's values, `span` to choice's.
 Every readout applies it the same way (CalibratedKind); /health reports what was loaded.
@@ -11,12 +11,12 @@ Every readout applies it the same way (CalibratedKind); /health reports what was
 
 from __future__ import annotations
 
-from ..datatypes import (
+from ..protocols import QuestionKind
+from ..values.datatypes import (
     FALLBACK as FALLBACK,  # declared below the protocols
     TYPES as TYPES,
     Calibration as Calibration,
 )
-from ..protocols import QuestionKind
 
 
 class CalibratedKind(QuestionKind):

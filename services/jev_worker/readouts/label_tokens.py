@@ -3,7 +3,7 @@
 The rows are the exact one-pass prompts of questions/ (README: "How answers are computed"); the head
 is DecisionHead (LM-head rows, or an export's FP32 `decision_head.safetensors`). Calibration from the
 checkpoint's `decision_config.json` when it ships one (Decider, StartLux, JEMM, JEV exports). The position
-prior of x_coherence `prior` (questions/position_prior.py) from that file's `position_prior` block, or from the
+prior of x_coherence `prior` (values/position_prior.py) from that file's `position_prior` block, or from the
 file the recipe names beside its recipe.yaml (`serving.options.position_prior_file`, for a checkpoint folder that
 cannot be written, such as the embedded model's package), applied only when it was estimated on the checkpoint and
 layout served.
@@ -18,8 +18,8 @@ from jev_common.checkpoint_files import ServingError, read_json
 
 from ..engine.head import DecisionHead
 from ..loading.checkpoint import Requirement
-from ..questions.position_prior import PositionPrior, layout_digest
 from ..questions.registry import QUESTION_KINDS
+from ..values.position_prior import PositionPrior, layout_digest
 from .calibration import Calibration
 from .standard import StandardReadout
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..datatypes import (
+from ..values.datatypes import (
     ImageSlot as ImageSlot,  # declared below the protocols
     Job as Job,
 )

@@ -3,14 +3,14 @@ prefix key with the scheduler's plan for each prefix, and the results."""
 
 from __future__ import annotations
 
-from ..datatypes import (
+from ..protocols import PrefixCache
+from ..values.datatypes import (
     BatchOutput as BatchOutput,
     BatchTiming as BatchTiming,
     EngineItem as EngineItem,  # declared below the protocols
     EngineResult as EngineResult,
     PrefixGroup as PrefixGroup,
 )
-from ..protocols import PrefixCache
 
 
 def plan_by_prefix(

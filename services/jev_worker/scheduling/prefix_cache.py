@@ -15,12 +15,12 @@ for computed blocks the same way), inserts the states the runner computed for mi
 
 from __future__ import annotations
 
-from ..datatypes import (
+from ..protocols import PrefixCache
+from ..values.datatypes import (
     Match as Match,
     PrefixState as PrefixState,
     layer_tensors as layer_tensors,  # declared below the protocols
 )
-from ..protocols import PrefixCache
 from .caches import BudgetLRU
 from .reuse import ReusePolicy
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .questions.position_prior import PositionPrior
+from .position_prior import PositionPrior
 
 
 @dataclass

@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ def estimate(questions: list[list[list[float]]]) -> dict[int, list[float]]:
     return {n: [sum(p[i] for p in priors) / len(priors) for i in range(n)] for n, priors in sorted(by_count.items())}
 
 
-def layout_digest(readout: str, recipe, calibration) -> str:
+def layout_digest(readout: str, recipe: Any, calibration: Any) -> str:
     """What a prior was estimated under, beside the checkpoint: the readout, the prompt, the verbalizer (option
     codes) and the choice calibration applied before the softmax. A prior whose digest differs is not applied."""
     blob = json.dumps(
@@ -75,7 +76,7 @@ def layout_digest(readout: str, recipe, calibration) -> str:
 @dataclass(frozen=True)
 class PositionPrior:
     priors: dict[int, tuple[float, ...]]  # option count -> prior over positions (code order)
-    calibration_set: dict = field(default_factory=dict)  # name, sha256 of the JSONL, questions
+    calibration_set: dict[str, Any] = field(default_factory=dict)  # name, sha256 of the JSONL, questions
     checkpoint: str | None = None  # the identity it was estimated on (checked for a prior kept outside the checkpoint)
     layout: str | None = None  # layout_digest() it was estimated under
     source: str | None = None
@@ -111,7 +112,7 @@ class PositionPrior:
             )
         return cls(priors, dict(calibration_set), block.get("checkpoint"), block.get("layout"), source)
 
-    def to_config(self) -> dict:
+    def to_config(self) -> dict[str, Any]:
         return {
             "method": "PriDe (Zheng et al., ICLR 2024), Eq. 4-5: every cyclic shift of each calibration choice",
             "priors": {str(n): [round(p, 6) for p in prior] for n, prior in sorted(self.priors.items())},
@@ -142,7 +143,7 @@ class PositionPrior:
             return "it was estimated under another prompt layout or calibration (its layout digest differs)"
         return None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "option_counts": self.counts(),
