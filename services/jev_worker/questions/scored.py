@@ -32,11 +32,9 @@ from jev_common.schema import (
     ScoreQuestion,
     SetAnswer,
     SetQuestion,
-    Span,
     SpanAnswer,
     SpanQuestion,
     choice_answer,
-    choice_confidence,
     score_answer,
 )
 
@@ -44,6 +42,7 @@ from ..prompt.scored_rows import ScoredRow
 from ..protocols import QuestionKind
 from ..values.datatypes import RowSpec
 from .base import BuildContext
+from .span import span_answer
 
 POSITION_FREE_NOTE = "option scoring: each option is its own row, scored by its text, so no order to correct"
 
@@ -180,15 +179,7 @@ class ScoredSpan(_Scored):
         return [ScoredRow(content, (), answer=question.criteria[i]) for i in by_name(question.criteria)]
 
     def answer(self, question: SpanQuestion, logits, ctx: BuildContext) -> SpanAnswer:
-        probs = self.scaling.probabilities(as_sent(question.criteria, logits))
-        best = max(range(len(probs)), key=probs.__getitem__)
-        text = question.criteria[best]
-        start = str(ctx.state).index(text)
-        return SpanAnswer(
-            span=Span(start=start, end=start + len(text), text=text),
-            probabilities=dict(zip(question.criteria, probs)),
-            confidence=choice_confidence(probs),
-        )
+        return span_answer(question.criteria, self.scaling.probabilities(as_sent(question.criteria, logits)), ctx.state)
 
 
 class ScoredSet(_Scored):

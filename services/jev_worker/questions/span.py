@@ -27,12 +27,15 @@ class SpanKind(QuestionKind):
         return coded_rows(question, question.criteria, candidates, ctx, where)
 
     def answer(self, question: SpanQuestion, logits, ctx: BuildContext) -> SpanAnswer:
-        probs = Listings(question.criteria, ctx.coherence).mean(logits)
-        best = max(range(len(probs)), key=probs.__getitem__)
-        text = question.criteria[best]
-        start = str(ctx.state).index(text)
-        return SpanAnswer(
-            span=Span(start=start, end=start + len(text), text=text),
-            probabilities=dict(zip(question.criteria, probs)),
-            confidence=choice_confidence(probs),
-        )
+        return span_answer(question.criteria, Listings(question.criteria, ctx.coherence).mean(logits), ctx.state)
+
+
+def span_answer(candidates: list[str], probs: list[float], state: object) -> SpanAnswer:
+    """The most probable candidate as the span (where it stands in the state's text), every candidate's probability."""
+    text = candidates[max(range(len(probs)), key=probs.__getitem__)]
+    start = str(state).index(text)
+    return SpanAnswer(
+        span=Span(start=start, end=start + len(text), text=text),
+        probabilities=dict(zip(candidates, probs)),
+        confidence=choice_confidence(probs),
+    )
