@@ -389,3 +389,24 @@ def test_the_frontend_knows_every_recipe_and_its_preencoder_which_shares_the_ass
 def test_the_schema_refuses(values, why):
     with pytest.raises(chart_tool.ChartError):  # in words: tests/unit/test_chart_tool.py
         render(values)
+
+
+def test_the_routing_values_are_the_frontends_modes():
+    """values.schema.json admits exactly the JEV_ROUTING modes the frontend accepts (it offered `load` and
+    `round-robin`, which the frontend refuses at start)."""
+    from jev_frontend.settings import ROUTING_MODES
+
+    schema = json.loads((ROOT / "deploy" / "helm" / "jev" / "values.schema.json").read_text())
+
+    def enums(node):
+        if isinstance(node, dict):
+            if "routing" in node.get("properties", {}):
+                yield node["properties"]["routing"]["enum"]
+            for value in node.values():
+                yield from enums(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from enums(value)
+
+    found = list(enums(schema))
+    assert found and all(set(enum) == set(ROUTING_MODES) for enum in found), found
