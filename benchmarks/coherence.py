@@ -77,6 +77,26 @@ def tiny_checkpoint() -> Path:
     return folder
 
 
+def read_health(url: str) -> dict:
+    """A worker's /health body."""
+    with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def post_systemone(url: str, body: dict, label: str) -> tuple[dict, float]:
+    """The reply to one System One request and the seconds it took; a refusal raises, named by `label`."""
+    request = urllib.request.Request(
+        url + "/v1/systemone", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=600) as answer:
+            reply = json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        raise RuntimeError(f"{label}: {error.code} {error.read()[:400]!r}") from None
+    return reply, time.perf_counter() - started
+
+
 class Worker:
     def __init__(self, tiny_dir: Path | None, l3: bool = True):
         from tests.fakes.net import free_port
@@ -89,21 +109,11 @@ class Worker:
             "worker", [sys.executable, "-m", "jev_worker"], worker_env(tiny_dir, self.port, l3), REPO, self.log_path
         )
         wait_healthy(self.process, self.url + "/health", others=[], timeout_s=300, log=lambda line: None)
-        with urllib.request.urlopen(self.url + "/health", timeout=5) as answer:
-            self.health = json.loads(answer.read())
+        self.health = read_health(self.url)
 
     def ask(self, state, questions: dict, mode: str) -> tuple[dict, float]:
-        body = json.dumps({"model": "jev-latest", "state": state, "questions": questions, "x_coherence": mode}).encode()
-        request = urllib.request.Request(
-            self.url + "/v1/systemone", data=body, headers={"content-type": "application/json"}
-        )
-        started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=600) as answer:
-                reply = json.loads(answer.read())
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"{mode}: {error.code} {error.read()[:400]!r}") from None
-        return reply, time.perf_counter() - started
+        body = {"model": "jev-latest", "state": state, "questions": questions, "x_coherence": mode}
+        return post_systemone(self.url, body, mode)
 
     def stop(self) -> None:
         from tools.stack_run import stop_all

@@ -31,15 +31,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.coherence import worker_env
+from benchmarks.coherence import post_systemone, read_health, worker_env
 from benchmarks.cpu_speed import cpu_description
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,21 +105,13 @@ class Worker:
         from tools.stack_run import wait_healthy
 
         wait_healthy(self.process, self.url + "/health", others=[], timeout_s=900, log=lambda line: None)
-        with urllib.request.urlopen(self.url + "/health", timeout=5) as answer:
-            self.health = json.loads(answer.read())
+        self.health = read_health(self.url)
 
     def answers(self, state, questions: dict) -> tuple[dict, float]:
-        body = json.dumps({"model": "jev-latest", "state": state, "questions": questions}).encode()
-        request = urllib.request.Request(
-            self.url + "/v1/systemone", data=body, headers={"content-type": "application/json"}
+        reply, seconds = post_systemone(
+            self.url, {"model": "jev-latest", "state": state, "questions": questions}, self.url
         )
-        started = time.perf_counter()
-        try:
-            with urllib.request.urlopen(request, timeout=600) as answer:
-                reply = json.loads(answer.read())
-        except urllib.error.HTTPError as error:
-            raise RuntimeError(f"{self.url}: {error.code} {error.read()[:400]!r}") from None
-        return reply["answers"], time.perf_counter() - started
+        return reply["answers"], seconds
 
     def stop(self) -> None:
         from tools.stack_run import stop_all
