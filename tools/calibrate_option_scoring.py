@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import logging
 import math
@@ -28,19 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.calibrate_prior import read_set, started_worker
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SET = REPO / "tools" / "calibration_sets" / "scoring-v1.jsonl"
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEMPERATURES = tuple(round(0.25 * 2 ** (k / 4), 4) for k in range(17))  # 0.25 .. 4, geometric
 BIASES = tuple(b / 4 for b in range(-16, 17))  # -4 .. 4 (yes/no only)
 FITTED = ("noul", "choice", "score")
-
-
-def read_set(path: Path) -> tuple[list[dict], str]:
-    blob = path.read_bytes()
-    return [json.loads(line) for line in blob.decode("utf-8").splitlines() if line.strip()], hashlib.sha256(
-        blob
-    ).hexdigest()
 
 
 def gold_index(question: dict, gold) -> int:
@@ -104,14 +98,8 @@ def fit(samples, yes_no: bool, calibrated: bool) -> dict:
 
 
 async def calibrate(settings, set_path: Path) -> dict:
-    from jev_worker.service import WorkerService
-
     cases, digest = read_set(set_path)
-    service = WorkerService(settings)
-    await service.start()
-    try:
-        if service.state != "ok":
-            raise SystemExit(f"the worker did not start: {service.error}")
+    async with started_worker(settings) as service:
         model = service.model
         assert model is not None  # started ok
         readout: Any = model.readout  # an OptionScoringReadout (checked by name below)
@@ -137,8 +125,6 @@ async def calibrate(settings, set_path: Path) -> dict:
             "layout": readout.layout(model.builder),
         }
         return {"block": block, "fits": fits, "seconds": seconds}
-    finally:
-        await service.stop()
 
 
 def default_out(recipe) -> Path | None:

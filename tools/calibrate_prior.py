@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SET = REPO / "tools" / "calibration_sets" / "choice-v1.jsonl"
@@ -36,6 +39,22 @@ def read_set(path: Path) -> tuple[list[dict], str]:
     blob = path.read_bytes()
     questions = [json.loads(line) for line in blob.decode("utf-8").splitlines() if line.strip()]
     return questions, hashlib.sha256(blob).hexdigest()
+
+
+@contextlib.asynccontextmanager
+async def started_worker(settings) -> AsyncIterator[Any]:
+    """A WorkerService on `settings`, started in this process and stopped after (SystemExit when it did not start):
+    the calibration tools read rows through its own scheduler and engine."""
+    from jev_worker.service import WorkerService
+
+    service = WorkerService(settings)
+    await service.start()
+    try:
+        if service.state != "ok":
+            raise SystemExit(f"the worker did not start: {service.error}")
+        yield service
+    finally:
+        await service.stop()
 
 
 async def shift_log_probs(service, question: dict) -> list[list[float]]:
@@ -77,15 +96,10 @@ async def shift_log_probs(service, question: dict) -> list[list[float]]:
 
 async def calibrate(settings, set_path: Path) -> dict:
     """{"prior": PositionPrior, "seconds", "rows"}: the set asked of a worker on `settings`, in this process."""
-    from jev_worker.service import WorkerService
     from jev_worker.values.position_prior import PositionPrior, estimate, layout_digest
 
     questions, digest = read_set(set_path)
-    service = WorkerService(settings)
-    await service.start()
-    try:
-        if service.state != "ok":
-            raise SystemExit(f"the worker did not start: {service.error}")
+    async with started_worker(settings) as service:
         readout = service.model.readout
         choice = readout.kinds.get("choice")
         if choice is None or "cyclic" not in choice.coherence_modes or readout.calibration is None:
@@ -103,8 +117,6 @@ async def calibrate(settings, set_path: Path) -> dict:
             layout=layout_digest(readout.name, service.model.builder.recipe, readout.calibration),
         )
         return {"prior": prior, "seconds": seconds, "rows": sum(len(o) for o in observed)}
-    finally:
-        await service.stop()
 
 
 def default_out(recipe) -> Path | None:
