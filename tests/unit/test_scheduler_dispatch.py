@@ -142,3 +142,78 @@ async def test_interactive_work_waits_behind_the_running_bulk_batch_only():
     engine.gates[2].set()
     await asyncio.gather(first, interactive, *queued_bulk)
     await s.stop()
+
+
+class AsyncDevice(GatedEngine):
+    """A device that runs asynchronously (CUDA, the simulated device): a batch's run returns at once after its launch,
+    with the batch's device event (`BatchOutput.ready`), which is reached when the test lets the batch go."""
+
+    def run(self, items, groups) -> BatchOutput:
+        names = [item.prepared.prefix_key for item in items]
+        gate = threading.Event()
+        with self.began:
+            self.started.append(names)
+            self.gates.append(gate)
+            self.began.notify_all()
+        results = [EngineResult([torch.zeros(2)], cached_tokens=0) for _ in items]
+        return BatchOutput(results, ready=lambda: assert_set(gate))
+
+
+def assert_set(gate: threading.Event) -> None:
+    assert gate.wait(30), "the test never let the batch go"
+
+
+async def test_the_next_batch_launches_while_one_is_on_the_device_and_its_answers_come_back_meanwhile():
+    engine = AsyncDevice()
+    s = scheduler(engine)
+    first = await submit(s, engine, "a")
+    await asyncio.to_thread(engine.wait_started, 1)
+    second = await submit(s, engine, "b")
+    await asyncio.to_thread(engine.wait_started, 2)  # launched behind "a", which the device has not finished
+    assert s.running and not first.done()
+    engine.gates[0].set()  # the device reaches the first batch's event
+    await asyncio.wait_for(first, 10)  # answered while the second is still on the device
+    assert not second.done() and s.running
+    engine.gates[1].set()
+    await asyncio.wait_for(second, 10)
+    await until_idle(s)
+    assert not s.running
+    await s.stop()
+
+
+async def test_at_most_two_batches_are_on_the_device_and_a_third_keeps_taking_jobs_until_one_is_done():
+    engine = AsyncDevice()
+    s = scheduler(engine)
+    tasks = [await submit(s, engine, "a")]
+    await asyncio.to_thread(engine.wait_started, 1)
+    tasks.append(await submit(s, engine, "b"))
+    await asyncio.to_thread(engine.wait_started, 2)
+    tasks += [await submit(s, engine, name) for name in "cd"]  # the third batch: formed, waiting for a slot
+    await asyncio.sleep(0.3)
+    assert len(engine.started) == 2 and s.depth == 4
+    tasks.append(await submit(s, engine, "e"))  # still joins it
+    engine.gates[0].set()
+    await asyncio.to_thread(engine.wait_started, 3)
+    assert engine.started[2] == list("cde")
+    engine.gates[1].set()
+    engine.gates[2].set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await s.stop()
+
+
+async def test_a_batch_on_the_device_is_answered_on_shutdown():
+    engine = AsyncDevice()
+    s = scheduler(engine)
+    task = await submit(s, engine, "a")
+    await asyncio.to_thread(engine.wait_started, 1)
+    await s.stop()
+    try:
+        await asyncio.wait_for(task, 5)
+        raise AssertionError("answered with a result after shutdown")
+    except Exception as exc:  # noqa: BLE001 - the error is the answer
+        assert type(exc).__name__ == "ShuttingDown"
+    engine.gates[0].set()
+
+
+async def until_idle(s: Scheduler) -> None:
+    await asyncio.wait_for(s.idle(), 10)

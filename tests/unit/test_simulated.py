@@ -5,6 +5,7 @@ mode, saying so in /health and /metrics."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -16,20 +17,27 @@ from jev_worker.settings import simulated_shapes
 from .worker_helpers import sample_value, worker_client
 
 
-class Sleeps:
+class Device:
+    """A clock that stands still unless slept on, and the sleeps asked of it."""
+
     def __init__(self):
+        self.now = 100.0
         self.asked: list[float] = []
 
-    def __call__(self, seconds: float) -> None:
+    def sleep(self, seconds: float) -> None:
         self.asked.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
 
 
 def forwards(shapes: str = "1.5b", pack_tokens: int = 0):
     model = torch.nn.Module()
     embed = torch.nn.Embedding(100, 8)
     model.get_input_embeddings = lambda: embed
-    sleeps = Sleeps()
-    return SimulatedForwards(model, SHAPES[shapes], pack_tokens, sleep=sleeps), sleeps
+    device = Device()
+    return SimulatedForwards(model, SHAPES[shapes], pack_tokens, sleep=device.sleep, clock=device.clock), device
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -56,31 +64,56 @@ def test_prefix_states_weigh_what_the_simulated_models_kv_weighs_and_hold_no_mem
 
 def test_each_forward_is_priced_as_the_path_the_real_forwards_would_take():
     cost = SHAPES["1.5b"]
-    f, sleeps = forwards()
+    f, _ = forwards()
     f.prefix_state(tuple(range(89)), [])
-    assert sleeps.asked[-1] == pytest.approx(cost.seconds(89, 89 * 89))
+    assert f.take_device_seconds() == pytest.approx(cost.seconds(89, 89 * 89))
     state = PrefixState(kv=[], length=100)
     rows = [(state, (i,) * 10) for i in range(8)]  # no two rows share a stem (forwards.segments)
     f.packing = False  # right-padded: 8 rows of 10 after 100 cached tokens
     hidden = f.after(rows)
-    assert sleeps.asked[-1] == pytest.approx(cost.seconds(80, 80 * 110))
+    assert f.take_device_seconds() == pytest.approx(cost.seconds(80, 80 * 110))
     assert hidden.shape == (8, 8)
     f.packing = True  # packed: one forward, each token scored against the state's KV and the pack
     f.after(rows)
-    assert sleeps.asked[-1] == pytest.approx(cost.seconds(80, 80 * (100 + 80)))
-    packed, sleeps = forwards(pack_tokens=40)  # a pack budget splits the rows into forwards of 40 tokens
+    assert f.take_device_seconds() == pytest.approx(cost.seconds(80, 80 * (100 + 80)))
+    packed, device = forwards(pack_tokens=40)  # a pack budget splits the rows into forwards of 40 tokens
     packed.after(rows)
-    assert sleeps.asked == pytest.approx([cost.seconds(40, 40 * 140)] * 2)
+    assert packed.take_device_seconds() == pytest.approx(2 * cost.seconds(40, 40 * 140))
+    packed.synchronize()
+    assert device.asked == pytest.approx([2 * cost.seconds(40, 40 * 140)])  # the two, one after the other
     out, states = f.whole([((1, 2, 3), (4,)), ((5, 6), (7, 8))], capture=True)
-    assert sleeps.asked == pytest.approx([cost.seconds(40, 40 * 140)] * 2)  # (the other instance's)
     assert out.shape == (2, 8) and [s.length for s in states] == [3, 2]
 
 
-def test_the_wait_is_measured_and_taken_once_per_batch():
-    f = SimulatedForwards(_model(), SHAPES["1.5b"])  # the real sleep
+def test_a_launch_returns_at_once_and_its_event_waits_for_the_device():
+    """As a CUDA launch: the forward is queued behind what was launched before it; a batch's event (completion)
+    waits until the device reaches it, while the host may launch the next batch meanwhile."""
+    cost = SHAPES["1.5b"].seconds(3, 9)
+    f, device = forwards()
     f.whole([((1, 2), (3,))], capture=False)
-    waited = f.take_waited()
-    assert waited >= SHAPES["1.5b"].seconds(3, 9) and f.take_waited() == 0.0
+    first = f.completion()
+    assert device.asked == []  # nothing waited at launch
+    device.now += cost / 2  # the host works on; the device is half way
+    f.whole([((1, 2), (3,))], capture=False)  # the next batch, queued behind the first
+    second = f.completion()
+    first()
+    assert device.asked == pytest.approx([cost / 2])  # the first batch's event: the rest of its forward
+    second()
+    assert device.asked == pytest.approx([cost / 2, cost])  # the second started when the first ended
+    device.now += 1.0  # an idle device: the next forward starts when launched
+    f.whole([((1, 2), (3,))], capture=False)
+    f.completion()()
+    assert device.asked[-1] == pytest.approx(cost)
+    assert f.take_device_seconds() == pytest.approx(3 * cost) and f.take_device_seconds() == 0.0
+
+
+def test_the_device_seconds_are_taken_once_per_batch_and_the_real_clock_waits_them():
+    f = SimulatedForwards(_model(), SHAPES["1.5b"])  # the real sleep and clock
+    started = time.perf_counter()
+    f.whole([((1, 2), (3,))], capture=False)
+    f.completion()()
+    assert time.perf_counter() - started >= SHAPES["1.5b"].seconds(3, 9)
+    assert f.take_device_seconds() == pytest.approx(SHAPES["1.5b"].seconds(3, 9)) and f.take_device_seconds() == 0.0
 
 
 def _model():

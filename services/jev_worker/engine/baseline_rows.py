@@ -76,7 +76,7 @@ class BaselineEngine(Engine):
                 fresh[key] = float(score[0])
                 self.cache.put(key, fresh[key])
         results = [self._with_baseline(item, result, fresh) for item, result in zip(items, out.results)]
-        return BatchOutput(results, out.states, out.device_s)
+        return BatchOutput(results, out.states, out.device_s, out.ready)
 
     def _missing(self, items: list[EngineItem]) -> list[PreparedRequest]:
         """The batch's baseline rows not cached yet, each once, as one prepared request per baseline prefix (its

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -172,6 +173,20 @@ class Forwards:
         self.packing_verified: set[str] = set()  # paths ("rows", "whole") checked against a padded batch
         self.prefix_mode: str | None = None  # "kv" (plain attention) or "snapshot" (recurrent/sliding state)
         self.graphs = None  # graphs.GraphRunner, when the runner replays graphed forwards
+
+    # ----- the device ----------------------------------------------------------------------------
+    def completion(self) -> Callable[[], None] | None:
+        """An event after every kernel launched so far, to wait on from another thread while this one launches the
+        next batch (CUDA launches return before the device is done); None where the forwards ran synchronously."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event.synchronize
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ----- inputs and the forward ---------------------------------------------------------------
     def ids(self, rows: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,8 @@ the architecture is the backend's forward adapter (adapters.py); the forwards th
 the simulated device's, simulated.py).
 
 Everything here runs on the single model thread, so model state and the CUDA stream are never touched
-concurrently.
+concurrently. A batch's run launches its forwards and returns with the batch's device event (`BatchOutput.ready`);
+the scheduler waits on that event off this thread, which meanwhile launches the next batch.
 
 How a group runs: after its cached state; after a state computed now when the plan keeps it or when several
 rows can branch from one prefix; else whole. Single-row text groups without a state, whatever
@@ -163,7 +164,8 @@ class ModelRunner(Engine):
     @torch.inference_mode()
     def run(self, items: list[EngineItem], groups: list[PrefixGroup]) -> BatchOutput:
         if self.adapter.reads == "sequence":
-            return BatchOutput([self._sequence(item) for item in items], device_s=self._device_seconds())
+            results = [self._sequence(item) for item in items]
+            return BatchOutput(results, device_s=self._device_seconds(), ready=self.forwards.completion())
         forwards = self.forwards
         hidden: dict[int, list] = {i: [] for i in range(len(items))}
         computed: dict[str, PrefixState] = {}
@@ -218,7 +220,8 @@ class ModelRunner(Engine):
                 hidden[group.indices[0]].append(h)
                 if group.keep and state is not None:
                     computed[group.key] = state
-        return BatchOutput(self._results(items, groups, hidden, shared), computed, self._device_seconds())
+        results = self._results(items, groups, hidden, shared)
+        return BatchOutput(results, computed, self._device_seconds(), ready=self.forwards.completion())
 
     def _results(self, items, groups, hidden, shared) -> list[EngineResult]:
         started = {i for group in groups if group.start is not None for i in group.indices}
@@ -233,8 +236,8 @@ class ModelRunner(Engine):
         return results
 
     def _device_seconds(self) -> float | None:
-        """A simulated device's wait for the batch just run (None on a real device)."""
-        return self.forwards.take_waited() if isinstance(self.forwards, SimulatedForwards) else None
+        """A simulated device's seconds for the batch just launched (None on a real device)."""
+        return self.forwards.take_device_seconds() if isinstance(self.forwards, SimulatedForwards) else None
 
     def _sequence(self, item: EngineItem) -> EngineResult:
         """One request's one sequence, read whole by a RequestHead (nothing is reused between requests)."""
@@ -279,5 +282,4 @@ class ModelRunner(Engine):
         return best
 
     def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        self.forwards.synchronize()

@@ -4,8 +4,11 @@ tokenizer, scheduler, prefix cache, runner, readout, response. What the host spe
 measured on a machine without one.
 
 Each forward the real `Forwards` would run (the same paths: packed or padded, one per pack, a prefix forward) is
-priced by a cost model of a real GPU and waited out with `time.sleep`, which releases the GIL as a device sync does;
-the wait that actually happened is counted (`take_waited`), so a benchmark subtracts it. Hidden states are the
+priced by a cost model of a real GPU and queued on a simulated stream, as a CUDA launch is: the call returns at once
+and the device is busy until the forwards queued before it and this one are done. `completion()` is the batch's
+event: waiting on it sleeps (`time.sleep` releases the GIL, as a device sync does) until the device reaches it, so
+the host may prepare and launch the next batch meanwhile. Each batch's device seconds are counted
+(`take_device_seconds`), so a benchmark subtracts them and sums them into the device's busy time. Hidden states are the
 loaded model's input embedding of each row's last token (the right shape, deterministic, nearly free), so the
 readout's real head turns them into logits. Prefix states hold KV whose byte size is the simulated model's (a
 broadcast view: no memory behind it), so L3 fills up and evicts as it would on the device.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -125,7 +129,14 @@ class SimulatedForwards:
 
     graphs = None  # no graph path: the cost model already is the device's best
 
-    def __init__(self, model: torch.nn.Module, shapes: Shapes, pack_tokens: int = 0, sleep=time.sleep):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        shapes: Shapes,
+        pack_tokens: int = 0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.model = model
         self.shapes = shapes
         self.embed = model.get_input_embeddings()
@@ -133,22 +144,39 @@ class SimulatedForwards:
         self.packing = True
         self.prefix_mode = "kv"
         self._sleep = sleep
-        self._waited = 0.0
+        self._clock = clock
+        self._busy_until = 0.0  # when the device finishes what was launched so far (the stream's end)
+        self._launched = 0.0  # device seconds launched since the last take_device_seconds
         self._lock = threading.Lock()
 
     # ----- the device ---------------------------------------------------------------------------
     def _run(self, tokens: int, pairs: int) -> None:
-        wanted = self.shapes.seconds(tokens, pairs)
-        started = time.perf_counter()
-        self._sleep(wanted)
+        """Launch one forward: it starts when the device has finished what was launched before it."""
+        cost = self.shapes.seconds(tokens, pairs)
         with self._lock:
-            self._waited += time.perf_counter() - started
+            self._busy_until = max(self._clock(), self._busy_until) + cost
+            self._launched += cost
 
-    def take_waited(self) -> float:
-        """Seconds waited on the device since the last call (the runner reads it once per batch)."""
+    def completion(self) -> Callable[[], None]:
+        """An event after everything launched so far: calling it waits until the device is there."""
         with self._lock:
-            waited, self._waited = self._waited, 0.0
-        return waited
+            until = self._busy_until
+
+        def wait() -> None:
+            left = until - self._clock()
+            if left > 0:
+                self._sleep(left)
+
+        return wait
+
+    def synchronize(self) -> None:
+        self.completion()()
+
+    def take_device_seconds(self) -> float:
+        """Device seconds of the forwards launched since the last call (the runner reads it once per batch)."""
+        with self._lock:
+            launched, self._launched = self._launched, 0.0
+        return launched
 
     def _hidden(self, rows) -> torch.Tensor:
         ids = torch.tensor([row[-1] for row in rows], dtype=torch.long)

@@ -5,6 +5,12 @@ executor. While the model is busy, new jobs queue; when it frees, the scheduler 
 each of its prefixes in the prefix cache (L3, which the scheduler owns: prefix_cache.py), hands the runner the
 batch with the states to start from, and inserts the states the runner computed for misses.
 
+- **Overlap.** Where the device runs asynchronously (CUDA, the simulated device), a batch's run on the model thread
+  launches its forwards and returns with the batch's device event; a second thread (`completer`) waits on that
+  event and hands the answers back, while the model thread launches the next batch behind it. So the next batch is
+  formed, planned and launched while one is on the device, and a batch's answers are read out while the next runs.
+  At most `max_launched` batches (2) are launched and not done: a third waits, still taking jobs, until one is.
+
 - **Batches, by prefix.** A batch takes jobs up to the row budget and the token budget (the first job whatever
   its size). Its first job is the fair queue's first (below): whatever else is waiting, no job waits for more
   batches than there are jobs fair-ahead of it, so a popular prefix cannot starve the rest. The rest of the
@@ -55,7 +61,7 @@ from jev_common.errors import ClientOverloaded, DeadlineExceeded, ForwardFailed,
 
 from ..protocols import Engine, PrefixCache
 from .abandon import ForwardAbandoned, LayerChecks
-from .batch import BatchTiming, EngineItem, EngineResult, plan_by_prefix
+from .batch import BatchOutput, BatchTiming, EngineItem, EngineResult, plan_by_prefix
 from .prefix_cache import L3PrefixCache
 
 log = logging.getLogger("jev.worker.scheduler")
@@ -160,9 +166,14 @@ class Scheduler:
         on_depth: Callable[[int], None] | None = None,
         on_abandoned: Callable[[int, ForwardAbandoned], None] | None = None,
         on_event: Callable[[str, int], None] | None = None,
+        completer: ThreadPoolExecutor | None = None,
+        max_launched: int = 2,
     ):
         self.engine = engine
         self.executor = executor
+        # waits on launched batches' device events (a thread of its own: the model thread launches meanwhile)
+        self.completer = completer or ThreadPoolExecutor(1, thread_name_prefix="jev-device-wait")
+        self._launch_slots = threading.BoundedSemaphore(max(1, max_launched))
         self.prefix_cache = prefix_cache if prefix_cache is not None else L3PrefixCache()
         self.prefix_aware = prefix_aware
         self.max_queue = max(1, max_queue)
@@ -184,8 +195,9 @@ class Scheduler:
         self._on_event = on_event  # (event, rows): joined, kept, computed, answered, unwanted, client_limited
         self._pending: list[Flight] = []
         self._running: Batch | None = None  # the batch on the model thread now
+        self._launched: list[Batch] = []  # launched on the device, waited on by the completer
         self._queued: Batch | None = None  # the next batch, handed to the executor, still taking jobs
-        self._handoff = threading.Lock()  # the model thread starts `_queued` / the loop adds to it: one at a time
+        self._handoff = threading.RLock()  # the model thread starts `_queued` / the loop adds to it: one at a time
         self._company_timer: asyncio.TimerHandle | None = None
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
         self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
@@ -204,17 +216,19 @@ class Scheduler:
 
     @property
     def running(self) -> bool:
-        """A batch is on the model thread (the watchdog's question)."""
-        return self._running is not None
+        """A batch is on the model thread or on the device (the watchdog's question)."""
+        return self._running is not None or bool(self._launched)
 
     @property
     def running_jobs(self) -> list[Flight]:
-        """The jobs of the batch on the model thread now."""
-        running = self._running
-        return list(running.jobs) if running is not None else []
+        """The jobs of the batches on the model thread and on the device now."""
+        with self._handoff:
+            batches = [batch for batch in (self._running, *self._launched) if batch is not None]
+        return [job for batch in batches for job in batch.jobs]
 
     def _in_flight(self) -> list[Batch]:
-        return [batch for batch in (self._running, self._queued) if batch is not None]
+        with self._handoff:
+            return [batch for batch in (self._running, *self._launched, self._queued) if batch is not None]
 
     @property
     def load(self) -> int:
@@ -242,6 +256,7 @@ class Scheduler:
         if self._company_timer is not None:
             self._company_timer.cancel()
             self._company_timer = None
+        self.completer.shutdown(wait=False, cancel_futures=True)
 
     # ----- admission ----------------------------------------------------------------------------
     async def submit(self, item: EngineItem, timeout_s: float, caller: Caller = Caller()) -> EngineResult:
@@ -392,7 +407,7 @@ class Scheduler:
                 elif self.batching:
                     self._fill_from(queued)
                 return
-            idle = self._running is None
+            idle = self._running is None and not self._launched
         if idle and self._wait_for_company():
             return
         jobs = self._take_batch()
@@ -403,9 +418,10 @@ class Scheduler:
             self._queued = batch
         self._idle.clear()
         loop = asyncio.get_running_loop()
-        # the model thread calls back the moment it is done, and goes on with whatever was handed to it next
+        # the model thread launches the batch and goes on with whatever was handed to it next; the batch's answers
+        # come back once its device event is reached (_complete)
         self.executor.submit(self._run, batch).add_done_callback(
-            lambda done: loop.call_soon_threadsafe(self._finished, batch, done)
+            lambda launched: self._on_launched(batch, launched, loop)
         )
         self._report_depth()
 
@@ -425,42 +441,94 @@ class Scheduler:
         self._company_timer = None
         self._dispatch()
 
-    def _run(self, batch: Batch) -> tuple[list[EngineResult], float, float, float | None]:
-        """On the model thread: the batch taken (no job joins it now), each prefix planned from its match in the
-        prefix cache, the runner's forwards (each layer first asking whether the batch is wanted), the states the
-        plan keeps inserted. -> the results (their L3 outcomes set), when it started and ended, the device's wait."""
+    def _run(self, batch: Batch) -> tuple[BatchOutput, float]:
+        """On the model thread, once fewer than `max_launched` batches are on the device: the batch taken (no job
+        joins it now), each prefix planned from its match in the prefix cache, the runner's forwards launched (each
+        layer first asking whether the batch is wanted), the states the plan keeps inserted. -> the output (its
+        results' L3 outcomes set, its device event to wait on) and when the batch started. Holds a launch slot until
+        the batch is done (_complete)."""
+        while not self._launch_slots.acquire(timeout=0.05):  # the batch stays queued, taking jobs, meanwhile
+            if self._aborting:
+                raise ForwardAbandoned(0, 0)
+        try:
+            return self._launch(batch)
+        except BaseException:
+            self._launch_slots.release()
+            raise
+
+    def _launch(self, batch: Batch) -> tuple[BatchOutput, float]:
         started = time.perf_counter()
         with self._handoff:
             self._running = batch
             if self._queued is batch:
                 self._queued = None
             jobs = list(batch.jobs)
-        if not jobs:  # every caller left while it waited behind the previous batch
-            return [], started, started, None
-        if self._aborting or not any(job.wanted() for job in jobs):
-            raise ForwardAbandoned(0, 0)
-        items = [job.item for job in jobs]
-        groups, outcomes = plan_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
-        if self.checks is None:
-            out = self.engine.run(items, groups)
-        else:
-            with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in jobs)):
+        try:
+            if not jobs:  # every caller left while it waited behind the previous batch
+                return BatchOutput([]), started
+            if self._aborting or not any(job.wanted() for job in jobs):
+                raise ForwardAbandoned(0, 0)
+            items = [job.item for job in jobs]
+            groups, outcomes = plan_by_prefix(items, self.prefix_cache, self.engine.reuses_prefix)
+            if self.checks is None:
                 out = self.engine.run(items, groups)
-        for key, state in out.states.items():
-            self.prefix_cache.insert(key, state)
-        for item, result in zip(items, out.results):
-            outcome = outcomes[item.prepared.prefix_key]
-            # a miss whose rows continued the state its group computed in this batch is a hit for them
-            result.l3 = "hit" if outcome == "miss" and result.cached_tokens else outcome
-        return out.results, started, time.perf_counter(), out.device_s
+            else:
+                with self.checks.watching(lambda: not self._aborting and any(job.wanted() for job in jobs)):
+                    out = self.engine.run(items, groups)
+            for key, state in out.states.items():
+                self.prefix_cache.insert(key, state)
+            for item, result in zip(items, out.results):
+                outcome = outcomes[item.prepared.prefix_key]
+                # a miss whose rows continued the state its group computed in this batch is a hit for them
+                result.l3 = "hit" if outcome == "miss" and result.cached_tokens else outcome
+            return out, started
+        finally:
+            with self._handoff:
+                self._running = None
+                self._launched.append(batch)  # until _finished: on the device, or failed and being answered
+
+    def _on_launched(self, batch: Batch, launched: Future, loop: asyncio.AbstractEventLoop) -> None:
+        """On the model thread (or the loop, if the launch was already done): a launched batch's device event is
+        waited on by the completer; a batch that ran synchronously, or failed, is answered at once."""
+        if launched.cancelled() or launched.exception() is not None:
+            loop.call_soon_threadsafe(self._finished, batch, launched)
+            return
+        out, started = launched.result()
+        if out.ready is None:
+            done: Future = Future()
+            done.set_result(self._complete(out, started))
+            loop.call_soon_threadsafe(self._finished, batch, done)
+            return
+        try:
+            completed = self.completer.submit(self._complete, out, started)
+        except RuntimeError:  # the completer was shut down (the worker stops): the batch is answered as cancelled
+            self._launch_slots.release()
+            cancelled: Future = Future()
+            cancelled.cancel()
+            loop.call_soon_threadsafe(self._finished, batch, cancelled)
+            return
+        completed.add_done_callback(lambda done: loop.call_soon_threadsafe(self._finished, batch, done))
+
+    def _complete(self, out: BatchOutput, started: float) -> tuple[list[EngineResult], float, float, float | None]:
+        """Once the batch's device event is reached (on the completer, where the device runs asynchronously):
+        -> the results, when the batch started and ended, the device's seconds for it. Frees its launch slot."""
+        try:
+            if out.ready is not None:
+                out.ready()
+            return out.results, started, time.perf_counter(), out.device_s
+        finally:
+            self._launch_slots.release()
 
     def _finished(self, batch: Batch, done: Future) -> None:
         """On the event loop, the moment the model thread is done with `batch` (the next one already runs there):
         its jobs answered, the next batch formed."""
-        if self._running is batch:
-            self._running = None
-        if self._queued is batch:  # never started: the executor was shut down
-            self._queued = None
+        with self._handoff:
+            if self._running is batch:
+                self._running = None
+            if batch in self._launched:
+                self._launched.remove(batch)
+            if self._queued is batch:  # never started: the executor was shut down
+                self._queued = None
         jobs, rows = batch.jobs, batch.rows
         error = None if done.cancelled() else done.exception()
         if done.cancelled():
@@ -499,7 +567,7 @@ class Scheduler:
                 self._on_batch(len(jobs), rows, finished - started, device_s)
         for job in jobs:
             self._release(job)
-        if self._running is None and self._queued is None:
+        if self._running is None and not self._launched and self._queued is None:
             self._idle.set()
         self._dispatch()
         self._report_depth()

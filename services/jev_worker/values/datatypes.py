@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -155,7 +155,10 @@ class PrefixGroup:
 class BatchOutput:
     results: list[EngineResult]
     states: dict[str, PrefixState] = field(default_factory=dict)  # computed for the groups the plan keeps
-    device_s: float | None = None  # a simulated device's wait for this batch
+    device_s: float | None = None  # a simulated device's seconds for this batch
+    # the batch's device event, where its forwards were launched and not yet done (CUDA, the simulated device):
+    # waiting on it is the batch's sync, done off the model thread so that the next batch launches meanwhile
+    ready: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
