@@ -36,6 +36,7 @@ from .errors import (
     error_response,
     validation_error,
 )
+from .gc_pauses import freeze_heap
 from .identity import CallerIdentity
 from .internal_auth import TRUSTED, matches
 from .schema import summarize_details
@@ -473,12 +474,19 @@ def run_app(app: web.Application, host: str, port: int, on_stop: Callable[[], Aw
     except ImportError:  # pragma: no cover - uvloop is a pinned dependency
         pass
     install_json_protocol_errors()
+    app.on_startup.append(_freeze_started_heap)
     if on_stop is None:
         web.run_app(
             app, host=host, port=port, access_log=None, print=None, handle_signals=True, handler_cancellation=True
         )
         return
     asyncio.run(_serve_until_signalled(app, host, port, on_stop))
+
+
+async def _freeze_started_heap(_app: web.Application) -> None:
+    """What start-up made (imports, the app, its clients) out of the garbage collector's walks (jev_common.gc_pauses);
+    a worker freezes again once its model is loaded."""
+    freeze_heap()
 
 
 async def _serve_until_signalled(

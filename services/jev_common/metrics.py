@@ -20,6 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from .gc_pauses import GcPauses
+
 if TYPE_CHECKING:
     from .index import IndexConnection
 
@@ -152,6 +154,7 @@ class HttpMetrics:
         self.in_flight = Gauge(f"{prefix}_in_flight", "HTTP requests in flight", registry=self.registry)
         self._counted: dict[tuple[str, int], Any] = {}  # (route, status) -> its counter child
         self.registry.register(AsyncioTasks(service))
+        self.registry.register(GcPauses(service))
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:

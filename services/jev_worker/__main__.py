@@ -13,6 +13,7 @@ prefer_passive_waits()  # before torch is imported (jev_common.cpu says why)
 no_progress_bars()  # before tqdm is imported: the GGUF loader's bar is not a log line (jev_common.logs says why)
 
 from jev_common.checkpoint_files import ServingError  # noqa: E402
+from jev_common.gc_pauses import freeze_heap  # noqa: E402
 from jev_common.http import run_app  # noqa: E402
 from jev_common.logs import setup_logging  # noqa: E402
 
@@ -31,8 +32,13 @@ def main() -> None:
         print(f"jev_worker: cannot serve {settings.recipe.name}: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.setswitchinterval(settings.gil_switch_ms / 1000)  # the model thread gets the interpreter back soon
-    app = create_app(settings)
+    app = create_app(settings, on_ready=freeze_loaded_heap)
     run_app(app, settings.host, settings.port, on_stop=lambda: app[SERVICE].drain(settings.shutdown_grace_s))
+
+
+def freeze_loaded_heap() -> None:
+    """The loaded model out of the garbage collector's walks (jev_common.gc_pauses says why)."""
+    logging.getLogger("jev.worker").info("froze %d start-up objects out of the collector's walks", freeze_heap())
 
 
 if __name__ == "__main__":

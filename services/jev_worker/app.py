@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -77,10 +78,15 @@ def model_list(
 
 
 def create_app(
-    settings: WorkerSettings, *, wait_until_ready: bool = False, tracing: Tracing | None = None
+    settings: WorkerSettings,
+    *,
+    wait_until_ready: bool = False,
+    tracing: Tracing | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> web.Application:
-    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given."""
-    service = WorkerService(settings)
+    """`tracing`: the OTEL_* environment's (on only with an OTLP endpoint) unless given; `on_ready`: called once
+    the model is loaded and warm, before the worker says ok (the process freezes its heap there: __main__)."""
+    service = WorkerService(settings, on_ready=on_ready)
     spans = WorkerSpans(tracing or Tracing("jev-worker"))
     app = web.Application(
         middlewares=[

@@ -78,8 +78,15 @@ WARMUP_TIMEOUT_S = 600.0  # the first forward also checks packing and prefix bra
 
 
 class WorkerService:
-    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None):
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        metrics: WorkerMetrics | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ):
+        """`on_ready`: called once loaded and warm, before health says ok."""
         self.settings = settings
+        self._on_ready = on_ready
         self.recipe = settings.recipe
         # the recipe's pin, or a content digest of JEV_MODEL_PATH: what image assets and index keys are made for
         self.identity = checkpoint_identity(self.recipe, settings.model_path)
@@ -151,6 +158,8 @@ class WorkerService:
                     await self.systemone(warmup, timeout_s=WARMUP_TIMEOUT_S)
                     self.warmup_seconds = time.perf_counter() - started
                 self.reset_counters()
+            if self._on_ready is not None:
+                self._on_ready()
             self.state = "ok"
             index = self.index_link.index
             self.registration = WorkerRegistration(
