@@ -49,8 +49,10 @@ class GatedEngine(Engine):
             assert self.began.wait_for(lambda: len(self.started) >= count, timeout=30), self.started
 
 
-def item(name: str) -> EngineItem:
-    prepared = PreparedRequest(prefix_ids=(1, 2), rows=((3,),), row_labels=((1, 2),), image_keys=(), prefix_key=name)
+def item(name: str, rows: int = 1) -> EngineItem:
+    prepared = PreparedRequest(
+        prefix_ids=(1, 2), rows=((3,),) * rows, row_labels=((1, 2),) * rows, image_keys=(), prefix_key=name
+    )
     return EngineItem(prepared=prepared)
 
 
@@ -60,8 +62,10 @@ def scheduler(engine: Engine, **options) -> Scheduler:
     return Scheduler(engine, ThreadPoolExecutor(1), **settings)
 
 
-async def submit(s: Scheduler, engine: GatedEngine, name: str, caller: Caller = Caller()) -> asyncio.Task:
-    task = asyncio.ensure_future(s.submit(item(name), 30.0, caller))
+async def submit(
+    s: Scheduler, engine: GatedEngine, name: str, caller: Caller = Caller(), rows: int = 1
+) -> asyncio.Task:
+    task = asyncio.ensure_future(s.submit(item(name, rows), 30.0, caller))
     engine.futures[name] = task
     await asyncio.sleep(0)  # the task runs up to its wait
     return task
@@ -196,6 +200,34 @@ async def test_at_most_two_batches_are_on_the_device_and_a_third_keeps_taking_jo
     await asyncio.to_thread(engine.wait_started, 3)
     assert engine.started[2] == list("cde")
     engine.gates[1].set()
+    engine.gates[2].set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    await s.stop()
+
+
+async def test_a_batch_smaller_than_the_one_on_the_device_waits_for_it_and_keeps_taking_jobs():
+    """Launching a small batch ahead would split the callers into small batches while the device is the bottleneck:
+    it waits for the device, or until it is as big as the batch launched before it."""
+    engine = AsyncDevice()
+    s = scheduler(engine)
+    tasks = [await submit(s, engine, "big", rows=3)]
+    await asyncio.to_thread(engine.wait_started, 1)
+    tasks.append(await submit(s, engine, "s"))
+    await asyncio.sleep(0.3)
+    assert len(engine.started) == 1  # one row behind three: held back, the device busy
+    tasks += [await submit(s, engine, name) for name in "tu"]  # three rows now: launched ahead
+    await asyncio.to_thread(engine.wait_started, 2)
+    assert engine.started[1] == list("stu") and not tasks[0].done()
+    tasks.append(await submit(s, engine, "v"))
+    await asyncio.sleep(0.3)
+    assert len(engine.started) == 2
+    engine.gates[0].set()  # the device is done with the first, still busy with "stu": "v" stays held back
+    await asyncio.wait_for(tasks[0], 10)
+    await asyncio.sleep(0.3)
+    assert len(engine.started) == 2
+    engine.gates[1].set()  # the device is idle: the batch of one goes at once
+    await asyncio.to_thread(engine.wait_started, 3)
+    assert engine.started[2] == ["v"]
     engine.gates[2].set()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     await s.stop()

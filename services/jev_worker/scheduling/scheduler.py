@@ -8,8 +8,12 @@ batch with the states to start from, and inserts the states the runner computed 
 - **Overlap.** Where the device runs asynchronously (CUDA, the simulated device), a batch's run on the model thread
   launches its forwards and returns with the batch's device event; a second thread (`completer`) waits on that
   event and hands the answers back, while the model thread launches the next batch behind it. So the next batch is
-  formed, planned and launched while one is on the device, and a batch's answers are read out while the next runs.
-  At most `max_launched` batches (2) are launched and not done: a third waits, still taking jobs, until one is.
+  formed while one is on the device, and a batch's answers are read out while the next runs. A batch launches ahead
+  of the one on the device (at most `max_launched` on it, 2) only once it has at least as many rows as the last one
+  launched; until then it keeps taking jobs, and it launches the moment the device is done. Launching ahead keeps the
+  device fed when the host is the bottleneck (c=64: the model thread's launch no longer waits for the interpreter
+  in the gap between batches), and holding a small batch back keeps batches whole when the device is (c=8: launching
+  every batch at once split eight callers into batches of 2.7 and cost 20% of the throughput; benchmarks/RESULTS.md).
 
 - **Batches, by prefix.** A batch takes jobs up to the row budget and the token budget (the first job whatever
   its size). Its first job is the fair queue's first (below): whatever else is waiting, no job waits for more
@@ -173,7 +177,7 @@ class Scheduler:
         self.executor = executor
         # waits on launched batches' device events (a thread of its own: the model thread launches meanwhile)
         self.completer = completer or ThreadPoolExecutor(1, thread_name_prefix="jev-device-wait")
-        self._launch_slots = threading.BoundedSemaphore(max(1, max_launched))
+        self.max_launched = max(1, max_launched)
         self.prefix_cache = prefix_cache if prefix_cache is not None else L3PrefixCache()
         self.prefix_aware = prefix_aware
         self.max_queue = max(1, max_queue)
@@ -198,6 +202,10 @@ class Scheduler:
         self._launched: list[Batch] = []  # launched on the device, waited on by the completer
         self._queued: Batch | None = None  # the next batch, handed to the executor, still taking jobs
         self._handoff = threading.RLock()  # the model thread starts `_queued` / the loop adds to it: one at a time
+        # the rows of each batch launched and not done, oldest first (the model thread adds, the completer takes);
+        # notified when one is done and when the queued batch grows (_may_launch)
+        self._on_device: list[int] = []
+        self._launchable = threading.Condition(self._handoff)
         self._company_timer: asyncio.TimerHandle | None = None
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
         self._kept: dict[str, KeptResult] = {}  # key -> a result finished for nobody while a retry may come
@@ -406,6 +414,7 @@ class Scheduler:
                     queued.reform(self._take_batch(interactive_first=True))
                 elif self.batching:
                     self._fill_from(queued)
+                self._launchable.notify_all()  # it may now be big enough to launch ahead
                 return
             idle = self._running is None and not self._launched
         if idle and self._wait_for_company():
@@ -442,19 +451,32 @@ class Scheduler:
         self._dispatch()
 
     def _run(self, batch: Batch) -> tuple[BatchOutput, float]:
-        """On the model thread, once fewer than `max_launched` batches are on the device: the batch taken (no job
-        joins it now), each prefix planned from its match in the prefix cache, the runner's forwards launched (each
-        layer first asking whether the batch is wanted), the states the plan keeps inserted. -> the output (its
-        results' L3 outcomes set, its device event to wait on) and when the batch started. Holds a launch slot until
-        the batch is done (_complete)."""
-        while not self._launch_slots.acquire(timeout=0.05):  # the batch stays queued, taking jobs, meanwhile
-            if self._aborting:
-                raise ForwardAbandoned(0, 0)
+        """On the model thread, once the batch may launch (_may_launch; until then it stays queued, taking jobs): the
+        batch taken (no job joins it now), each prefix planned from its match in the prefix cache, the runner's
+        forwards launched (each layer first asking whether the batch is wanted), the states the plan keeps inserted.
+        -> the output (its results' L3 outcomes set, its device event to wait on) and when the batch started. The
+        batch counts as on the device until it is done (_complete)."""
+        with self._launchable:
+            while not self._may_launch(batch):
+                if self._aborting:
+                    raise ForwardAbandoned(0, 0)
+                self._launchable.wait(timeout=0.05)
+            self._on_device.append(batch.rows)
         try:
             return self._launch(batch)
         except BaseException:
-            self._launch_slots.release()
+            self._done_on_device()
             raise
+
+    def _may_launch(self, batch: Batch) -> bool:
+        """An idle device takes any batch; a busy one takes another (up to `max_launched`) only as big as the last."""
+        on_device = self._on_device
+        return not on_device or (len(on_device) < self.max_launched and batch.rows >= on_device[-1])
+
+    def _done_on_device(self) -> None:
+        with self._launchable:
+            self._on_device.pop(0)
+            self._launchable.notify_all()
 
     def _launch(self, batch: Batch) -> tuple[BatchOutput, float]:
         started = time.perf_counter()
@@ -502,7 +524,7 @@ class Scheduler:
         try:
             completed = self.completer.submit(self._complete, out, started)
         except RuntimeError:  # the completer was shut down (the worker stops): the batch is answered as cancelled
-            self._launch_slots.release()
+            self._done_on_device()
             cancelled: Future = Future()
             cancelled.cancel()
             loop.call_soon_threadsafe(self._finished, batch, cancelled)
@@ -511,13 +533,13 @@ class Scheduler:
 
     def _complete(self, out: BatchOutput, started: float) -> tuple[list[EngineResult], float, float, float | None]:
         """Once the batch's device event is reached (on the completer, where the device runs asynchronously):
-        -> the results, when the batch started and ended, the device's seconds for it. Frees its launch slot."""
+        -> the results, when the batch started and ended, the device's seconds for it. The device is done with it."""
         try:
             if out.ready is not None:
                 out.ready()
             return out.results, started, time.perf_counter(), out.device_s
         finally:
-            self._launch_slots.release()
+            self._done_on_device()
 
     def _finished(self, batch: Batch, done: Future) -> None:
         """On the event loop, the moment the model thread is done with `batch` (the next one already runs there):
