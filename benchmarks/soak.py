@@ -6,6 +6,11 @@ loop (`jev_<service>_asyncio_tasks`), the keys in the stack's Redis db, and the 
     python -m benchmarks.soak                         # 60 minutes at 70% of capacity, 5-minute windows
     python -m benchmarks.soak --minutes 20 --window-minutes 2 --model tiny
 
+The worker's caches are sized to fill during warm-up (`--l1-max`, `--l3-bytes`): 40% of the mix are states never
+seen before, and a server that has run for a while has full caches. A cache still filling grows the worker's RSS and
+the index's route keys (one per resident prefix) by design, which is not a leak; each window also shows the caches'
+fill (`worker.l1_entries`, `worker.l3_mb`), so what grows beyond full caches stands out.
+
 First the capacity: decisions/s of the same mix (without the hostile and disconnecting share) from closed-loop
 clients for `--capacity-s`. Then open-loop arrivals (Poisson) at `--load` x capacity. The first window is warm-up;
 each measure is "flat" when its last window is within 5% (`--flat-pct`) of the first window after warm-up (a measure
@@ -121,6 +126,15 @@ def gauge(text: str, name: str) -> float | None:
     return None
 
 
+def labelled(text: str, name: str, **labels: str) -> float | None:
+    """The sample of `name` whose labels include `labels`."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
 @dataclass
 class Window:
     index: int
@@ -231,6 +245,10 @@ class Soak:
                     window.add(f"{name}.fds", open_fds(pid))
                     text = await get_text(service.url + "/metrics", timeout_s=30)
                     window.add(f"{name}.asyncio_tasks", gauge(text, f"jev_{name}_asyncio_tasks"))
+                    if name == "worker":
+                        l3 = labelled(text, "jev_worker_cache_resident_bytes", level="l3")
+                        window.add("worker.l3_mb", None if l3 is None else l3 / 2**20)
+                        window.add("worker.l1_entries", labelled(text, "jev_worker_cache_resident_entries", level="l1"))
                 window.add("redis_keys", await self._keys(client))
                 if now >= stop:
                     return
@@ -305,6 +323,7 @@ async def start(stack: Stack, args, out: Path) -> tuple[dict, str]:
         )
     # one caller (this process) sends everything: its share of the queue may be the whole queue
     env |= dict(JEV_MAX_QUEUE="512", JEV_MAX_PER_CLIENT="512")
+    env |= dict(JEV_CACHE_L1_MAX=str(args.l1_max), JEV_CACHE_L3_BYTES=args.l3_bytes)  # full within the warm-up
     worker = await stack.worker("worker", JEV_WORKER_ID=f"soak-{secrets.token_hex(4)}", **env)
     await stack.wait_healthy([worker], timeout_s=600)
     name = (await get_json(worker.url + "/v1/models"))["models"][0]["name"]
@@ -363,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flat-pct", type=float, default=5.0)
     parser.add_argument("--warmup-windows", type=int, default=1)
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="smollm2")
+    parser.add_argument("--l1-max", type=int, default=1024, help="the worker's L1 entries (full within the warm-up)")
+    parser.add_argument("--l3-bytes", default="16M", help="the worker's L3 budget (full within the warm-up)")
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--redis-url", default=os.environ.get("JEV_SOAK_REDIS_URL", "redis://127.0.0.1:6379/14"))

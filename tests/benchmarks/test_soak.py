@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.soak import decision, judge
+from benchmarks.soak import decision, judge, labelled
 from jev_common.schema import DecisionRequest, SystemOneRequest, is_envelope
 
 
@@ -28,3 +28,13 @@ def test_the_valid_mix_is_valid():
     for _ in range(500):
         payload = decision(rng)
         (SystemOneRequest if is_envelope(payload) else DecisionRequest).model_validate(payload)
+
+
+def test_a_labelled_sample_is_read_by_its_labels():
+    text = (
+        "# TYPE jev_worker_cache_resident_bytes gauge\n"
+        'jev_worker_cache_resident_bytes{level="l1",model="m"} 10.0\n'
+        'jev_worker_cache_resident_bytes{level="l3",model="m"} 2048.0\n'
+    )
+    assert labelled(text, "jev_worker_cache_resident_bytes", level="l3") == 2048.0
+    assert labelled(text, "jev_worker_cache_resident_bytes", level="l2") is None

@@ -292,6 +292,7 @@ async def test_metrics_exposition(worker_settings):
             assert name in text, name
         assert sample_value(text, "jev_worker_http_requests_total", route="/v1/systemone", status="200") == 1
         assert sample_value(text, "jev_worker_queue_limit") == 7
+        assert sample_value(text, "jev_worker_cache_resident_entries", level="l1") >= 1  # prepared prompts kept
         # every series names the model it serves (per-model rules and dashboards, deploy/prometheus)
         samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
         assert samples and all(s.labels.get("model") == "tiny-llama" for s in samples)

@@ -169,13 +169,16 @@ class WorkerMetrics(HttpMetrics):
             "evictions": CounterMetricFamily("jev_worker_cache_evictions", "Cache evictions", labels=["level"]),
         }
         resident = GaugeMetricFamily("jev_worker_cache_resident_bytes", "Resident bytes by level", labels=["level"])
+        entries = GaugeMetricFamily("jev_worker_cache_resident_entries", "Resident entries by level", labels=["level"])
         for level, s in stats.levels.items():
             families["hits"].add_metric([level], s.hits)
             families["misses"].add_metric([level], s.misses)
             families["evictions"].add_metric([level], s.evictions)
             resident.add_metric([level], s.resident_bytes)
+            entries.add_metric([level], s.resident_entries)
         yield from families.values()
         yield resident
+        yield entries
 
     def _engine_families(self):
         engine = self._engine_source() if self._engine_source is not None else {}
