@@ -21,11 +21,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from .gc_pauses import GcPauses
+from .outcome import status_of
 
 if TYPE_CHECKING:
     from .index import IndexConnection
 
-CLIENT_CLOSED = 499  # the status counted for a request whose caller left before its answer (nginx's convention)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -164,13 +164,10 @@ class HttpMetrics:
         self.in_flight.inc()
         try:
             response = await handler(request)
-            status = response.status
+            status = status_of(response)
             return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED  # the caller left before its answer: no answer was sent, nothing failed here
+        except BaseException as exc:
+            status = status_of(exc)  # 499: the caller left before its answer (jev_common.outcome)
             raise
         finally:
             self.in_flight.dec()

@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from .http import REQUEST_ID
+from .outcome import is_error, status_of
 
 log = logging.getLogger("jev.tracing")
 
@@ -111,7 +112,8 @@ class Tracing:
 
     def middleware(self) -> Middleware:
         """An aiohttp middleware: each API request (under /v1/) in a server span continued from the caller's
-        traceparent, named by its route, with the request id and the status; 5xx marks it an error. Place it after
+        traceparent, named by its route, with the request id and the status as the metrics count it
+        (jev_common.outcome); a 5xx marks it an error, a caller that left (499) does not. Place it after
         request_id_middleware (it reads the id) and before error_middleware (it sees the answer's status)."""
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -131,19 +133,26 @@ class Tracing:
             }
             parent = propagator.extract(request.headers)
             with tracer.start_as_current_span(
-                f"{request.method} {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+                f"{request.method} {route}",
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,  # recorded below, where the outcome is an error
+                set_status_on_exception=False,
             ) as span:
                 status = 500
                 try:
                     response = await handler(request)
-                    status = response.status
+                    status = status_of(response)
                     return response
-                except web.HTTPException as exc:
-                    status = exc.status
+                except BaseException as exc:
+                    status = status_of(exc)
+                    if is_error(status):
+                        span.record_exception(exc)
                     raise
                 finally:
                     span.set_attribute("http.response.status_code", status)
-                    if status >= 500:
+                    if is_error(status):
                         span.set_status(Status(StatusCode.ERROR))
 
         return tracing_middleware

@@ -133,3 +133,41 @@ async def test_the_preencoder_continues_the_callers_trace_and_names_its_assets(t
     assert (
         list(encode.attributes["jev.asset.keys"]) == [asset_key(uri)] and encode.attributes["jev.preencode.done"] == 1
     )
+
+
+async def test_a_caller_that_left_is_499_in_the_span_as_in_the_metrics_and_no_error():
+    """One status for both observers (jev_common.outcome): a caller that left is no server error in the trace either;
+    a handler that fails is 500 and an error, its exception recorded."""
+    import asyncio
+    import contextlib
+
+    import aiohttp
+    from aiohttp import web
+    from opentelemetry.trace import StatusCode
+
+    from jev_common.metrics import HttpMetrics
+
+    exporter = InMemorySpanExporter()
+    tracing = Tracing("jev-test", env={}, exporter=exporter)
+    metrics = HttpMetrics("svc")
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.match_info["what"] == "left":
+            raise asyncio.CancelledError()  # what aiohttp raises in a handler whose caller disconnected
+        raise RuntimeError("boom")
+
+    app = web.Application(middlewares=[*tracing.middlewares(), metrics.middleware])
+    app.router.add_post("/v1/{what}", handler)
+    async with TestClient(TestServer(app)) as client:
+        for what in ("left", "failed"):
+            with contextlib.suppress(aiohttp.ClientError):
+                await client.post(f"/v1/{what}")
+    await tracing.shutdown()
+    spans = {s.attributes["url.path"]: s for s in exporter.get_finished_spans()}
+    left, failed = spans["/v1/left"], spans["/v1/failed"]
+    assert left.attributes["http.response.status_code"] == 499 and left.status.status_code != StatusCode.ERROR
+    assert not left.events  # no exception recorded for a caller that left
+    assert failed.attributes["http.response.status_code"] == 500 and failed.status.status_code == StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+    text = metrics.exposition().decode()
+    assert 'route="/v1/{what}",status="499"' in text and 'route="/v1/{what}",status="500"' in text
