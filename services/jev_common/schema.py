@@ -706,7 +706,7 @@ class PreencodeManifest(RootModel[list[PreencodeLine | str] | PreencodeLines | P
 
 
 class PreencodeResult(BaseModel):
-    """One line's outcome (jev_preencoder.encode.LineResult)."""
+    """One line's outcome, as the preencoder makes it (jev_preencoder.encode) and answers it."""
 
     line: int
     status: Literal["done", "skipped", "failed"]
@@ -717,6 +717,10 @@ class PreencodeResult(BaseModel):
     n_tokens: int | None = None
     redone: bool = False
     indexed: bool | None = None
+
+    def answered(self) -> dict[str, Any]:
+        """As the preencoder answers it: unset fields left out, `redone` only when true."""
+        return self.model_dump(exclude_none=True, exclude=set() if self.redone else {"redone"})
 
 
 class PreencodeSummary(BaseModel):

@@ -95,7 +95,7 @@ async def _encode(args, settings: PreencoderSettings) -> int:
     if args.json:
         json.dump(
             {
-                "results": [r.to_dict() for r in summary.results],
+                "results": [r.answered() for r in summary.results],
                 "summary": summary.counts(),
                 "identity": encoder.identity,
             },

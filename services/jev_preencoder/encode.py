@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from jev_common.assets import (
 from jev_common.index import IndexUnavailable
 from jev_common.index.assets import AssetIndex
 from jev_common.recipe import Recipe, load_recipe
+from jev_common.schema import PreencodeResult
 from jev_common.vl import checkpoint_identity, merge_size, processor_identity
 
 from .settings import PreencoderSettings
@@ -112,22 +113,6 @@ def _pick_dtype(requested: str, device: torch.device) -> torch.dtype:
 
 
 @dataclass
-class LineResult:
-    line: int
-    status: str  # done | skipped | failed
-    key: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    grid: list[int] | None = None
-    n_tokens: int | None = None
-    redone: bool = False
-    indexed: bool | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "redone" and not v)}
-
-
-@dataclass
 class Summary:
     done: int = 0
     skipped: int = 0
@@ -135,9 +120,9 @@ class Summary:
     redone: int = 0
     index_errors: int = 0
     seconds: float = 0.0
-    results: list[LineResult] = field(default_factory=list)
+    results: list[PreencodeResult] = field(default_factory=list)
 
-    def add(self, result: LineResult) -> None:
+    def add(self, result: PreencodeResult) -> None:
         self.results.append(result)
         if result.status == "done":
             self.done += 1
@@ -229,13 +214,15 @@ class Encoder:
             return False
 
     def _decode_encode_write(self, line_no: int, key: str, uri: str, out_dir: str):
-        """The blocking part: decode, vision tower, atomic write. -> (embeds, grid) or a failed LineResult."""
+        """The blocking part: decode, vision tower, atomic write. -> (embeds, grid) or a failed PreencodeResult."""
         try:
             decoded = decode_data_uri(
                 uri, max_bytes=self.settings.max_image_bytes, max_pixels=self.settings.max_image_pixels
             )
         except ImageRejected as exc:
-            return LineResult(line_no, "failed", key=key, reason=exc.reason, message=f"line {line_no}: {exc.message}")
+            return PreencodeResult(
+                line=line_no, status="failed", key=key, reason=exc.reason, message=f"line {line_no}: {exc.message}"
+            )
         try:
             embeds, grid = self.image_embeddings(decoded.image)
             write_asset(
@@ -257,9 +244,9 @@ class Encoder:
             )
         except (RuntimeError, ValueError, OSError) as exc:
             log.exception("line %d: encoding failed", line_no)
-            return LineResult(
-                line_no,
-                "failed",
+            return PreencodeResult(
+                line=line_no,
+                status="failed",
                 key=key,
                 reason="encode_error",
                 message=f"line {line_no}: encoding failed: {type(exc).__name__}: {str(exc)[:200]}",
@@ -268,35 +255,43 @@ class Encoder:
 
     async def encode_line(
         self, line_no: int, raw: str | dict, out_dir: str, index: AssetIndex | None, seen: set[str]
-    ) -> LineResult:
+    ) -> PreencodeResult:
         # 1. the line
         if isinstance(raw, str):
             text = raw.strip()
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
-                return LineResult(line_no, "failed", reason="invalid_json", message=f"line {line_no}: not JSON: {exc}")
+                return PreencodeResult(
+                    line=line_no, status="failed", reason="invalid_json", message=f"line {line_no}: not JSON: {exc}"
+                )
         else:
             obj = raw
         if not isinstance(obj, dict):
-            return LineResult(
-                line_no,
-                "failed",
+            return PreencodeResult(
+                line=line_no,
+                status="failed",
                 reason="not_an_object",
                 message=f"line {line_no}: expected a JSON object (a DecisionRequest), got {type(obj).__name__}",
             )
         uri, problem = manifest_image(obj)
         if uri is None:
-            return LineResult(line_no, "failed", reason="no_image", message=f"line {line_no}: {problem}")
+            return PreencodeResult(
+                line=line_no, status="failed", reason="no_image", message=f"line {line_no}: {problem}"
+            )
         # 2. the URI (the key is the exact string, so hash before any normalisation)
         try:
             if not isinstance(uri, str):
                 raise ImageRejected("not_a_string", f"state.image must be a string, got {type(uri).__name__}")
             key = asset_key(uri)
         except ImageRejected as exc:
-            return LineResult(line_no, "failed", reason=exc.reason, message=f"line {line_no}: {exc.message}")
+            return PreencodeResult(
+                line=line_no, status="failed", reason=exc.reason, message=f"line {line_no}: {exc.message}"
+            )
         if key in seen:
-            return LineResult(line_no, "skipped", key=key, reason="duplicate", message="same image as an earlier line")
+            return PreencodeResult(
+                line=line_no, status="skipped", key=key, reason="duplicate", message="same image as an earlier line"
+            )
         # 3. already there?
         state_now = asset_state(out_dir, key)
         if state_now == "complete":
@@ -304,9 +299,9 @@ class Encoder:
             if record is not None:
                 seen.add(key)
                 indexed = await self._register(index, out_dir, key, record)
-                return LineResult(
-                    line_no,
-                    "skipped",
+                return PreencodeResult(
+                    line=line_no,
+                    status="skipped",
                     key=key,
                     reason="exists",
                     grid=record["grid"],
@@ -325,14 +320,20 @@ class Encoder:
             outcome = await asyncio.to_thread(self._decode_encode_write, line_no, key, uri, out_dir)
         else:
             outcome = self._decode_encode_write(line_no, key, uri, out_dir)
-        if isinstance(outcome, LineResult):
+        if isinstance(outcome, PreencodeResult):
             return outcome
         embeds, grid = outcome
         seen.add(key)
         record = read_grid(out_dir, key) or {}
         indexed = await self._register(index, out_dir, key, record)
-        return LineResult(
-            line_no, "done", key=key, grid=grid, n_tokens=int(embeds.shape[0]), redone=redone, indexed=indexed
+        return PreencodeResult(
+            line=line_no,
+            status="done",
+            key=key,
+            grid=grid,
+            n_tokens=int(embeds.shape[0]),
+            redone=redone,
+            indexed=indexed,
         )
 
     async def encode_lines(

@@ -147,7 +147,7 @@ def build_app(settings: PreencoderSettings, encoder=None, tracing: Tracing | Non
             images.labels(result.status).inc()
         return web.json_response(
             {
-                "results": [r.to_dict() for r in summary.results],
+                "results": [r.answered() for r in summary.results],
                 "summary": summary.counts(),
                 "identity": encoder_.identity,
             }
