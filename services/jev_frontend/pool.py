@@ -2,10 +2,12 @@
 serves, which are healthy, and how loaded each is.
 
 Every `JEV_FRONTEND_HEALTH_INTERVAL_S` each backend's `GET /health` is polled: 200 puts it in rotation,
-anything else (503 while loading, a refused connection, no answer within the interval) takes it out
-until it answers 200 again. A backend whose connection is refused during a request, or that answers a decision
-503 because it is draining or not ready, is taken out at once. A backend whose probe cannot connect or times out
-is unreachable (a dead host, a cut link): the requests in flight on it are sent to another replica. A discovered
+anything else (503 while loading, a refused connection) takes it out until it answers 200 again; no answer within
+the interval takes it out once it happens `JEV_FRONTEND_HEALTH_MISSES` times in a row (a busy worker answers late: a
+single late probe of a loaded worker took the soak's only replica out and 502'd the decisions it was computing). A
+backend whose connection is refused during a request, or that answers a decision 503 because it is draining or not
+ready, is taken out at once. A backend whose probe cannot connect, or misses its probes, is unreachable (a dead
+host, a cut link): the requests in flight on it are sent to another replica. A discovered
 backend stays while it is in the index or still answers 200 (an index restarted empty does not empty the pool), and
 leaves once neither holds. Its model is read from `GET /v1/models` (the entry that is not the `jev-latest` alias);
 its index namespace, worker id and queue depth from its health detail or its index registration.
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jev_common.errors import DomainError, ModelNotServed
+from jev_common.errors import BackendTimeout, DomainError, ModelNotServed
 from jev_common.index import IndexUnavailable, namespace
 from jev_common.index.workers import WorkerDirectory
 from jev_common.schema import LATEST_ALIAS
@@ -45,6 +47,7 @@ class BackendState:
     cold_assigned: int = 0  # new states sent here (the tie-break of power-of-two-choices)
     models: list[dict] = field(default_factory=list)  # its /v1/models entries
     error: str | None = None
+    missed: int = 0  # health probes in a row it left unanswered within the interval
     changed_at: float = field(default_factory=time.monotonic)
     # set while it is out of rotation because it stopped answering (its health probe failed to connect or timed
     # out): the requests in flight on it will get no answer, so they are sent to another replica
@@ -158,10 +161,17 @@ class BackendPool:
         timeout = min(self.settings.timeout_s, max(0.5, self.settings.health_interval_s))
         try:
             answer = await self.client.call("GET", "/health", endpoint="health", timeout_s=timeout, url=backend.url)
-        except DomainError as exc:
-            self._set_up(backend, False, exc.message)
-            backend.unreachable.set()
+        except BackendTimeout as exc:  # no answer in time: busy (it answers late) or cut off (it never does)
+            backend.missed += 1
+            if backend.missed < self.settings.health_misses:
+                backend.error = f"{exc.message} ({backend.missed} of {self.settings.health_misses} in a row)"
+                return None
+            self._unreachable(backend, exc.message)
             return None
+        except DomainError as exc:  # refused or broken: nothing answers there
+            self._unreachable(backend, exc.message)
+            return None
+        backend.missed = 0
         detail: dict[str, Any] = {}
         try:
             body = json.loads(answer.body)
@@ -194,6 +204,11 @@ class BackendPool:
         backend.models = [m for m in models if isinstance(m, dict) and m.get("name") not in (None, LATEST_ALIAS)]
         if backend.models and not backend.model:
             backend.model = str(backend.models[0]["name"])
+
+    def _unreachable(self, backend: BackendState, error: str) -> None:
+        """Out of rotation, and the requests in flight on it sent to another replica."""
+        self._set_up(backend, False, error)
+        backend.unreachable.set()
 
     def _set_up(self, backend: BackendState, up: bool, error: str | None) -> None:
         backend.checked = True

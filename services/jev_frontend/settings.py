@@ -139,6 +139,13 @@ ENV = EnvTable(
             "how often every backend's `/health` is polled (and "
             "discovery re-read); a replica that fails it is taken out until it answers 200 again",
         ),
+        int_var(
+            "JEV_FRONTEND_HEALTH_MISSES",
+            3,
+            "health probes in a row a backend may leave unanswered within the interval before it is taken out as "
+            "unreachable (a busy worker answers late; a cut-off one never does); a refused connection or an answer "
+            "other than 200 takes it out at once",
+        ),
         float_var(
             "JEV_FRONTEND_TIMEOUT_S",
             305.0,
@@ -206,6 +213,7 @@ class Settings:
     routing: str = ENV["JEV_ROUTING"].field()
     max_imbalance: int = ENV["JEV_ROUTING_MAX_IMBALANCE"].field()
     health_interval_s: float = ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].field()
+    health_misses: int = ENV["JEV_FRONTEND_HEALTH_MISSES"].field()
     max_preencode_bytes: int = ENV["JEV_FRONTEND_MAX_PREENCODE_BYTES"].field()
     preencoder_url: str = ENV["JEV_PREENCODER_URL"].field()  # "": no preencoder behind this frontend
     rate_limits: RateLimits = ENV["JEV_RATE_LIMITS"].field()  # + the file's; empty: no limits
@@ -224,6 +232,8 @@ class Settings:
             raise ValueError(f"JEV_ROUTING_MAX_IMBALANCE must be >= 0, got {self.max_imbalance}")
         if not self.health_interval_s > 0:
             raise ValueError(f"JEV_FRONTEND_HEALTH_INTERVAL_S must be > 0, got {self.health_interval_s}")
+        if self.health_misses < 1:
+            raise ValueError(f"JEV_FRONTEND_HEALTH_MISSES must be >= 1, got {self.health_misses}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"JEV_FRONTEND_PORT must be 0..65535, got {self.port}")
         if not self.timeout_s > 0:
@@ -280,6 +290,7 @@ class Settings:
             routing=ENV["JEV_ROUTING"].get().strip().lower(),
             max_imbalance=ENV["JEV_ROUTING_MAX_IMBALANCE"].get(),
             health_interval_s=ENV["JEV_FRONTEND_HEALTH_INTERVAL_S"].get(),
+            health_misses=ENV["JEV_FRONTEND_HEALTH_MISSES"].get(),
             rate_limits=_rate_limits(ENV["JEV_RATE_LIMITS"].get(), ENV["JEV_RATE_LIMITS_FILE"].get()),
         )
 

@@ -19,7 +19,7 @@ from jev_common.index import IndexConnection, namespace
 from jev_common.index.owners import Owner
 from jev_common.route_key import render_state, state_route_key
 from jev_common.schema import ErrorEnvelope
-from jev_frontend.app import create_app
+from jev_frontend.app import POOL, create_app
 from jev_frontend.pool import BackendState
 from jev_frontend.router import Router
 from jev_frontend.settings import Settings, parse_backends
@@ -289,6 +289,28 @@ async def test_requests_waiting_on_a_replica_that_stops_answering_are_answered_b
         answered = await asyncio.gather(*pending)
         assert {(status, worker) for status, worker, _ in answered} == {(200, "a")}
         assert time.monotonic() - started < 5  # not the 30 s the replica would have taken, nor the 20 s deadline
+
+
+async def test_a_replica_that_answers_its_probe_late_once_stays_in_rotation_and_answers():
+    """A loaded worker answers its health probe late: one late probe does not take the only replica out (and 502 the
+    decision it is computing); `JEV_FRONTEND_HEALTH_MISSES` late probes in a row do."""
+    async with (
+        fakes({"model": "m", "worker_id": "a", "delay_s": 1.5}) as (a,),
+        frontend([("m", a.url)], health_interval_s=0.2, timeout_s=20) as client,
+    ):
+        await asyncio.sleep(0.3)
+        pending = asyncio.ensure_future(post(client, ask("s", "m")))
+        await until(lambda: asyncio.sleep(0, len(a.requests) >= 1))
+        a.health_delay_s = 0.8  # one probe (0.5 s at this interval) goes unanswered
+        await asyncio.sleep(0.6)
+        a.health_delay_s = 0
+        status, worker, _ = await pending
+        assert (status, worker) == (200, "a")
+        body = await (await client.get("/health")).json()
+        assert [b["state"] for b in body["detail"]["backends"]] == ["up"]
+        a.health_delay_s = 30  # every probe late: out after three in a row
+        await until(lambda: asyncio.sleep(0, not any(b.up for b in client.app[POOL].backends.values())), 10)
+        assert client.app[POOL].backends[a.url].missed == 3
 
 
 async def test_in_flight_requests_to_a_dying_replica_get_502_not_a_hang():
