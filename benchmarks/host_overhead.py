@@ -6,7 +6,7 @@
 Workloads, each a worker started for it, with a frontend in front:
 - `sim-1.5b`, `sim-7.35b`: the simulated device (`JEV_DEVICE=simulated JEV_BENCHMARK=1`, worker/engine/simulated.py)
   pricing Qwen2-1.5B or 7.35B-shaped forwards as measured on one H200, over the tiny random checkpoint's tokenizer
-  and head; every request answers with its measured device wait (`x-jev-device-seconds`);
+  and head; every request answers with its batches' device seconds (`x-jev-device-seconds`);
 - `tiny`: the tiny random checkpoint's real forwards on this CPU.
 For each, concurrency 1, 8, 64 and 256, straight to the worker and through the frontend, interleaved round by round
 (worker, frontend, worker, ...) so that both see the same machine. The corpus is `mixed` (every question kind over
@@ -15,7 +15,7 @@ The worker's limits that would refuse one load generator are lifted (`JEV_MAX_PE
 and rate limits are off.
 
 Reported per row:
-- `over device p50`: the p50 of (served latency - the request's measured device wait): what the host adds. For the
+- `over device p50`: the p50 of (served latency - the request's device seconds): what the host adds. For the
   tiny checkpoint (a real CPU device, no measured wait) the served p50 minus the p50 forward time of a batch;
 - `device busy`: seconds the device was busy (jev_worker_device_seconds) over wall time;
 - `dec/s` and `limit`: decisions per second, and what the device would give busy all the time with the batches this

@@ -53,7 +53,7 @@ class Decision:
     cached_tokens: int
     usage: SystemOneUsage | None = None  # an external server's own usage, when it reports one
     cache: dict = field(default_factory=dict)  # level -> hit | miss | off
-    device_s: float | None = None  # a simulated device's measured wait for the request's batches
+    device_s: float | None = None  # the simulated device's seconds for the request's batches
 
     def headers(self) -> dict[str, str]:
         return {"x-jev-cache": ",".join(f"{lvl}={self.cache[lvl]}" for lvl in ("l1", "l2", "l3") if lvl in self.cache)}

@@ -89,8 +89,8 @@ ENV = EnvTable(
         bool_var(
             "JEV_BENCHMARK",
             False,
-            "benchmark mode: allows `JEV_DEVICE=simulated` and adds `x-jev-device-seconds` (the device's measured "
-            "wait for the request's batches) to every decision",
+            "benchmark mode: allows `JEV_DEVICE=simulated` and adds `x-jev-device-seconds` (the simulated device's "
+            "seconds for the request's batches) to every decision",
         ),
         str_var(
             "JEV_DTYPE",

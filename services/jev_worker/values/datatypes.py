@@ -119,7 +119,7 @@ class EngineItem:
 @dataclass(frozen=True)
 class BatchTiming:
     """When a job's batch ran (time.perf_counter()), and how long of that the device took (`device_s`: a simulated
-    device's measured wait; None on a real device, whose forwards the host waits for inside the run)."""
+    device's seconds for the batch; None on a real device)."""
 
     queued: float  # the job entered the queue
     started: float  # its batch began on the model thread
