@@ -245,6 +245,8 @@ class Soak:
                     window.add(f"{name}.fds", open_fds(pid))
                     text = await get_text(service.url + "/metrics", timeout_s=30)
                     window.add(f"{name}.asyncio_tasks", gauge(text, f"jev_{name}_asyncio_tasks"))
+                    if name == "frontend":
+                        window.add("frontend.affinity_entries", gauge(text, "jev_frontend_route_affinity_entries"))
                     if name == "worker":
                         l3 = labelled(text, "jev_worker_cache_resident_bytes", level="l3")
                         window.add("worker.l3_mb", None if l3 is None else l3 / 2**20)

@@ -9,7 +9,7 @@ import logging
 import time
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 from jev_common.errors import BackendUnavailable, DomainError, NotReady, RouteNotServed
 from jev_common.health import health_response
@@ -407,7 +407,12 @@ def create_app(settings: Settings, tracing: Tracing | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[BACKEND] = backend
     app[POOL] = pool
-    app[ROUTER] = Router(settings, pool, index)
+    app[ROUTER] = router = Router(settings, pool, index)
+    Gauge(
+        "jev_frontend_route_affinity_entries",
+        "States the router remembers a replica for (a bounded LRU: it grows to its bound, then stays)",
+        registry=metrics.registry,
+    ).set_function(lambda: router.remembered)
     app[METRICS] = metrics
     app[IDENTITY] = identity
     app[LIMITER] = limiter

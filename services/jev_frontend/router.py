@@ -120,6 +120,11 @@ class Router:
         chosen.cold_assigned += 1
         return chosen
 
+    @property
+    def remembered(self) -> int:
+        """Route keys with a remembered replica (at most AFFINITY_ENTRIES, the oldest forgotten first)."""
+        return len(self._affinity)
+
     def _remember(self, route_key: str | None, route: Route) -> Route:
         """Affinity follows where a state was sent, except an overflow (`load`): the state stays with
         the replica it was warm on, so a hot state does not flip between replicas."""

@@ -356,6 +356,8 @@ async def test_health_lists_backends_and_metrics_are_per_backend():
         text = await (await client.get("/metrics")).text()
         families = {f.name: f for f in text_string_to_metric_families(text)}  # one valid exposition
         routed = sum(s.value for s in families["jev_frontend_route_requests"].samples)
+        (remembered,) = families["jev_frontend_route_affinity_entries"].samples
+        assert remembered.value == 4  # four states, each remembered where it was sent
         assert routed == 4
         assert {s.labels["backend"] for s in families["jev_frontend_route_request_seconds"].samples} <= {a.url, b.url}
         workers = {s.labels["backend"] for s in families["jev_worker_decisions"].samples}
