@@ -233,6 +233,41 @@ async def test_a_batch_smaller_than_the_one_on_the_device_waits_for_it_and_keeps
     await s.stop()
 
 
+class FailingLaunch(AsyncDevice):
+    """An async device whose launch of a batch holding `failing` raises (a launch error: out of memory, say)."""
+
+    def __init__(self, failing: str):
+        super().__init__()
+        self.failing = failing
+
+    def run(self, items, groups) -> BatchOutput:
+        if any(item.prepared.prefix_key == self.failing for item in items):
+            raise RuntimeError("launch failed")
+        return super().run(items, groups)
+
+
+async def test_a_failed_launch_leaves_the_batch_on_the_device_as_it_was():
+    """The batch whose launch failed leaves the device's count, not the one still on it: a batch as big as that one
+    launches ahead of it."""
+    engine = FailingLaunch("bad")
+    s = scheduler(engine)
+    first = await submit(s, engine, "a")
+    await asyncio.to_thread(engine.wait_started, 1)
+    bad = await submit(s, engine, "bad", rows=3)  # as big as needed to launch ahead, then fails
+    try:
+        await asyncio.wait_for(bad, 10)
+        raise AssertionError("a failed launch answered")
+    except Exception as exc:  # noqa: BLE001 - the error is the answer
+        assert type(exc).__name__ == "ForwardFailed"
+    later = await submit(s, engine, "c", rows=2)  # as big as "a", still on the device: launched ahead of it
+    await asyncio.to_thread(engine.wait_started, 2)
+    assert engine.started[1] == ["c"] and not first.done()
+    engine.gates[0].set()
+    engine.gates[1].set()
+    await asyncio.wait_for(asyncio.gather(first, later), 10)
+    await s.stop()
+
+
 async def test_a_batch_on_the_device_is_answered_on_shutdown():
     engine = AsyncDevice()
     s = scheduler(engine)

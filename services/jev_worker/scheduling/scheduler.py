@@ -202,9 +202,9 @@ class Scheduler:
         self._launched: list[Batch] = []  # launched on the device, waited on by the completer
         self._queued: Batch | None = None  # the next batch, handed to the executor, still taking jobs
         self._handoff = threading.RLock()  # the model thread starts `_queued` / the loop adds to it: one at a time
-        # the rows of each batch launched and not done, oldest first (the model thread adds, the completer takes);
-        # notified when one is done and when the queued batch grows (_may_launch)
-        self._on_device: list[int] = []
+        # the batches launched and not done, oldest first (the model thread adds, the completer takes); notified when
+        # one is done and when the queued batch grows (_may_launch)
+        self._on_device: list[Batch] = []
         self._launchable = threading.Condition(self._handoff)
         self._company_timer: asyncio.TimerHandle | None = None
         self._flights: dict[str, Flight] = {}  # key -> the job queued or running for it
@@ -461,21 +461,21 @@ class Scheduler:
                 if self._aborting:
                     raise ForwardAbandoned(0, 0)
                 self._launchable.wait(timeout=0.05)
-            self._on_device.append(batch.rows)
+            self._on_device.append(batch)
         try:
             return self._launch(batch)
         except BaseException:
-            self._done_on_device()
+            self._done_on_device(batch)
             raise
 
     def _may_launch(self, batch: Batch) -> bool:
         """An idle device takes any batch; a busy one takes another (up to `max_launched`) only as big as the last."""
         on_device = self._on_device
-        return not on_device or (len(on_device) < self.max_launched and batch.rows >= on_device[-1])
+        return not on_device or (len(on_device) < self.max_launched and batch.rows >= on_device[-1].rows)
 
-    def _done_on_device(self) -> None:
+    def _done_on_device(self, batch: Batch) -> None:
         with self._launchable:
-            self._on_device.pop(0)
+            self._on_device.remove(batch)
             self._launchable.notify_all()
 
     def _launch(self, batch: Batch) -> tuple[BatchOutput, float]:
@@ -518,20 +518,22 @@ class Scheduler:
         out, started = launched.result()
         if out.ready is None:
             done: Future = Future()
-            done.set_result(self._complete(out, started))
+            done.set_result(self._complete(batch, out, started))
             loop.call_soon_threadsafe(self._finished, batch, done)
             return
         try:
-            completed = self.completer.submit(self._complete, out, started)
+            completed = self.completer.submit(self._complete, batch, out, started)
         except RuntimeError:  # the completer was shut down (the worker stops): the batch is answered as cancelled
-            self._done_on_device()
+            self._done_on_device(batch)
             cancelled: Future = Future()
             cancelled.cancel()
             loop.call_soon_threadsafe(self._finished, batch, cancelled)
             return
         completed.add_done_callback(lambda done: loop.call_soon_threadsafe(self._finished, batch, done))
 
-    def _complete(self, out: BatchOutput, started: float) -> tuple[list[EngineResult], float, float, float | None]:
+    def _complete(
+        self, batch: Batch, out: BatchOutput, started: float
+    ) -> tuple[list[EngineResult], float, float, float | None]:
         """Once the batch's device event is reached (on the completer, where the device runs asynchronously):
         -> the results, when the batch started and ended, the device's seconds for it. The device is done with it."""
         try:
@@ -539,7 +541,7 @@ class Scheduler:
                 out.ready()
             return out.results, started, time.perf_counter(), out.device_s
         finally:
-            self._done_on_device()
+            self._done_on_device(batch)
 
     def _finished(self, batch: Batch, done: Future) -> None:
         """On the event loop, the moment the model thread is done with `batch` (the next one already runs there):
