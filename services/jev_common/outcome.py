@@ -21,5 +21,5 @@ def status_of(outcome: web.StreamResponse | BaseException) -> int:
 
 
 def is_error(status: int) -> bool:
-    """A server error: what a trace marks an error and alerts count."""
-    return status >= 500 and status != CLIENT_CLOSED
+    """A server error: what a trace marks an error and alerts count (a caller that left, 499, is not one)."""
+    return status >= 500
