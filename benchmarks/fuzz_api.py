@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.stack import Stack, get_json
+from benchmarks.stack import Stack
 
 MODEL = "tiny-fuzz"
 DEADLINE_S = 30.0  # the worker's JEV_DEADLINE_S for callers that send none
@@ -227,29 +227,19 @@ def _plain_decision(case) -> None:
 
 async def start_stack(stack: Stack, checkpoint: str, redis_url: str):
     """A worker on the tiny checkpoint and a frontend routing to it, rate limits on (far above what a run sends)."""
-    worker = await stack.worker(
-        "worker",
-        JEV_RECIPE="smollm2-135m-cpu",
-        JEV_MODEL_PATH=checkpoint,
-        JEV_DEVICE="cpu",
-        JEV_DTYPE="float32",
-        JEV_TORCH_THREADS="1",
-        JEV_REDIS_URL=redis_url,
-        JEV_DEADLINE_S=str(DEADLINE_S),
-        JEV_WORKER_ID=f"fuzz-{secrets.token_hex(4)}",
+    return await stack.worker_and_frontend(
+        dict(
+            JEV_RECIPE="smollm2-135m-cpu",
+            JEV_MODEL_PATH=checkpoint,
+            JEV_DEVICE="cpu",
+            JEV_DTYPE="float32",
+            JEV_TORCH_THREADS="1",
+            JEV_REDIS_URL=redis_url,
+            JEV_DEADLINE_S=str(DEADLINE_S),
+            JEV_WORKER_ID=f"fuzz-{secrets.token_hex(4)}",
+        ),
+        dict(JEV_REDIS_URL=redis_url, JEV_RATE_LIMITS=RATE_LIMIT, JEV_FRONTEND_TIMEOUT_S=str(FRONTEND_TIMEOUT_S)),
     )
-    await stack.wait_healthy([worker], timeout_s=300)
-    name = (await get_json(worker.url + "/v1/models"))["models"][0]["name"]
-    frontend = await stack.frontend(
-        "frontend",
-        worker.url,
-        JEV_BACKENDS=f"{name}={worker.url}",
-        JEV_REDIS_URL=redis_url,
-        JEV_RATE_LIMITS=RATE_LIMIT,
-        JEV_FRONTEND_TIMEOUT_S=str(FRONTEND_TIMEOUT_S),
-    )
-    await stack.wait_healthy([frontend], timeout_s=120)
-    return worker, frontend
 
 
 def main(argv: list[str] | None = None) -> int:

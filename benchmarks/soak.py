@@ -119,13 +119,6 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def gauge(text: str, name: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        if family.name == name and family.samples:
-            return family.samples[0].value
-    return None
-
-
 def labelled(text: str, name: str, **labels: str) -> float | None:
     """The sample of `name` whose labels include `labels`."""
     for family in text_string_to_metric_families(text):
@@ -244,9 +237,9 @@ class Soak:
                     window.add(f"{name}.rss_mb", rss_mb(pid))
                     window.add(f"{name}.fds", open_fds(pid))
                     text = await get_text(service.url + "/metrics", timeout_s=30)
-                    window.add(f"{name}.asyncio_tasks", gauge(text, f"jev_{name}_asyncio_tasks"))
+                    window.add(f"{name}.asyncio_tasks", labelled(text, f"jev_{name}_asyncio_tasks"))
                     if name == "frontend":
-                        window.add("frontend.affinity_entries", gauge(text, "jev_frontend_route_affinity_entries"))
+                        window.add("frontend.affinity_entries", labelled(text, "jev_frontend_route_affinity_entries"))
                     if name == "worker":
                         l3 = labelled(text, "jev_worker_cache_resident_bytes", level="l3")
                         window.add("worker.l3_mb", None if l3 is None else l3 / 2**20)
@@ -326,17 +319,12 @@ async def start(stack: Stack, args, out: Path) -> tuple[dict, str]:
     # one caller (this process) sends everything: its share of the queue may be the whole queue
     env |= dict(JEV_MAX_QUEUE="512", JEV_MAX_PER_CLIENT="512")
     env |= dict(JEV_CACHE_L1_MAX=str(args.l1_max), JEV_CACHE_L3_BYTES=args.l3_bytes)  # full within the warm-up
-    worker = await stack.worker("worker", JEV_WORKER_ID=f"soak-{secrets.token_hex(4)}", **env)
-    await stack.wait_healthy([worker], timeout_s=600)
-    name = (await get_json(worker.url + "/v1/models"))["models"][0]["name"]
-    frontend = await stack.frontend(
-        "frontend",
-        worker.url,
-        JEV_BACKENDS=f"{name}={worker.url}",
-        JEV_REDIS_URL=args.redis_url,
-        JEV_RATE_LIMITS="default=100000000:0",  # on (buckets in Redis, headers on every answer), never reached
+    worker, frontend = await stack.worker_and_frontend(
+        {**env, "JEV_WORKER_ID": f"soak-{secrets.token_hex(4)}"},
+        # rate limits on (buckets in Redis, headers on every answer), never reached
+        dict(JEV_REDIS_URL=args.redis_url, JEV_RATE_LIMITS="default=100000000:0"),
+        worker_timeout_s=600,
     )
-    await stack.wait_healthy([frontend], timeout_s=120)
     return {"frontend": frontend, "worker": worker}, frontend.url
 
 

@@ -126,6 +126,17 @@ class Stack:
         base = {"JEV_FRONTEND_HOST": "127.0.0.1", "JEV_FRONTEND_PORT": str(port), "JEV_BACKEND_URL": backend_url}
         return await self.start(name, "jev_frontend", port, {**base, **env})
 
+    async def worker_and_frontend(
+        self, worker_env: dict[str, str], frontend_env: dict[str, str], worker_timeout_s: float = 300.0
+    ) -> tuple[Service, Service]:
+        """A worker, healthy, then a frontend routing to it by the model it serves (JEV_BACKENDS), healthy."""
+        worker = await self.worker("worker", **worker_env)
+        await self.wait_healthy([worker], timeout_s=worker_timeout_s)
+        name = (await get_json(worker.url + "/v1/models"))["models"][0]["name"]
+        frontend = await self.frontend("frontend", worker.url, JEV_BACKENDS=f"{name}={worker.url}", **frontend_env)
+        await self.wait_healthy([frontend], timeout_s=120)
+        return worker, frontend
+
     async def wait_healthy(self, services: list[Service] | None = None, timeout_s: float = 300.0) -> None:
         """Until every service answers GET /health 200; raises ServiceFailed with its log tail."""
         pending = list(services or self.services)
