@@ -40,8 +40,11 @@ def test_a_frozen_heap_is_left_out_of_the_collectors_walks():
         assert frozen >= 20_000 and gc.get_freeze_count() == frozen
         walked = {id(o) for o in gc.get_objects()}
         assert not any(id(o) in walked for o in loaded[:100])  # a full collection no longer visits them
-        text = HttpMetrics("svc").exposition().decode()
-        assert samples(text, "jev_svc_gc_frozen_objects")[""] == frozen
+        metrics = HttpMetrics("svc")
+        before = gc.get_freeze_count()  # frozen objects other code lets go of leave the count, so read it around
+        text = metrics.exposition().decode()
+        after = gc.get_freeze_count()
+        assert after <= samples(text, "jev_svc_gc_frozen_objects")[""] <= before <= frozen
     finally:
         gc.unfreeze()  # this test process is not a service: give the collector its objects back
 
